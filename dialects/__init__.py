@@ -1,0 +1,1 @@
+"""Dialect plugins, found by the core through the lorien.dialects entry points."""

@@ -1,0 +1,69 @@
+"""The dialect plugin boundary.
+
+A dialect (autotvm, auto_scheduler, meta_schedule, or a third party's) is a package that
+registers one object under the entry-point group ``lorien.dialects``. The core finds
+dialects only through :func:`get_dialect` and :func:`available_dialects`; it never imports
+a dialect package by name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from lorien.errors import DialectError
+from lorien.record import TuningRecord
+
+ENTRY_POINT_GROUP = "lorien.dialects"
+
+
+class Dialect(ABC):
+    """What a dialect provides to the core. Methods a dialect cannot offer raise DialectError."""
+
+    #: Short name stored in every record's ``dialect`` field.
+    name: str = ""
+
+    @abstractmethod
+    def record_formats(self) -> list[str]:
+        """Names of the log formats (see :mod:`lorien.formats`) whose records this dialect owns."""
+
+    def featurize(self, record: TuningRecord) -> dict[str, Any]:
+        """Flat named features of one record's workload and config (phase 1 of featurization)."""
+        raise DialectError(f"dialect {self.name!r} has no feature extractor")
+
+    def template_of(self, record: TuningRecord) -> str:
+        """The template (group) a record is featurized under; the task name by default."""
+        return record.task_name
+
+    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
+        """Tune one job (a workload, tuner and budget) and yield the measured records."""
+        raise DialectError(f"dialect {self.name!r} cannot tune")
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_dialects() -> list[str]:
+    """Names of every dialect registered through the ``lorien.dialects`` entry points."""
+    return sorted(_entry_points())
+
+
+@lru_cache(maxsize=None)
+def get_dialect(name: str) -> Dialect:
+    """Load the dialect registered under ``name``."""
+    eps = _entry_points()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none installed"
+        raise DialectError(f"unknown dialect {name!r} (known: {known})")
+    try:
+        dialect = eps[name].load()
+    except ImportError as exc:
+        raise DialectError(f"dialect {name!r} failed to load from {eps[name].value}: {exc}") from exc
+    if isinstance(dialect, type):
+        dialect = dialect()
+    return dialect

@@ -1,0 +1,163 @@
+"""TuningRecord: one measured candidate, the one data model every part shares.
+
+A record keeps the dialect-native schedule (``config``) and whatever else the native log
+line carried (``extra``) as JSON text, so that a record ingested from a TVM log is exported
+back JSON-equal to its input.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import orjson
+import pyarrow as pa
+
+
+class ErrorNo(enum.IntEnum):
+    """Failure kinds of a measurement, numbered as TVM's ``MeasureErrorNo``."""
+
+    NO_ERROR = 0
+    INSTANTIATION_ERROR = 1
+    COMPILE_HOST = 2
+    COMPILE_DEVICE = 3
+    RUNTIME_DEVICE = 4
+    WRONG_ANSWER = 5
+    BUILD_TIMEOUT = 6
+    RUN_TIMEOUT = 7
+    UNKNOWN_ERROR = 8
+
+
+#: Cost given to failed candidates in TVM logs (``MAX_FLOAT``-like sentinel, seconds).
+FAILED_COST_S = 1e10
+
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("record_id", pa.string(), nullable=False),
+        pa.field("dialect", pa.string(), nullable=False),
+        pa.field("target", pa.string(), nullable=False),
+        pa.field("target_key", pa.string(), nullable=False),
+        pa.field("target_raw", pa.string(), nullable=False),
+        pa.field("workload_key", pa.string(), nullable=False),
+        pa.field("task_name", pa.string(), nullable=False),
+        pa.field("args", pa.string(), nullable=False),
+        pa.field("layout", pa.string(), nullable=False),
+        pa.field("config", pa.string(), nullable=False),
+        pa.field("costs", pa.list_(pa.float64()), nullable=False),
+        pa.field("cost_s", pa.float64(), nullable=True),
+        pa.field("error_no", pa.int32(), nullable=False),
+        pa.field("all_cost", pa.float64(), nullable=False),
+        pa.field("timestamp", pa.float64(), nullable=False),
+        pa.field("flop", pa.float64(), nullable=True),
+        pa.field("build", pa.string(), nullable=False),
+        pa.field("extra", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+    ]
+)
+
+#: Fields that identify a measurement; two records equal on these are the same record.
+IDENTITY_FIELDS = ("dialect", "target", "workload_key", "layout", "config", "costs", "error_no", "timestamp")
+
+
+def mean_cost_s(costs: list[float] | tuple[float, ...], error_no: int) -> float | None:
+    """Mean seconds per run of a valid record; None for failed or empty records."""
+    if error_no != 0 or not costs:
+        return None
+    value = sum(costs) / len(costs)
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return value
+
+
+def compute_record_id(dialect: str, target: str, workload_key: str, layout: str, config: str,
+                      costs: list[float] | tuple[float, ...], error_no: int, timestamp: float) -> str:
+    """Content hash of a record's identity fields; equal records get equal ids."""
+    payload = orjson.dumps([dialect, target, workload_key, layout, config, list(costs), error_no, timestamp])
+    return hashlib.blake2b(payload, digest_size=16).hexdigest()
+
+
+@dataclass(slots=True)
+class TuningRecord:
+    """One measured candidate schedule of one workload on one target."""
+
+    dialect: str
+    target: str
+    target_key: str
+    workload_key: str
+    task_name: str
+    args: str
+    layout: str
+    config: str
+    costs: list[float]
+    error_no: int = 0
+    all_cost: float = 0.0
+    timestamp: float = 0.0
+    flop: float | None = None
+    build: str = "{}"
+    extra: str = "{}"
+    source: str = ""
+    target_raw: str = ""
+    record_id: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.target_raw:
+            self.target_raw = self.target
+        if not self.record_id:
+            self.record_id = compute_record_id(
+                self.dialect, self.target, self.workload_key, self.layout, self.config,
+                self.costs, self.error_no, self.timestamp,
+            )
+
+    @property
+    def cost_s(self) -> float | None:
+        return mean_cost_s(self.costs, self.error_no)
+
+    @property
+    def is_valid(self) -> bool:
+        return self.cost_s is not None
+
+    @property
+    def gflops(self) -> float | None:
+        """Throughput in GFLOPS, or None when the record failed or its flop count is unknown."""
+        cost = self.cost_s
+        if cost is None or self.flop is None:
+            return None
+        return self.flop / cost / 1e9
+
+    def args_value(self) -> object:
+        return orjson.loads(self.args)
+
+    def config_value(self) -> object:
+        return orjson.loads(self.config)
+
+    def with_changes(self, **changes: object) -> TuningRecord:
+        """A copy with some fields changed and the record id recomputed."""
+        changes.setdefault("record_id", "")
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_row(self) -> dict[str, object]:
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        row["cost_s"] = self.cost_s
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, object]) -> TuningRecord:
+        names = {f.name for f in fields(cls)}
+        values = {name: row[name] for name in names if name in row}
+        values["costs"] = list(values.get("costs") or [])  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def records_to_table(records: list[TuningRecord]) -> pa.Table:
+    """Arrow table (schema :data:`ARROW_SCHEMA`) of a list of records."""
+    columns: dict[str, list] = {f.name: [] for f in ARROW_SCHEMA}
+    for record in records:
+        for name, column in columns.items():
+            column.append(record.cost_s if name == "cost_s" else getattr(record, name))
+    return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+
+
+def table_to_records(table: pa.Table) -> list[TuningRecord]:
+    return [TuningRecord.from_row(row) for row in table.to_pylist()]

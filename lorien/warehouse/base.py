@@ -1,0 +1,110 @@
+"""The Store interface every warehouse backend implements, and the URI registry.
+
+A store is chosen by URI: ``parquet:./lorien-warehouse``, ``parquet:s3://bucket/prefix``,
+``dynamodb:TABLE?endpoint_url=...&region=...``. Backends register a factory per scheme with
+:func:`register_store`; :func:`open_store` resolves a URI. One contract test suite
+(``tests/test_store_contract.py``) runs against every backend.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from lorien.errors import StoreError
+from lorien.record import TuningRecord
+
+DEFAULT_STORE_URI = "parquet:./lorien-warehouse"
+STORE_ENV = "LORIEN_STORE"
+
+
+@dataclass
+class CommitResult:
+    """What a commit did: records received, newly stored, and already present (skipped)."""
+
+    received: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+class Store(ABC):
+    """A warehouse backend."""
+
+    uri: str
+
+    @abstractmethod
+    def commit(self, records: Iterable[TuningRecord] | pa.Table, nbest: int | None = None) -> CommitResult:
+        """Append records; keep the best ``nbest`` per (target, workload_key, layout) for serving.
+
+        Idempotent: a record already stored (same ``record_id``) is not stored again.
+        """
+
+    @abstractmethod
+    def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
+             by_alternate_key: bool = False, prefix: bool = False,
+             per_layout: bool = False) -> list[TuningRecord]:
+        """The ``k`` fastest valid records of a workload on a target, fastest first.
+
+        ``by_alternate_key`` matches every target with the same alternate key (``llvm_cpu``);
+        ``prefix`` treats ``workload_key`` as a prefix; ``per_layout`` returns the best ``k``
+        of each layout.
+        """
+
+    @abstractmethod
+    def scan(self, filters: dict[str, Any] | None = None, columns: list[str] | None = None) -> pa.Table:
+        """Every stored record matching ``filters`` (column -> value or list of values)."""
+
+    @abstractmethod
+    def workloads(self, target: str | None = None) -> list[str]:
+        """Distinct workload keys, optionally of one target."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counts: records, valid records, workloads, targets, files, bytes."""
+
+    def compact(self) -> dict[str, Any]:
+        """Merge small files without changing any query answer. A no-op where meaningless."""
+        return {}
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_REGISTRY: dict[str, Callable[[str], Store]] = {}
+
+
+def register_store(scheme: str, factory: Callable[[str], Store]) -> None:
+    """Register ``factory(rest_of_uri)`` for URIs that start with ``scheme:``."""
+    _REGISTRY[scheme] = factory
+
+
+def default_store_uri() -> str:
+    return os.environ.get(STORE_ENV) or DEFAULT_STORE_URI
+
+
+def open_store(uri: str | None = None) -> Store:
+    """Open the store named by ``uri`` (default: ``$LORIEN_STORE`` or ``./lorien-warehouse``)."""
+    from lorien.warehouse import _load_backends
+
+    _load_backends()
+    uri = uri or default_store_uri()
+    scheme, sep, rest = uri.partition(":")
+    if not sep or scheme not in _REGISTRY or scheme in ("s3", "file"):
+        # A bare path (or s3://) means the parquet backend.
+        if "parquet" in _REGISTRY and (not sep or scheme in ("s3", "file") or len(scheme) == 1):
+            return _REGISTRY["parquet"](uri)
+        known = ", ".join(f"{name}:" for name in sorted(_REGISTRY))
+        raise StoreError(f"unknown store URI {uri!r} (known schemes: {known})")
+    return _REGISTRY[scheme](rest)
