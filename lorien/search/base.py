@@ -1,0 +1,102 @@
+"""The tuner interface (AutoTVM style) and the ``create(kind)`` factory.
+
+A tuner walks an *indexed space*: anything with ``len(space)``, ``space.dims`` (entities per
+knob), ``space.knob_indices(index)``, ``space.index_of_knobs(positions)`` and
+``space.get(index)``. The autotvm ``ConfigSpace`` is one; a tuner never knows which template,
+builder, runner or store is behind it.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from lorien.errors import ConfigError
+
+
+class IndexedSpace(Protocol):
+    dims: list[int]
+
+    def __len__(self) -> int: ...
+
+    def knob_indices(self, index: int) -> list[int]: ...
+
+    def index_of_knobs(self, positions: Sequence[int]) -> int: ...
+
+    def get(self, index: int) -> Any: ...
+
+
+class MeasuredLike(Protocol):
+    costs: Sequence[float]
+    error_no: int
+
+
+def result_cost(result: MeasuredLike) -> float:
+    """Mean cost in seconds of a valid result, ``inf`` for a failed one."""
+    costs = list(result.costs)
+    if int(result.error_no) != 0 or not costs:
+        return math.inf
+    value = float(np.mean(costs))
+    return value if math.isfinite(value) and value > 0 else math.inf
+
+
+class Tuner(ABC):
+    """Proposes config indices in batches and learns from their measurements."""
+
+    def __init__(self, space: IndexedSpace, seed: int | None = None):
+        self.space = space
+        self.rng = np.random.default_rng(seed)
+        self.visited: set[int] = set()
+        self.best_index: int | None = None
+        self.best_cost_s: float = math.inf
+        self.trials = 0
+
+    def has_next(self) -> bool:
+        """True while the space still has unproposed points."""
+        return len(self.visited) < len(self.space)
+
+    @abstractmethod
+    def next_batch(self, n: int) -> list[int]:
+        """Up to ``n`` config indices not proposed before."""
+
+    def update(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
+        """Record the measurements of proposed indices (keeps the best)."""
+        for index, result in zip(indices, results, strict=True):
+            self.trials += 1
+            cost = result_cost(result)
+            if cost < self.best_cost_s:
+                self.best_cost_s, self.best_index = cost, int(index)
+
+    def _mark(self, index: int) -> int:
+        self.visited.add(int(index))
+        return int(index)
+
+
+_KINDS: dict[str, str] = {
+    "grid": "lorien.search.grid:GridSearchTuner",
+    "random": "lorien.search.random_search:RandomTuner",
+    "ga": "lorien.search.ga:GATuner",
+    "xgb": "lorien.search.xgb:XGBTuner",
+}
+
+
+def available_tuners() -> list[str]:
+    return sorted(_KINDS)
+
+
+def create(kind: str, space: IndexedSpace, seed: int | None = None, **options: Any) -> Tuner:
+    """A tuner of kind ``grid``, ``random``, ``ga`` or ``xgb`` over ``space``."""
+    import importlib
+
+    if kind not in _KINDS:
+        raise ConfigError(f"unknown tuner {kind!r} (known: {', '.join(available_tuners())})")
+    module_name, class_name = _KINDS[kind].split(":")
+    tuner_class = getattr(importlib.import_module(module_name), class_name)
+    try:
+        return tuner_class(space, seed=seed, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad options {options} for tuner {kind!r}: {exc}") from exc

@@ -1,0 +1,37 @@
+"""Random search that never proposes the same point twice."""
+
+from __future__ import annotations
+
+from lorien.search.base import IndexedSpace, Tuner
+
+
+class RandomTuner(Tuner):
+    """Uniform sampling without replacement over the whole space."""
+
+    def __init__(self, space: IndexedSpace, seed: int | None = None):
+        super().__init__(space, seed)
+
+    def next_batch(self, n: int) -> list[int]:
+        return [self._mark(i) for i in sample_unvisited(self, n)]
+
+
+def sample_unvisited(tuner: Tuner, n: int) -> list[int]:
+    """Up to ``n`` distinct random indices the tuner has not visited."""
+    size = len(tuner.space)
+    remaining = size - len(tuner.visited)
+    n = min(n, remaining)
+    if n <= 0:
+        return []
+    if remaining <= 4 * n or size <= 1 << 16:
+        # Small or nearly exhausted space: draw from the explicit list of what is left.
+        pool = [i for i in range(size) if i not in tuner.visited] if size <= 1 << 20 else None
+        if pool is not None:
+            return [int(i) for i in tuner.rng.choice(pool, size=n, replace=False)]
+    chosen: list[int] = []
+    seen = set(tuner.visited)
+    while len(chosen) < n:
+        index = int(tuner.rng.integers(size))
+        if index not in seen:
+            seen.add(index)
+            chosen.append(index)
+    return chosen

@@ -1,0 +1,144 @@
+"""Model-based search: an XGBoost cost model over config features, explored by annealing.
+
+Every ``plan_size`` measurements the model is refit on (features, normalized throughput) of
+all measured points — plus, with :meth:`XGBTuner.load_history`, points measured before on
+similar workloads (transfer). Simulated annealing over the model picks the next plan; a small
+fraction ``epsilon`` of each plan is random for exploration.
+
+Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
+values, ...) or plain knob positions; a ``feature_fn(indices) -> array`` may be given instead
+(the autotvm dialect passes knob + loop-nest features).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, result_cost
+from lorien.search.random_search import sample_unvisited
+from lorien.search.sa import anneal
+
+
+class KnobFeatures:
+    """Vectorized features of config indices from per-knob tables."""
+
+    def __init__(self, space: IndexedSpace):
+        tables = space.knob_feature_tables() if hasattr(space, "knob_feature_tables") else None
+        if tables is None:
+            tables = [np.arange(dim, dtype=float).reshape(-1, 1) for dim in space.dims]
+        self.tables = [np.asarray(t, dtype=float) for t in tables]
+        self.dims = np.array(space.dims, dtype=np.int64)
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        indices = np.asarray(indices, dtype=np.int64)
+        columns = []
+        for dim, table in zip(self.dims, self.tables, strict=True):
+            columns.append(table[indices % dim])
+            indices = indices // dim
+        return np.concatenate(columns, axis=1) if columns else np.zeros((len(indices), 0))
+
+
+class XGBTuner(Tuner):
+    """XGBoost-guided tuner with a simulated-annealing optimizer."""
+
+    def __init__(self, space: IndexedSpace, seed: int | None = None, plan_size: int = 32,
+                 feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+                 epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
+                 num_boost_round: int = 80):
+        super().__init__(space, seed)
+        if feature_type not in ("knob", "itervar"):
+            raise ValueError(f"unknown feature_type {feature_type!r} (knob or itervar)")
+        if feature_type == "itervar" and feature_fn is None:
+            raise ValueError("feature_type 'itervar' needs a feature_fn from the dialect")
+        self.feature_fn = feature_fn or KnobFeatures(space)
+        self.plan_size = plan_size
+        self.epsilon = epsilon
+        self.sa_parallel_size = sa_parallel_size
+        self.sa_n_iter = sa_n_iter
+        self.num_boost_round = num_boost_round
+        self.measured: dict[int, float] = {}
+        self.history_x: np.ndarray | None = None
+        self.history_y: np.ndarray | None = None
+        self.booster_ = None
+        self._plan: list[int] = []
+        self._since_fit = 0
+
+    def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
+        """Transfer: prior (features, normalized throughput in [0, 1]) from similar workloads."""
+        features = np.asarray(features, dtype=float)
+        scores = np.asarray(scores, dtype=float)
+        if len(features) == 0:
+            return
+        if features.shape[0] != scores.shape[0]:
+            raise ValueError(f"{features.shape[0]} feature rows but {scores.shape[0]} scores")
+        self.history_x, self.history_y = features, scores
+        self._fit()
+
+    def next_batch(self, n: int) -> list[int]:
+        batch: list[int] = []
+        while len(batch) < n and self.has_next():
+            if not self._plan:
+                self._plan = self._make_plan()
+                if not self._plan:
+                    break
+            index = self._plan.pop(0)
+            if index not in self.visited:
+                batch.append(self._mark(index))
+        return batch
+
+    def update(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
+        super().update(indices, results)
+        for index, result in zip(indices, results, strict=True):
+            self.measured[int(index)] = result_cost(result)
+        self._since_fit += len(indices)
+        if self._since_fit >= self.plan_size:
+            self._fit()
+            self._plan = []
+
+    def _make_plan(self) -> list[int]:
+        if self.booster_ is None:
+            return sample_unvisited(self, self.plan_size)
+        n_random = int(math.ceil(self.epsilon * self.plan_size))
+        best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
+                               key=self.measured.__getitem__)[:16]
+        chosen = anneal(self.space, self.predict, self.plan_size - n_random, self.rng,
+                        exclude=self.visited, starts=best_measured,
+                        parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
+        chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
+        return chosen[: self.plan_size]
+
+    def predict(self, indices: np.ndarray) -> np.ndarray:
+        """Model score (predicted normalized throughput) of config indices."""
+        import xgboost as xgb
+
+        features = self.feature_fn(np.asarray(indices, dtype=np.int64))
+        return self.booster_.predict(xgb.DMatrix(features))
+
+    def _fit(self) -> None:
+        import xgboost as xgb
+
+        xs, ys = [], []
+        if self.measured:
+            indices = np.array(list(self.measured), dtype=np.int64)
+            costs = np.array([self.measured[i] for i in indices.tolist()])
+            finite = np.isfinite(costs)
+            throughput = np.zeros_like(costs)
+            throughput[finite] = 1.0 / costs[finite]
+            if throughput.max() > 0:
+                throughput /= throughput.max()
+            xs.append(self.feature_fn(indices))
+            ys.append(throughput)
+        if self.history_x is not None:
+            xs.append(self.history_x)
+            ys.append(self.history_y)
+        if not xs or sum(len(y) for y in ys) < 2:
+            return
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        params = {"max_depth": 6, "eta": 0.3, "subsample": 1.0, "min_child_weight": 1,
+                  "objective": "reg:squarederror", "nthread": 1, "verbosity": 0,
+                  "seed": int(self.rng.integers(1 << 30))}
+        self.booster_ = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=self.num_boost_round)
+        self._since_fit = 0

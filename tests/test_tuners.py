@@ -1,0 +1,127 @@
+"""Tuners: grid order, random never repeats, GA keeps elites, XGB beats random."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from dialects.autotvm.space import ConfigSpace
+from lorien.errors import ConfigError
+from lorien.search import create
+
+
+@dataclass
+class Result:
+    costs: list[float]
+    error_no: int = 0
+    all_cost: float = 0.0
+    timestamp: float = 0.0
+    error_msg: str = field(default="")
+
+
+def small_space() -> ConfigSpace:
+    space = ConfigSpace()
+    space.define_split("x", 64, num_outputs=3)
+    space.define_split("y", 64, num_outputs=2)
+    space.define_knob("u", [0, 1])
+    return space
+
+
+def synthetic_cost(space: ConfigSpace, index: int) -> float:
+    """A smooth landscape with one optimum: x inner 8, y inner 4, u = 0."""
+    config = space.get(index)
+    x, y = config["x"].size, config["y"].size
+    return 1.0 + abs(math.log2(x[-1]) - 3) + abs(math.log2(y[-1]) - 2) + 0.5 * abs(math.log2(x[1]) - 1) + config["u"].val
+
+
+def run(tuner, space, trials, batch=8):
+    proposed = []
+    while tuner.has_next() and len(proposed) < trials:
+        indices = tuner.next_batch(batch)
+        proposed += indices
+        tuner.update(indices, [Result([synthetic_cost(space, i)]) for i in indices])
+    return proposed
+
+
+def test_grid_proposes_indices_in_order():
+    space = small_space()
+    tuner = create("grid", space)
+    assert tuner.next_batch(5) == [0, 1, 2, 3, 4]
+    assert tuner.next_batch(2) == [5, 6]
+
+
+def test_random_never_repeats_and_exhausts_the_space():
+    space = small_space()
+    tuner = create("random", space, seed=1)
+    proposed = run(tuner, space, trials=10**6, batch=37)
+    assert len(proposed) == len(set(proposed)) == len(space)
+    assert not tuner.has_next()
+    assert tuner.next_batch(4) == []
+
+
+def test_ga_never_repeats_a_point():
+    space = small_space()
+    tuner = create("ga", space, seed=0, pop_size=16, elite_num=2)
+    proposed = run(tuner, space, trials=200)
+    assert len(proposed) == len(set(proposed))
+
+
+def test_ga_keeps_the_fittest_as_elites():
+    space = small_space()
+    tuner = create("ga", space, seed=0, pop_size=16, elite_num=3, mutation_prob=0.2)
+    run(tuner, space, trials=48)
+    assert tuner.generations >= 2
+    best_three = sorted(tuner.fitness, key=tuner.fitness.__getitem__, reverse=True)[:3]
+    assert tuner.elites == best_three
+    assert tuner.best_index == best_three[0]
+
+
+def test_ga_rejects_more_elites_than_population():
+    with pytest.raises(ConfigError, match="elite_num"):
+        create("ga", small_space(), pop_size=4, elite_num=5)
+
+
+def test_xgb_finds_better_configs_than_random_at_equal_trials():
+    space = small_space()
+    trials = 48
+    best = {"random": [], "xgb": []}
+    for seed in range(5):
+        for kind in best:
+            options = {"plan_size": 16} if kind == "xgb" else {}
+            tuner = create(kind, space, seed=seed, **options)
+            run(tuner, space, trials)
+            best[kind].append(tuner.best_cost_s)
+    assert np.median(best["xgb"]) < np.median(best["random"])
+    assert np.mean(best["xgb"]) < np.mean(best["random"])
+
+
+def test_xgb_transfer_history_guides_the_first_plan():
+    space = small_space()
+    indices = np.arange(len(space))
+    rng = np.random.default_rng(0)
+    sample = rng.choice(indices, size=200, replace=False)
+    features = np.array([space.features_of(space.get(int(i))) for i in sample])
+    throughput = np.array([1.0 / synthetic_cost(space, int(i)) for i in sample])
+    with_history = create("xgb", space, seed=3, plan_size=16)
+    with_history.load_history(features, throughput / throughput.max())
+    cold = create("xgb", space, seed=3, plan_size=16)
+    warm_first = min(synthetic_cost(space, i) for i in with_history.next_batch(16))
+    cold_first = min(synthetic_cost(space, i) for i in cold.next_batch(16))
+    assert warm_first <= cold_first
+    assert warm_first < 2.0
+
+
+def test_failed_measurements_never_become_best():
+    space = small_space()
+    tuner = create("random", space, seed=0)
+    indices = tuner.next_batch(4)
+    tuner.update(indices, [Result([1e-9], error_no=4)] + [Result([1.0 + i]) for i in range(3)])
+    assert tuner.best_index == indices[1]
+
+
+def test_unknown_tuner_kind_is_rejected_with_the_known_ones():
+    with pytest.raises(ConfigError, match="grid"):
+        create("annealing", small_space())
