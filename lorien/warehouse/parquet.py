@@ -1,0 +1,880 @@
+"""The embedded warehouse: Parquet files in a local directory or under an S3 prefix.
+
+Layout under the root (Hive partitioning, readable by pandas, DuckDB or Spark)::
+
+    records/target_key=<k>/layout=<l>/part-<uuid>.parquet    every record (append-only)
+    best/target_key=<k>/part-n<nbest>-<uuid>.parquet          serving view: best nbest valid
+                                                             records per (target, workload, layout)
+    _staging/                                                files being written (never read)
+
+Each file is published atomically: written under ``_staging/`` and renamed into place on a
+local disk; on S3 a finished PUT (or completed multipart upload) is the publication. A
+writer killed mid-commit leaves only complete files behind. Commits never rewrite a file,
+so concurrent writers cannot lose each other's records. A commit skips records whose
+``record_id`` it already sees in the store; two writers racing on the same record may both
+store it, and every read removes such duplicates by ``record_id`` (compaction removes them
+for good). The serving view is the union of each commit's own best ``nbest`` per group,
+which always contains the true best ``nbest`` of every group.
+
+``best()`` answers from an in-memory index of the serving view, built once per process
+and target key and rebuilt when the list of serving files changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lorien.errors import StoreError, StoreUnreachableError
+from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
+from lorien.target import parse_target
+from lorien.warehouse.base import CommitResult, Store, register_store
+
+RECORDS_DIR = "records"
+SERVING_DIR = "best"
+STAGING_DIR = "_staging"
+#: Serving depth when a commit names none: best records kept per (target, workload, layout).
+DEFAULT_NBEST = 20
+#: Hive's name for a null/empty partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+PARTITION_COLUMNS = ("target_key", "layout")
+#: Columns stored in record files: the partition columns live in the path only.
+RECORD_FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS])
+SERVING_FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name != "target_key"])
+#: Rows per row group of serving files; small so a single lookup reads little.
+SERVING_ROW_GROUP = 2048
+COMPACT_ROW_GROUP = 65536
+#: How often an S3 store re-lists its serving files (a local store re-lists on every query).
+S3_REFRESH_INTERVAL_S = 1.0
+#: Staged files older than this are leftovers of killed writers; compaction deletes them.
+STALE_STAGING_S = 3600.0
+_READ_RETRIES = 3
+
+
+# ---- partition paths ------------------------------------------------------------------------
+
+def _encode_partition(value: str) -> str:
+    return quote(value, safe="") if value else NULL_PARTITION
+
+
+def _decode_partition(text: str) -> str:
+    return "" if text == NULL_PARTITION else unquote(text)
+
+
+def _records_dir(target_key: str, layout: str) -> str:
+    return f"{RECORDS_DIR}/target_key={_encode_partition(target_key)}/layout={_encode_partition(layout)}"
+
+
+def _serving_dir(target_key: str) -> str:
+    return f"{SERVING_DIR}/target_key={_encode_partition(target_key)}"
+
+
+def _partition_of(rel_path: str) -> dict[str, str]:
+    """``{"target_key": .., "layout": ..}`` from a record or serving file's relative path."""
+    values = {}
+    for segment in rel_path.split("/")[1:-1]:
+        name, sep, value = segment.partition("=")
+        if sep:
+            values[name] = _decode_partition(value)
+    return values
+
+
+def _serving_depth(rel_path: str) -> int:
+    """The nbest a serving file was written with, from its name ``part-n<depth>-<uuid>``."""
+    name = rel_path.rsplit("/", 1)[-1]
+    try:
+        return int(name.split("-")[1][1:])
+    except (IndexError, ValueError) as exc:
+        raise StoreError(f"serving file with a malformed name: {rel_path!r}") from exc
+
+
+# ---- file systems ---------------------------------------------------------------------------
+
+class _LocalFiles:
+    """A directory on a local disk; publication is an atomic rename."""
+
+    is_local = True
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+
+    def _path(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    def check_readable(self) -> None:
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise StoreUnreachableError(f"store path {self.root!r} exists but is not a directory")
+
+    def exists(self) -> bool:
+        self.check_readable()
+        return os.path.isdir(self.root)
+
+    def list(self, sub: str) -> dict[str, int]:
+        """Published parquet files under ``sub``: relative path -> size in bytes."""
+        self.check_readable()
+        found: dict[str, int] = {}
+        base = self._path(sub)
+        stack = [(base, sub)]
+        while stack:
+            directory, rel = stack.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except FileNotFoundError:
+                continue
+            except PermissionError as exc:
+                raise StoreUnreachableError(f"cannot read store directory {directory!r}: {exc}") from exc
+            for entry in entries:
+                if entry.name.startswith((".", "_")):
+                    continue
+                if entry.is_dir():
+                    stack.append((entry.path, f"{rel}/{entry.name}"))
+                elif entry.name.endswith(".parquet"):
+                    found[f"{rel}/{entry.name}"] = entry.stat().st_size
+        return found
+
+    def open(self, rel: str) -> pq.ParquetFile:
+        return pq.ParquetFile(self._path(rel), memory_map=True)
+
+    def stage(self, table: pa.Table, row_group_size: int | None) -> str:
+        staging = self._path(STAGING_DIR)
+        os.makedirs(staging, exist_ok=True)
+        rel = f"{STAGING_DIR}/{uuid.uuid4().hex}.parquet.tmp"
+        path = self._path(rel)
+        try:
+            pq.write_table(table, path, row_group_size=row_group_size)
+            with open(path, "rb+") as handle:
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise StoreError(f"cannot write {path!r}: {exc}") from exc
+        return rel
+
+    def publish(self, staged: str, rel: str) -> None:
+        target = self._path(rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.rename(self._path(staged), target)
+
+    def write(self, table: pa.Table, rel: str, row_group_size: int | None = None) -> None:
+        self.publish(self.stage(table, row_group_size), rel)
+
+    def delete(self, rel: str) -> None:
+        try:
+            os.remove(self._path(rel))
+        except FileNotFoundError:
+            pass
+
+    def stale_staged(self, older_than_s: float) -> list[str]:
+        staging = self._path(STAGING_DIR)
+        if not os.path.isdir(staging):
+            return []
+        cutoff = time.time() - older_than_s
+        return [f"{STAGING_DIR}/{entry.name}" for entry in os.scandir(staging)
+                if entry.stat().st_mtime < cutoff]
+
+
+class _S3Files:
+    """A prefix in an S3 bucket; an object becomes visible only when its upload completes."""
+
+    is_local = False
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str | None):
+        from pyarrow import fs as pafs
+
+        options: dict[str, Any] = {
+            "region": region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "connect_timeout": 5.0,
+            "request_timeout": 30.0,
+            "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+        }
+        if endpoint_url:
+            parts = urlsplit(endpoint_url)
+            if not parts.netloc:
+                raise StoreError(f"bad endpoint_url {endpoint_url!r}: expected http(s)://host:port")
+            options["endpoint_override"] = parts.netloc
+            options["scheme"] = parts.scheme or "https"
+        self._fs_module = pafs
+        self.fs = pafs.S3FileSystem(**options)
+        self.bucket = bucket
+        self.root = f"{bucket}/{prefix.strip('/')}".rstrip("/")
+        self.endpoint_url = endpoint_url
+        self.region = options["region"]
+        self._s3_client = None
+
+    def _unreachable(self, action: str, exc: OSError) -> StoreUnreachableError:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return StoreUnreachableError(f"cannot {action} s3://{self.root}{where}: {exc}")
+
+    def check_readable(self) -> None:
+        try:
+            info = self.fs.get_file_info(self.bucket)
+        except OSError as exc:
+            raise self._unreachable("reach", exc) from exc
+        if info.type == self._fs_module.FileType.NotFound:
+            raise StoreUnreachableError(f"bucket {self.bucket!r} of s3://{self.root} does not exist")
+
+    def exists(self) -> bool:
+        self.check_readable()
+        return bool(self.list(RECORDS_DIR))
+
+    def list(self, sub: str) -> dict[str, int]:
+        selector = self._fs_module.FileSelector(f"{self.root}/{sub}", recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except OSError as exc:
+            raise self._unreachable("list", exc) from exc
+        found = {}
+        for info in infos:
+            if info.type != self._fs_module.FileType.File or not info.base_name.endswith(".parquet"):
+                continue
+            rel = info.path[len(self.root) + 1:]
+            if any(part.startswith((".", "_")) for part in rel.split("/")):
+                continue
+            found[rel] = info.size
+        return found
+
+    def open(self, rel: str) -> pq.ParquetFile:
+        try:
+            return pq.ParquetFile(self.fs.open_input_file(f"{self.root}/{rel}"))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if "not exist" in str(exc) or "NoSuchKey" in str(exc):
+                raise FileNotFoundError(rel) from exc
+            raise self._unreachable(f"read {rel}", exc) from exc
+
+    def _client(self):
+        if self._s3_client is None:
+            import boto3
+
+            self._s3_client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region)
+        return self._s3_client
+
+    def write(self, table: pa.Table, rel: str, row_group_size: int | None = None) -> None:
+        """One PUT of the whole file: the object appears complete or not at all."""
+        import botocore.exceptions
+
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, row_group_size=row_group_size)
+        key = f"{self.root}/{rel}".split("/", 1)[1]
+        try:
+            self._client().put_object(Bucket=self.bucket, Key=key, Body=buffer.getvalue().to_pybytes())
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise StoreUnreachableError(f"cannot write s3://{self.root}/{rel}: {exc}") from exc
+
+    def stage(self, table: pa.Table, row_group_size: int | None) -> str:
+        rel = f"{STAGING_DIR}/{uuid.uuid4().hex}.parquet.tmp"
+        self.write(table, rel, row_group_size)
+        return rel
+
+    def publish(self, staged: str, rel: str) -> None:
+        try:
+            self.fs.move(f"{self.root}/{staged}", f"{self.root}/{rel}")
+        except OSError as exc:
+            raise self._unreachable(f"publish {rel}", exc) from exc
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(f"{self.root}/{rel}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._unreachable(f"delete {rel}", exc) from exc
+
+    def stale_staged(self, older_than_s: float) -> list[str]:
+        selector = self._fs_module.FileSelector(f"{self.root}/{STAGING_DIR}", allow_not_found=True)
+        cutoff = time.time() - older_than_s
+        return [info.path[len(self.root) + 1:] for info in self.fs.get_file_info(selector)
+                if info.mtime is not None and info.mtime.timestamp() < cutoff]
+
+
+def _open_files(location: str) -> _LocalFiles | _S3Files:
+    if location.startswith("file:"):
+        location = location[len("file:"):]
+        if location.startswith("//"):
+            location = location[2:]
+    if location.startswith("s3://"):
+        parts = urlsplit(location)
+        if not parts.netloc:
+            raise StoreError(f"bad S3 store URI {location!r}: expected s3://bucket/prefix")
+        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+        unknown = set(query) - {"endpoint_url", "region"}
+        if unknown:
+            raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} "
+                             "(known: endpoint_url, region)")
+        return _S3Files(parts.netloc, parts.path, query.get("endpoint_url"), query.get("region"))
+    if not location:
+        raise StoreError("empty parquet store path")
+    return _LocalFiles(location)
+
+
+# ---- table helpers --------------------------------------------------------------------------
+
+def _constant(value: str, length: int) -> pa.Array:
+    return pa.array([value], pa.string()).take(np.zeros(length, dtype=np.int32))
+
+
+def _conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
+    """Records as a table in exactly :data:`ARROW_SCHEMA` (cost_s filled in when missing)."""
+    if not isinstance(records, pa.Table):
+        return records_to_table(list(records))
+    table = records
+    if "cost_s" not in table.column_names:
+        costs = table.column("costs").to_pylist()
+        errors = table.column("error_no").to_pylist()
+        table = table.append_column("cost_s", pa.array(
+            [mean_cost_s(c, e) for c, e in zip(costs, errors, strict=True)], pa.float64()))
+    missing = [name for name in ARROW_SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise StoreError(f"cannot commit a table without column(s) {missing}")
+    return table.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA)
+
+
+def _dedupe(table: pa.Table) -> pa.Table:
+    """The table with only the first row of each record_id, order kept."""
+    import pyarrow.compute as pc
+
+    rows = table.num_rows
+    if rows <= 1:
+        return table
+    ids = table.column("record_id")
+    if pc.count_distinct(ids).as_py() == rows:
+        return table
+    firsts = (pa.table({"id": ids, "row": pa.array(np.arange(rows, dtype=np.int64))})
+              .group_by("id", use_threads=False).aggregate([("row", "min")]).column("row_min"))
+    return table.take(np.sort(firsts.to_numpy()))
+
+
+def _group_codes(table: pa.Table, columns: Iterable[str]) -> tuple[np.ndarray, list[tuple]]:
+    """Per-row group number over ``columns`` and the key tuple of each group."""
+    combined = pa.table({name: table.column(name) for name in columns})
+    groups = combined.group_by(list(combined.column_names), use_threads=False).aggregate([])
+    keys = list(zip(*(groups.column(name).to_pylist() for name in combined.column_names), strict=True))
+    lookup = {key: number for number, key in enumerate(keys)}
+    codes = np.fromiter((lookup[key] for key in zip(*(combined.column(name).to_pylist()
+                                                       for name in combined.column_names), strict=True)),
+                        dtype=np.int64, count=table.num_rows)
+    return codes, keys
+
+
+def _sort_for_serving(table: pa.Table) -> pa.Table:
+    return table.sort_by([("workload_key", "ascending"), ("target", "ascending"), ("layout", "ascending"),
+                          ("cost_s", "ascending"), ("record_id", "ascending")])
+
+
+def _top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
+    """Valid rows only, the best ``nbest`` per (target, workload_key, layout), in serving order."""
+    import pyarrow.compute as pc
+
+    valid = table.filter(pc.is_valid(table.column("cost_s")))
+    ordered = _sort_for_serving(valid)
+    if nbest is None or ordered.num_rows == 0:
+        return ordered
+    keys = [ordered.column(name) for name in ("workload_key", "target", "layout")]
+    rows = ordered.num_rows
+    starts = np.zeros(rows, dtype=bool)
+    starts[0] = True
+    for column in keys:
+        starts[1:] |= ~pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
+    positions = np.arange(rows)
+    group_start = np.maximum.accumulate(np.where(starts, positions, 0))
+    return ordered.filter(pa.array(positions - group_start < nbest))
+
+
+# ---- the serving index ----------------------------------------------------------------------
+
+class _ServingIndex:
+    """Best rows of one target key, sorted by (workload, target, layout, cost); lookups in O(1)."""
+
+    def __init__(self, table: pa.Table, files: tuple[str, ...] = (), depth: int | None = None):
+        import pyarrow.compute as pc
+
+        self.files = files
+        self.depth = depth
+        table = _sort_for_serving(_dedupe(table)) if table.num_rows else table
+        self.table = table
+        rows = table.num_rows
+        self.cost_s = table.column("cost_s").to_numpy(zero_copy_only=False) if rows else np.zeros(0)
+        self.rank = np.zeros(rows, dtype=np.int64)
+        if rows:
+            self.rank[pc.sort_indices(table.column("record_id")).to_numpy()] = np.arange(rows)
+        self.by_workload: dict[str, list[tuple[str, str, int, int]]] = {}
+        if rows:
+            workload_keys = table.column("workload_key").to_pylist()
+            targets = table.column("target").to_pylist()
+            layouts = table.column("layout").to_pylist()
+            start = 0
+            for row in range(1, rows + 1):
+                if row == rows or (workload_keys[row], targets[row], layouts[row]) != (
+                        workload_keys[start], targets[start], layouts[start]):
+                    self.by_workload.setdefault(workload_keys[start], []).append(
+                        (targets[start], layouts[start], start, row))
+                    start = row
+        self.sorted_workloads = sorted(self.by_workload)
+
+    def _workload_keys(self, workload_key: str, prefix: bool) -> list[str]:
+        if not prefix:
+            return [workload_key] if workload_key in self.by_workload else []
+        first = bisect.bisect_left(self.sorted_workloads, workload_key)
+        last = first
+        while last < len(self.sorted_workloads) and self.sorted_workloads[last].startswith(workload_key):
+            last += 1
+        return self.sorted_workloads[first:last]
+
+    def _best_rows(self, spans: list[tuple[int, int]], k: int) -> np.ndarray:
+        if len(spans) == 1:
+            start, stop = spans[0]
+            return np.arange(start, min(stop, start + k))
+        rows = np.concatenate([np.arange(start, stop) for start, stop in spans])
+        order = np.lexsort((self.rank[rows], self.cost_s[rows]))
+        return rows[order[:k]]
+
+    def best(self, workload_key: str, target: str, k: int, layout: str | None,
+             by_alternate_key: bool, prefix: bool, per_layout: bool) -> list[TuningRecord]:
+        spans_by_layout: dict[str, list[tuple[int, int]]] = {}
+        for key in self._workload_keys(workload_key, prefix):
+            for group_target, group_layout, start, stop in self.by_workload[key]:
+                if (by_alternate_key or group_target == target) and (layout is None or group_layout == layout):
+                    spans_by_layout.setdefault(group_layout, []).append((start, stop))
+        if not spans_by_layout:
+            return []
+        if per_layout:
+            chosen = [self._best_rows(spans, k) for spans in spans_by_layout.values()]
+            chosen.sort(key=lambda rows: (self.cost_s[rows[0]], self.rank[rows[0]]))
+            rows = np.concatenate(chosen)
+        else:
+            rows = self._best_rows([span for spans in spans_by_layout.values() for span in spans], k)
+        if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+            selected = self.table.slice(int(rows[0]), len(rows))
+        else:
+            selected = self.table.take(rows)
+        return [TuningRecord.from_row(row) for row in selected.to_pylist()]
+
+
+# ---- the store ------------------------------------------------------------------------------
+
+@dataclass
+class _PendingFile:
+    staged: str
+    final: str
+
+
+class ParquetCommit:
+    """One commit, possibly of many batches: files are staged and published at :meth:`finish`.
+
+    With ``publish_each_batch`` (the default for :meth:`ParquetStore.commit`) each batch is
+    published as soon as it is written, which keeps memory bounded for long ingests.
+    """
+
+    def __init__(self, store: ParquetStore, nbest: int | None, publish_each_batch: bool):
+        if nbest is not None and nbest < 1:
+            raise StoreError(f"nbest must be a positive number of records, got {nbest!r}")
+        self.store = store
+        self.nbest = DEFAULT_NBEST if nbest is None else nbest
+        self.publish_each_batch = publish_each_batch
+        self.result = CommitResult()
+        self._pending_records: list[_PendingFile] = []
+        self._pending_serving: list[_PendingFile] = []
+        self._new_ids: set[str] = set()
+        self._known = store._known_record_ids()
+
+    def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
+        """Write one batch; returns the counts of this batch."""
+        table = _dedupe(_conform(records))
+        received = records.num_rows if isinstance(records, pa.Table) else None
+        batch = CommitResult(received=received if received is not None else table.num_rows)
+        ids = table.column("record_id").to_pylist()
+        known, new_ids = self._known, self._new_ids
+        fresh = np.fromiter((rid not in known and rid not in new_ids for rid in ids), dtype=bool, count=len(ids))
+        if not fresh.all():
+            table = table.filter(pa.array(fresh))
+            ids = [rid for rid, keep in zip(ids, fresh, strict=True) if keep]
+        new_ids.update(ids)
+        batch.stored = table.num_rows
+        batch.duplicates = batch.received - batch.stored
+        if table.num_rows:
+            self._write(table, batch)
+        if self.publish_each_batch:
+            self._publish()
+        self.result.received += batch.received
+        self.result.stored += batch.stored
+        self.result.duplicates += batch.duplicates
+        self.result.files.extend(batch.files)
+        return batch
+
+    def _write(self, table: pa.Table, batch: CommitResult) -> None:
+        files = self.store._files
+        codes, keys = _group_codes(table, PARTITION_COLUMNS)
+        for number, (target_key, layout) in enumerate(keys):
+            part = table.filter(pa.array(codes == number)).select(RECORD_FILE_SCHEMA.names)
+            final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
+            self._pending_records.append(_PendingFile(files.stage(part, None), final))
+            batch.files.append(final)
+        serving = _top_per_group(table, self.nbest)
+        if serving.num_rows:
+            codes, keys = _group_codes(serving, ("target_key",))
+            for number, (target_key,) in enumerate(keys):
+                part = serving.filter(pa.array(codes == number)).select(SERVING_FILE_SCHEMA.names)
+                final = f"{_serving_dir(target_key)}/part-n{self.nbest}-{uuid.uuid4().hex}.parquet"
+                self._pending_serving.append(_PendingFile(files.stage(part, SERVING_ROW_GROUP), final))
+
+    def _publish(self) -> None:
+        # Records first: a serving row never points at a record that is not yet visible.
+        for pending in self._pending_records + self._pending_serving:
+            self.store._files.publish(pending.staged, pending.final)
+        self._pending_records.clear()
+        self._pending_serving.clear()
+        self.store._known_ids.update(self._new_ids)
+        self.store._invalidate()
+
+    def finish(self) -> CommitResult:
+        self._publish()
+        return self.result
+
+    def abort(self) -> None:
+        for pending in self._pending_records + self._pending_serving:
+            self.store._files.delete(pending.staged)
+        self._pending_records.clear()
+        self._pending_serving.clear()
+
+    def __enter__(self) -> ParquetCommit:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+
+class ParquetStore(Store):
+    """A warehouse of Parquet files; see the module docstring for the layout and guarantees."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self.uri = f"parquet:{location}"
+        self._files = _open_files(location)
+        self._known_ids: set[str] = set()
+        self._id_files: set[str] = set()
+        self._indexes: dict[str, _ServingIndex] = {}
+        self._serving_tables: dict[str, pa.Table] = {}
+        self._listed: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._lookups: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"ParquetStore({self.location!r})"
+
+    def exists(self) -> bool:
+        """Whether anything was ever committed here."""
+        return self._files.exists()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def transaction(self, nbest: int | None = None, publish_each_batch: bool = False) -> ParquetCommit:
+        """A multi-batch commit; nothing becomes visible before ``finish()`` unless
+        ``publish_each_batch``. Use as a context manager: an exception discards staged files."""
+        return ParquetCommit(self, nbest, publish_each_batch)
+
+    def commit(self, records: Iterable[TuningRecord] | pa.Table, nbest: int | None = None) -> CommitResult:
+        with self.transaction(nbest) as commit:
+            commit.add(records)
+        return commit.result
+
+    def _known_record_ids(self) -> set[str]:
+        """Record ids of every published record file (read once per file per process)."""
+        listed = self._files.list(RECORDS_DIR)
+        for rel in listed.keys() - self._id_files:
+            try:
+                ids = self._files.open(rel).read(columns=["record_id"]).column("record_id")
+            except FileNotFoundError:
+                continue
+            self._known_ids.update(ids.to_pylist())
+            self._id_files.add(rel)
+        return self._known_ids
+
+    def _invalidate(self) -> None:
+        self._listed.clear()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _record_files(self, target_keys: set[str] | None, layouts: set[str] | None) -> dict[str, int]:
+        listed = self._files.list(RECORDS_DIR)
+        if target_keys is None and layouts is None:
+            return listed
+        chosen = {}
+        for rel, size in listed.items():
+            partition = _partition_of(rel)
+            if target_keys is not None and partition.get("target_key") not in target_keys:
+                continue
+            if layouts is not None and partition.get("layout") not in layouts:
+                continue
+            chosen[rel] = size
+        return chosen
+
+    def _read_record_file(self, rel: str, columns: list[str]) -> pa.Table:
+        file_columns = [name for name in columns if name not in PARTITION_COLUMNS]
+        table = self._files.open(rel).read(columns=file_columns)
+        partition = _partition_of(rel)
+        arrays, names = [], []
+        for name in columns:
+            names.append(name)
+            if name in PARTITION_COLUMNS:
+                arrays.append(_constant(partition.get(name, ""), table.num_rows))
+            else:
+                arrays.append(table.column(name))
+        return pa.Table.from_arrays(arrays, schema=pa.schema([ARROW_SCHEMA.field(n) for n in names]))
+
+    def scan(self, filters: dict[str, Any] | None = None, columns: list[str] | None = None) -> pa.Table:
+        import pyarrow.compute as pc
+
+        filters = _normalize_filters(filters or {})
+        wanted = list(columns) if columns is not None else list(ARROW_SCHEMA.names)
+        unknown = [name for name in [*wanted, *filters] if name not in ARROW_SCHEMA.names]
+        if unknown:
+            raise StoreError(f"unknown column(s) {unknown}; columns are {ARROW_SCHEMA.names}")
+        needed = [name for name in ARROW_SCHEMA.names
+                  if name in wanted or name in filters or name == "record_id"]
+        for _attempt in range(_READ_RETRIES):
+            files = self._record_files(filters.get("target_key"), filters.get("layout"))
+            parts = []
+            try:
+                for rel in sorted(files):
+                    part = self._read_record_file(rel, needed)
+                    for name, values in filters.items():
+                        if name not in PARTITION_COLUMNS:
+                            part = part.filter(pc.is_in(part.column(name), value_set=pa.array(
+                                sorted(values), ARROW_SCHEMA.field(name).type)))
+                    parts.append(part)
+            except FileNotFoundError:
+                continue  # a compaction replaced files while we read: list again
+            break
+        else:
+            raise StoreError(f"files of {self.uri} kept changing while reading; try again")
+        schema = pa.schema([ARROW_SCHEMA.field(name) for name in needed])
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        return _dedupe(table).select(wanted)
+
+    def workloads(self, target: str | None = None) -> list[str]:
+        import pyarrow.compute as pc
+
+        filters = {"target": target} if target is not None else None
+        table = self.scan(filters, columns=["workload_key"])
+        return sorted(pc.unique(table.column("workload_key")).to_pylist())
+
+    def stats(self) -> dict[str, Any]:
+        import pyarrow.compute as pc
+
+        record_files = self._files.list(RECORDS_DIR)
+        serving_files = self._files.list(SERVING_DIR)
+        table = self.scan(columns=["record_id", "target", "target_key", "workload_key", "layout", "cost_s"])
+        valid = table.filter(pc.is_valid(table.column("cost_s")))
+
+        def distinct(name: str) -> int:
+            return pc.count_distinct(table.column(name)).as_py() if table.num_rows else 0
+
+        return {
+            "uri": self.uri,
+            "records": table.num_rows,
+            "valid_records": valid.num_rows,
+            "workloads": distinct("workload_key"),
+            "targets": distinct("target"),
+            "target_keys": sorted(set(table.column("target_key").to_pylist())),
+            "layouts": distinct("layout"),
+            "files": len(record_files),
+            "bytes": sum(record_files.values()),
+            "serving_files": len(serving_files),
+            "serving_bytes": sum(serving_files.values()),
+        }
+
+    # -- best ---------------------------------------------------------------------------------
+
+    def _serving_files(self, target_key: str) -> tuple[str, ...]:
+        now = time.monotonic()
+        cached = self._listed.get(target_key)
+        if cached is not None and not self._files.is_local and now - cached[0] < S3_REFRESH_INTERVAL_S:
+            return cached[1]
+        files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+        self._listed[target_key] = (now, files)
+        return files
+
+    def _read_serving(self, rel: str, target_key: str, row_groups: list[int] | None = None) -> pa.Table:
+        cached = self._serving_tables.get(rel) if row_groups is None else None
+        if cached is not None:
+            return cached
+        handle = self._files.open(rel)
+        table = handle.read() if row_groups is None else handle.read_row_groups(row_groups)
+        table = table.append_column(ARROW_SCHEMA.field("target_key"), _constant(target_key, table.num_rows))
+        table = table.select(ARROW_SCHEMA.names)
+        if row_groups is None:
+            self._serving_tables[rel] = table
+        return table
+
+    def _read_serving_pruned(self, files: tuple[str, ...], target_key: str, workload_key: str,
+                             prefix: bool) -> pa.Table:
+        """Only the row groups whose workload_key range can hold the key (cold lookups)."""
+        import pyarrow.compute as pc
+
+        high = workload_key + "\U0010ffff" if prefix else workload_key
+        parts = []
+        for rel in files:
+            metadata = self._files.open(rel).metadata
+            column = metadata.schema.names.index("workload_key")
+            groups = []
+            for number in range(metadata.num_row_groups):
+                stats = metadata.row_group(number).column(column).statistics
+                if stats is None or not stats.has_min_max or (stats.min <= high and stats.max >= workload_key):
+                    groups.append(number)
+            if groups:
+                part = self._read_serving(rel, target_key, groups)
+                keys = part.column("workload_key")
+                mask = pc.starts_with(keys, workload_key) if prefix else pc.equal(keys, workload_key)
+                parts.append(part.filter(mask))
+        return pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
+
+    def _index(self, target_key: str, files: tuple[str, ...]) -> _ServingIndex:
+        index = self._indexes.get(target_key)
+        if index is not None and index.files == files:
+            return index
+        for _attempt in range(_READ_RETRIES):
+            try:
+                tables = [self._read_serving(rel, target_key) for rel in files]
+            except FileNotFoundError:
+                files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+                continue
+            break
+        else:
+            raise StoreError(f"serving files of {self.uri} kept changing while reading; try again")
+        live = set(files)
+        for rel in [rel for rel in self._serving_tables if rel not in live and rel.startswith(
+                _serving_dir(target_key) + "/")]:
+            del self._serving_tables[rel]
+        depth = min((_serving_depth(rel) for rel in files), default=None)
+        table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
+        index = _ServingIndex(table, files, depth)
+        self._indexes[target_key] = index
+        return index
+
+    def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
+             by_alternate_key: bool = False, prefix: bool = False,
+             per_layout: bool = False) -> list[TuningRecord]:
+        if k < 1:
+            raise StoreError(f"k must be a positive number of records, got {k!r}")
+        parsed = parse_target(target)
+        target_key, canonical = parsed.alternate_key, parsed.canonical
+        files = self._serving_files(target_key)
+        depth = min((_serving_depth(rel) for rel in files), default=None)
+        if depth is not None and k > depth:
+            return self._best_from_records(workload_key, canonical, target_key, k, layout,
+                                           by_alternate_key, prefix, per_layout)
+        lookups = self._lookups.get(target_key, 0)
+        self._lookups[target_key] = lookups + 1
+        if lookups == 0 and target_key not in self._indexes:
+            # A process asking once (a cold `lorien query`) reads only the row groups it needs.
+            try:
+                table = self._read_serving_pruned(files, target_key, workload_key, prefix)
+            except FileNotFoundError:
+                files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+                index = self._index(target_key, files)
+            else:
+                index = _ServingIndex(table)
+        else:
+            index = self._index(target_key, files)
+        return index.best(workload_key, canonical, k, layout, by_alternate_key, prefix, per_layout)
+
+    def _best_from_records(self, workload_key: str, target: str, target_key: str, k: int,
+                           layout: str | None, by_alternate_key: bool, prefix: bool,
+                           per_layout: bool) -> list[TuningRecord]:
+        """Exact answer from the full records, for k deeper than the serving view."""
+        import pyarrow.compute as pc
+
+        filters: dict[str, Any] = {"target_key": target_key}
+        if not by_alternate_key:
+            filters["target"] = target
+        if layout is not None:
+            filters["layout"] = layout
+        if not prefix:
+            filters["workload_key"] = workload_key
+        table = self.scan(filters)
+        if prefix:
+            table = table.filter(pc.starts_with(table.column("workload_key"), workload_key))
+        index = _ServingIndex(_top_per_group(table, k))
+        return index.best(workload_key, target, k, layout, by_alternate_key, prefix, per_layout)
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def compact(self) -> dict[str, Any]:
+        """Merge each partition's files into one sorted file; rebuild the serving view from
+        the records (deduplicated, deepest nbest seen). Query answers do not change."""
+        record_files = self._files.list(RECORDS_DIR)
+        serving_files = self._files.list(SERVING_DIR)
+        depths = [_serving_depth(rel) for rel in serving_files]
+        depth = max(depths) if depths else DEFAULT_NBEST
+        by_partition: dict[tuple[str, str], list[str]] = {}
+        for rel in record_files:
+            partition = _partition_of(rel)
+            by_partition.setdefault((partition["target_key"], partition["layout"]), []).append(rel)
+        serving_parts: dict[str, list[pa.Table]] = {}
+        merged_files = 0
+        for (target_key, layout), rels in sorted(by_partition.items()):
+            try:
+                tables = [self._read_record_file(rel, list(ARROW_SCHEMA.names)) for rel in sorted(rels)]
+            except FileNotFoundError:
+                continue  # another compaction got here first
+            table = _dedupe(pa.concat_tables(tables))
+            if len(rels) > 1:
+                ordered = table.sort_by([("workload_key", "ascending"), ("cost_s", "ascending"),
+                                         ("record_id", "ascending")])
+                final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
+                self._files.write(ordered.select(RECORD_FILE_SCHEMA.names), final, COMPACT_ROW_GROUP)
+                for rel in rels:
+                    self._files.delete(rel)
+                merged_files += len(rels)
+            serving_parts.setdefault(target_key, []).append(_top_per_group(table, depth))
+        for target_key, parts in serving_parts.items():
+            serving = _sort_for_serving(pa.concat_tables(parts)).select(SERVING_FILE_SCHEMA.names)
+            old = [rel for rel in serving_files if rel.startswith(_serving_dir(target_key) + "/")]
+            if serving.num_rows:
+                final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}.parquet"
+                self._files.write(serving, final, SERVING_ROW_GROUP)
+            for rel in old:
+                self._files.delete(rel)
+        for rel in self._files.stale_staged(STALE_STAGING_S):
+            self._files.delete(rel)
+        self._invalidate()
+        self._indexes.clear()
+        self._serving_tables.clear()
+        return {
+            "record_files_before": len(record_files),
+            "record_files_after": len(self._files.list(RECORDS_DIR)),
+            "record_files_merged": merged_files,
+            "serving_files_before": len(serving_files),
+            "serving_files_after": len(self._files.list(SERVING_DIR)),
+            "serving_depth": depth,
+        }
+
+
+def _normalize_filters(filters: dict[str, Any]) -> dict[str, set]:
+    """Filter values as sets; targets canonicalized (their target_key prunes partitions)."""
+    normalized: dict[str, set] = {}
+    for name, value in filters.items():
+        values = set(value) if isinstance(value, (list, tuple, set, frozenset)) else {value}
+        if name == "target":
+            parsed = [parse_target(text) for text in values]
+            values = {target.canonical for target in parsed}
+            keys = {target.alternate_key for target in parsed}
+            normalized["target_key"] = normalized.get("target_key", keys) & keys
+        if name in normalized:
+            values = normalized[name] & values
+        normalized[name] = values
+    return normalized
+
+
+register_store("parquet", ParquetStore)
