@@ -1,0 +1,57 @@
+"""Batched matmul ``x[B, M, K] x y[B, N, K]^T``: ``batch_matmul.x86``.
+
+Task args as in AutoTVM: ``[x, y, out_shape_or_None, ...]`` (later TVM versions append the
+output dtype and transpose flags; they are accepted and must keep the NT form).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dialects.autotvm.templates import register_template
+from dialects.autotvm.templates.common import tensor_arg
+from lorien.engine import te
+
+
+def _reference(cfg: Any, args: list[Any], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    return [np.einsum("bmk,bnk->bmn", x.astype(np.float64), y.astype(np.float64))]
+
+
+@register_template("batch_matmul.x86", _reference)
+def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
+    """Register tiles over (M, N); the batch and row blocks run in parallel."""
+    (b, m, k_len), dtype = tensor_arg(x_arg, "batch_matmul x")
+    (b2, n, k2), _ = tensor_arg(y_arg, "batch_matmul y")
+    if k_len != k2 or b2 not in (1, b):
+        raise ValueError(f"batch_matmul: incompatible shapes {[b, m, k_len]} and {[b2, n, k2]}")
+    if len(rest) >= 4 and (rest[2] or not rest[3]):
+        raise ValueError(f"batch_matmul: only transpose_a=False, transpose_b=True is supported, got {rest[2:4]}")
+    x = te.placeholder((b, m, k_len), dtype, name="x")
+    y = te.placeholder((b2, n, k_len), dtype, name="y")
+    cfg.define_split("tile_y", cfg.axis(m), num_outputs=2)
+    cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
+    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
+
+    k = te.reduce_axis(k_len, name="k")
+    if b2 == 1:
+        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * y[0, j, k], axis=k), name="batch_matmul")
+    else:
+        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * y[bb, j, k], axis=k), name="batch_matmul")
+    s = te.create_schedule(out)
+    cache = s.cache_write(out, "local")
+    bb, i, j = s[out].op.axis
+    io, ii = cfg["tile_y"].apply(s, out, i)
+    jo, ji = cfg["tile_x"].apply(s, out, j)
+    s[out].reorder(bb, io, jo, ii, ji)
+    s[out].parallel(s[out].fuse(bb, io))
+    s[out].vectorize(ji)
+    s[cache].compute_at(s[out], jo)
+    _, i, j = s[cache].op.axis
+    (k,) = s[cache].op.reduce_axis
+    ko, ki = cfg["tile_k"].apply(s, cache, k)
+    s[cache].reorder(ko, ki, i, j)
+    s[cache].unroll(i)
+    s[cache].vectorize(j)
+    return s, [x, y, out]

@@ -1,0 +1,87 @@
+"""Helpers shared by the templates: TVM argument forms, tensors, padding, NumPy references."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lorien.engine import te
+from lorien.errors import WorkloadError
+
+
+def tensor_arg(arg: Any, what: str) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype of a ``["TENSOR", shape, dtype]`` task argument."""
+    if not (isinstance(arg, (list, tuple)) and len(arg) >= 3 and arg[0] == "TENSOR"):
+        raise WorkloadError(f"{what}: expected ['TENSOR', shape, dtype], got {arg!r}")
+    return tuple(int(d) for d in arg[1]), str(arg[2])
+
+
+def pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    values = [int(v) for v in value]
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def pad4(value: Any) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from TVM's int, pair or 4-tuple padding."""
+    if isinstance(value, int):
+        return value, value, value, value
+    values = [int(v) for v in value]
+    if len(values) == 1:
+        return values[0], values[0], values[0], values[0]
+    if len(values) == 2:
+        return values[0], values[1], values[0], values[1]
+    if len(values) == 4:
+        return values[0], values[1], values[2], values[3]
+    raise WorkloadError(f"padding {value!r} is not an int, a pair or four values")
+
+
+def out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
+    return (size + pad_total - ((kernel - 1) * dilation + 1)) // stride + 1
+
+
+def pad_nchw_like(data: te.Tensor, pads: Sequence[tuple[int, int]], name: str) -> te.Tensor:
+    """Zero-pad ``data`` by (before, after) per dimension; ``data`` itself when nothing pads."""
+    if all(before == 0 and after == 0 for before, after in pads):
+        return data
+    shape = [d + before + after for d, (before, after) in zip(data.shape, pads, strict=True)]
+
+    def body(*idx):
+        conds = []
+        src = []
+        for i, d, (before, _after) in zip(idx, data.shape, pads, strict=True):
+            if before == 0 and _after == 0:
+                src.append(i)
+                continue
+            conds += [i >= before, i < before + d]
+            src.append(i - before)
+        return te.if_then_else(te.all(*conds), data[tuple(src)], 0.0)
+
+    return te.compute(shape, body, name=name)
+
+
+def conv_nchw_numpy(data: np.ndarray, kernel: np.ndarray, stride: tuple[int, int],
+                    pads: tuple[int, int, int, int], dilation: tuple[int, int], groups: int = 1) -> np.ndarray:
+    """Direct convolution, NCHW data and OIHW kernel (``groups`` == channels for depthwise)."""
+    n, c, h, w = data.shape
+    o, cg, kh, kw = kernel.shape
+    top, left, bottom, right = pads
+    padded = np.zeros((n, c, h + top + bottom, w + left + right), dtype=np.float64)
+    padded[:, :, top:top + h, left:left + w] = data
+    oh = out_size(h, kh, stride[0], top + bottom, dilation[0])
+    ow = out_size(w, kw, stride[1], left + right, dilation[1])
+    out = np.zeros((n, o, oh, ow), dtype=np.float64)
+    og = o // groups
+    for g in range(groups):
+        for y in range(kh):
+            for x in range(kw):
+                y0, x0 = y * dilation[0], x * dilation[1]
+                patch = padded[:, g * cg:(g + 1) * cg,
+                               y0:y0 + stride[0] * (oh - 1) + 1:stride[0],
+                               x0:x0 + stride[1] * (ow - 1) + 1:stride[1]]
+                weights = kernel[g * og:(g + 1) * og, :, y, x]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, weights)
+    return out

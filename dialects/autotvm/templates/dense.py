@@ -1,0 +1,126 @@
+"""Dense (``data[M, K] x weight[N, K]^T (+ bias)``): ``dense_pack.x86`` and ``dense_nopack.x86``.
+
+Task args as in AutoTVM: ``[data, weight, bias_or_None, out_dtype]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dialects.autotvm.templates import register_template
+from dialects.autotvm.templates.common import tensor_arg
+from lorien.engine import te
+
+
+def _inputs(data_arg: Any, weight_arg: Any, bias_arg: Any) -> tuple[te.Tensor, te.Tensor, te.Tensor | None]:
+    (m, k), dtype = tensor_arg(data_arg, "dense data")
+    (n, k2), _ = tensor_arg(weight_arg, "dense weight")
+    if k != k2:
+        raise ValueError(f"dense: data K={k} but weight K={k2}")
+    data = te.placeholder((m, k), dtype, name="data")
+    weight = te.placeholder((n, k), dtype, name="weight")
+    bias = None
+    if bias_arg is not None:
+        (nb,), _ = tensor_arg(bias_arg, "dense bias")
+        bias = te.placeholder((nb,), dtype, name="bias")
+    return data, weight, bias
+
+
+def _reference(cfg: Any, args: list[Any], data: np.ndarray, weight: np.ndarray, *rest: np.ndarray) -> list[np.ndarray]:
+    out = data.astype(np.float64) @ weight.astype(np.float64).T
+    if rest:
+        out = out + rest[0]
+    return [out]
+
+
+def _with_bias(out: te.Tensor, bias: te.Tensor | None) -> te.Tensor:
+    if bias is None:
+        return out
+    return te.compute(out.shape, lambda i, j: out[i, j] + bias[j], name="dense_bias")
+
+
+@register_template("dense_pack.x86", _reference)
+def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, out_dtype: str = "float32"):
+    """Weight packed to ``[N/bn, K, bn]`` so the inner ``bn`` columns load as one vector."""
+    data, weight, bias = _inputs(data_arg, weight_arg, bias_arg)
+    m, k_len = data.shape
+    n = weight.shape[0]
+    cfg.define_split("tile_y", cfg.axis(m), num_outputs=3)
+    cfg.define_split("tile_x", cfg.axis(n), num_outputs=3, filter=lambda e: e.size[-1] <= 64)
+    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
+
+    bn = cfg["tile_x"].size[-1]
+    packed = te.compute((n // bn, k_len, bn), lambda xo, kk, xi: weight[xo * bn + xi, kk], name="packed_weight")
+    k = te.reduce_axis(k_len, name="k")
+    out = te.compute((m, n), lambda y, x: te.sum(data[y, k] * packed[x // bn, k, x % bn], axis=k), name="dense_pack")
+    final = _with_bias(out, bias)
+    s = te.create_schedule(final)
+
+    # The register tile of the accumulation is tile_y[-1] x tile_x[-1].
+    # Weight packing: parallel over column blocks, vector stores.
+    xo, kk, xi = s[packed].op.axis
+    s[packed].parallel(xo)
+    s[packed].vectorize(xi)
+
+    cache = s.cache_write(out, "local")
+    if bias is not None:
+        s[out].compute_inline()
+        target = final
+    else:
+        target = out
+    y, x = s[target].op.axis
+    yt, yo, yi = cfg["tile_y"].apply(s, target, y)
+    xt, xo, xi = cfg["tile_x"].apply(s, target, x)
+    s[target].reorder(xt, yt, yo, xo, yi, xi)
+    xyt = s[target].fuse(xt, yt)
+    s[target].parallel(xyt)
+    s[target].unroll(yi)
+    s[target].vectorize(xi)
+    s[cache].compute_at(s[target], xo)
+
+    y, x = s[cache].op.axis
+    (k,) = s[cache].op.reduce_axis
+    ko, ki = cfg["tile_k"].apply(s, cache, k)
+    s[cache].reorder(ko, ki, y, x)
+    s[cache].unroll(y)
+    s[cache].vectorize(x)
+    inputs = [data, weight] + ([bias] if bias is not None else [])
+    return s, [*inputs, final]
+
+
+@register_template("dense_nopack.x86", _reference)
+def dense_nopack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, out_dtype: str = "float32"):
+    """Row-major weight read directly; output tiles accumulated in registers."""
+    data, weight, bias = _inputs(data_arg, weight_arg, bias_arg)
+    m, k_len = data.shape
+    n = weight.shape[0]
+    cfg.define_split("tile_y", cfg.axis(m), num_outputs=2)
+    cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
+    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
+
+    k = te.reduce_axis(k_len, name="k")
+    out = te.compute((m, n), lambda y, x: te.sum(data[y, k] * weight[x, k], axis=k), name="dense_nopack")
+    final = _with_bias(out, bias)
+    s = te.create_schedule(final)
+    cache = s.cache_write(out, "local")
+    if bias is not None:
+        s[out].compute_inline()
+        target = final
+    else:
+        target = out
+    y, x = s[target].op.axis
+    yo, yi = cfg["tile_y"].apply(s, target, y)
+    xo, xi = cfg["tile_x"].apply(s, target, x)
+    s[target].reorder(yo, xo, yi, xi)
+    s[target].parallel(yo)
+    s[target].vectorize(xi)
+    s[cache].compute_at(s[target], xo)
+    y, x = s[cache].op.axis
+    (k,) = s[cache].op.reduce_axis
+    ko, ki = cfg["tile_k"].apply(s, cache, k)
+    s[cache].reorder(ko, y, ki, x)
+    s[cache].vectorize(x)
+    inputs = [data, weight] + ([bias] if bias is not None else [])
+    return s, [*inputs, final]

@@ -1,0 +1,86 @@
+"""Depthwise convolution, NCHW data and ``[C, multiplier, KH, KW]`` kernel: ``depthwise_conv2d_nchw.x86``.
+
+Task args as in AutoTVM: ``[data, kernel, strides, padding, dilation, out_dtype]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dialects.autotvm.templates import register_template
+from dialects.autotvm.templates.common import (
+    conv_nchw_numpy,
+    out_size,
+    pad4,
+    pad_nchw_like,
+    pair,
+    tensor_arg,
+)
+from lorien.engine import te
+
+
+def _dims(args: list[Any]) -> dict[str, Any]:
+    (n, c, h, w), dtype = tensor_arg(args[0], "depthwise data")
+    (c2, mult, kh, kw), _ = tensor_arg(args[1], "depthwise kernel")
+    if c != c2:
+        raise ValueError(f"depthwise_conv2d: data has {c} channels, kernel {c2}")
+    sh, sw = pair(args[2])
+    pads = pad4(args[3])
+    dh, dw = pair(args[4]) if len(args) > 4 else (1, 1)
+    return dict(n=n, c=c, h=h, w=w, mult=mult, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pads=pads,
+                oh=out_size(h, kh, sh, pads[0] + pads[2], dh), ow=out_size(w, kw, sw, pads[1] + pads[3], dw),
+                dtype=dtype)
+
+
+def _reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.ndarray) -> list[np.ndarray]:
+    d = _dims(args)
+    oihw = kernel.reshape(d["c"] * d["mult"], 1, d["kh"], d["kw"])
+    return [conv_nchw_numpy(data, oihw, (d["sh"], d["sw"]), d["pads"], (d["dh"], d["dw"]), groups=d["c"])]
+
+
+@register_template("depthwise_conv2d_nchw.x86", _reference)
+def depthwise_conv2d_nchw(cfg: Any, *args: Any):
+    """Channel blocks in parallel; tile_ow[-1] output columns vectorized in registers."""
+    d = _dims(list(args))
+    oc = d["c"] * d["mult"]
+    cfg.define_split("tile_c", cfg.axis(oc), num_outputs=2, filter=lambda e: e.size[-1] <= 16)
+    cfg.define_split("tile_ow", cfg.axis(d["ow"]), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
+    cfg.define_knob("unroll_kw", [True, False])
+
+    data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
+    kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
+    top, left, bottom, right = d["pads"]
+    padded = pad_nchw_like(data, [(0, 0), (0, 0), (top, bottom), (left, right)], "data_pad")
+    ry = te.reduce_axis(d["kh"], name="kh")
+    rx = te.reduce_axis(d["kw"], name="kw")
+    mult, sh, sw, dh, dw = d["mult"], d["sh"], d["sw"], d["dh"], d["dw"]
+    conv = te.compute(
+        (d["n"], oc, d["oh"], d["ow"]),
+        lambda b, f, y, x: te.sum(
+            padded[b, f // mult, y * sh + ry * dh, x * sw + rx * dw] * kernel[f // mult, f % mult, ry, rx],
+            axis=[ry, rx]),
+        name="depthwise_conv2d_nchw")
+    s = te.create_schedule(conv)
+    if padded is not data:
+        b, c, y, _ = s[padded].op.axis
+        s[padded].parallel(s[padded].fuse(b, c, y))
+    cache = s.cache_write(conv, "local")
+    b, f, y, x = s[conv].op.axis
+    fo, fi = cfg["tile_c"].apply(s, conv, f)
+    xo, xi = cfg["tile_ow"].apply(s, conv, x)
+    s[conv].reorder(b, fo, y, xo, fi, xi)
+    s[conv].parallel(s[conv].fuse(b, fo, y))
+    s[conv].vectorize(xi)
+    s[cache].compute_at(s[conv], xo)
+    _, f, y, x = s[cache].op.axis
+    ry, rx = s[cache].op.reduce_axis
+    if cfg["unroll_kw"].val:
+        s[cache].reorder(ry, rx, f, x)
+        s[cache].unroll(rx)
+    else:
+        s[cache].reorder(ry, f, rx, x)
+    s[cache].unroll(f)
+    s[cache].vectorize(x)
+    return s, [data, kernel, conv]
