@@ -1,0 +1,106 @@
+"""The ``dask`` manager: jobs as tasks on a Dask cluster.
+
+Connects to a running scheduler (``scheduler="tcp://host:8786"``, e.g. started with
+``dask scheduler`` and ``dask worker`` on each machine) or starts a local cluster of worker
+processes. Each attempt is one task with a unique key. A worker that dies takes its running
+task with it; Dask reports it as ``KilledWorker`` (a local cluster is started with
+``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
+the task that was running) and the master retries it itself, tracing each retry. Measurement on one host is serialized by the per-host measurement slot
+(:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from lorien.errors import ConfigError
+from lorien.tune.managers.base import Completion, JobManager, JobOutcome, Runner, Task, execute_job
+
+
+class DaskManager(JobManager):
+    """Submits each attempt as a Dask task; ``capacity`` bounds tasks queued at the scheduler."""
+
+    def __init__(self, store_uri: str | None = None, runner: Runner | None = None,
+                 scheduler: str | None = None, workers: int = 2, threads_per_worker: int = 1,
+                 measure_slots: int | None = None, capacity: int = 10_000,
+                 client: Any = None):
+        try:
+            import dask
+            from distributed import Client, LocalCluster
+        except ImportError as exc:
+            raise ConfigError("the dask manager needs dask[distributed]: pip install 'lorien[dask]'") from exc
+        self.store_uri = store_uri
+        self.runner = runner
+        self.measure_slots = measure_slots
+        self.capacity = capacity
+        self._cluster = None
+        self._owns_client = client is None
+        if client is not None:
+            self.client = client
+        elif scheduler:
+            try:
+                self.client = Client(scheduler, timeout="10s")
+            except OSError as exc:
+                raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+        else:
+            with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                                  "distributed.scheduler.worker-saturation": 1.0}):
+                self._cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker,
+                                             processes=True, dashboard_address=None)
+            self.client = Client(self._cluster)
+        self._futures: dict[str, tuple[Task, Any]] = {}
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    def submit(self, task: Task) -> None:
+        key = f"lorien-job-{task.job_id}-attempt-{task.attempt}"
+        # Dask recomputes a finished task whose result died with its worker before the
+        # master fetched it; looking in the store first keeps that from measuring twice.
+        future = self.client.submit(execute_job, replace(task, check_existing=True), self.store_uri, self.runner, self.measure_slots,
+                                    key=key, pure=False, retries=0)
+        self._futures[key] = (task, future)
+
+    def wait(self, timeout_s: float) -> list[Completion]:
+        from distributed import wait
+
+        if not self._futures:
+            return []
+        futures = [future for _task, future in self._futures.values()]
+        try:
+            finished = wait(futures, timeout=timeout_s, return_when="FIRST_COMPLETED").done
+        except TimeoutError:
+            return []
+        completions = []
+        for future in finished:
+            task, _ = self._futures.pop(future.key)
+            completions.append(self._completion(task, future))
+        return completions
+
+    @staticmethod
+    def _completion(task: Task, future: Any) -> Completion:
+        from distributed import CancelledError, KilledWorker
+
+        if future.status == "finished":
+            outcome = future.result()
+            return Completion(task, outcome=outcome if isinstance(outcome, JobOutcome)
+                              else JobOutcome(**outcome))
+        try:
+            error = future.exception()
+        except CancelledError:
+            return Completion(task, lost="task was cancelled (scheduler lost?)")
+        if isinstance(error, KilledWorker):
+            return Completion(task, lost=f"Dask worker died running it ({error})")
+        return Completion(task, lost=f"attempt raised {type(error).__name__}: {error}")
+
+    def close(self, cancel: bool = False) -> None:
+        if cancel and self._futures:
+            self.client.cancel([future for _task, future in self._futures.values()])
+        self._futures.clear()
+        if self._owns_client:
+            self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+

@@ -1,0 +1,236 @@
+"""The tuning master: hands jobs to a manager, retries lost attempts, traces every change.
+
+``run_jobs(jobs, manager="local" | "dask" | "aws-batch", trace_file=F)`` writes each state
+change to the trace F before acting on it. Run again with the same trace file and jobs
+already ``done`` (or ``failed`` for good) are skipped; a job the killed master left
+``running`` is first looked up in the store, so a job whose records were committed is
+never measured twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lorien.errors import ConfigError
+from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
+from lorien.tune.managers import create_manager
+from lorien.tune.managers.base import Completion, JobManager, Runner, Task, execute_job
+from lorien.tune.trace import JobState, TraceWriter, read_events, read_trace
+
+DEFAULT_MAX_RETRIES = 2
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``skipped`` jobs were finished by an earlier run of the same trace."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    retried: int = 0
+    reused: int = 0
+    records: int = 0
+    elapsed_s: float = 0.0
+    failures: dict[str, str] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def jobs_per_s(self) -> float:
+        ran = self.done + self.failed
+        return ran / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"jobs={self.total} done={self.done} failed={self.failed} skipped={self.skipped} "
+                f"retried={self.retried} reused={self.reused} records={self.records} "
+                f"elapsed_s={self.elapsed_s:.2f}")
+
+
+class _Tracer:
+    """The trace writer, or nothing when no trace file was asked for."""
+
+    def __init__(self, trace_file: str | Path | None):
+        self._writer = TraceWriter(trace_file) if trace_file else None
+
+    def __call__(self, job_id: str, state: str, **fields: Any) -> None:
+        if self._writer is not None:
+            self._writer.write(job_id, state, **fields)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _as_jobs(jobs: JobList | Iterable[Job | dict[str, Any]]) -> tuple[list[Job], list[ConfigError]]:
+    if isinstance(jobs, JobList):
+        return list(jobs.jobs), list(jobs.errors)
+    parsed: list[Job] = []
+    errors: list[ConfigError] = []
+    for index, job in enumerate(jobs):
+        if isinstance(job, Job):
+            parsed.append(job)
+            continue
+        try:
+            parsed.append(Job.from_spec(job, where=f"jobs[{index}]"))
+        except ConfigError as exc:
+            errors.append(exc)
+    return parsed, errors
+
+
+def _error_id(error: ConfigError) -> str:
+    import hashlib
+
+    return "invalid-" + hashlib.blake2b(str(error).encode(), digest_size=6).hexdigest()
+
+
+def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobManager = "local",
+             trace_file: str | Path | None = None, store_uri: str | None = None,
+             max_retries: int = DEFAULT_MAX_RETRIES, runner: Runner | None = None,
+             retry_failed: bool = False, log: Callable[[str], None] | None = None,
+             **manager_options: Any) -> RunSummary:
+    """Run every job through ``manager`` and return what happened.
+
+    ``runner(job_spec, store_uri) -> records`` replaces the dialect's tune (tests and
+    benchmarks). A lost attempt (dead worker, unexpected exception) is retried up to
+    ``max_retries`` times; a LorienError (bad workload, unknown dialect) fails the job at
+    once. ``manager_options`` go to the manager (``workers``, ``scheduler``, ``job_queue``...).
+    """
+    log = log or (lambda message: print(message, file=sys.stderr))
+    started = time.monotonic()
+    job_list, invalid = _as_jobs(jobs)
+    unique: dict[str, Job] = {}
+    for job in job_list:
+        unique.setdefault(job.job_id, job)
+    summary = RunSummary(total=len(unique) + len(invalid))
+    previous: dict[str, JobState] = {}
+    if trace_file and Path(trace_file).exists():
+        _events, torn_lines = read_events(trace_file)
+        if torn_lines:
+            log(f"trace {trace_file}: ignored torn line(s) {torn_lines} (a killed master's last write)")
+        previous = read_trace(trace_file)
+    trace = _Tracer(trace_file)
+    queue: deque[Task] = deque()
+    try:
+        for error in invalid:
+            error_id = _error_id(error)
+            trace(error_id, "failed", error=str(error), attempt=0)
+            log(f"job {error_id}: failed: {error}")
+            summary.failed += 1
+            summary.failures[error_id] = str(error)
+            summary.states[error_id] = "failed"
+        for job in unique.values():
+            known = previous.get(job.job_id)
+            if known is not None and (known.state == "done" or (known.state == "failed" and not retry_failed)):
+                summary.skipped += 1
+                summary.states[job.job_id] = known.state
+                continue
+            if known is None:
+                trace(job.job_id, "pending", label=job.label, spec=job.spec)
+            attempt = (known.attempt if known else 0) + 1
+            queue.append(Task(job.job_id, job.spec, attempt, check_existing=known is not None))
+        if queue:
+            owned = isinstance(manager, str)
+            job_manager = (create_manager(manager, store_uri=store_uri, runner=runner, **manager_options)
+                           if isinstance(manager, str) else manager)
+            try:
+                _drive(job_manager, queue, trace, summary, max_retries, log)
+            finally:
+                if owned:
+                    job_manager.close(cancel=sys.exc_info()[0] is not None)
+    finally:
+        trace.close()
+    summary.elapsed_s = time.monotonic() - started
+    return summary
+
+
+def _drive(manager: JobManager, queue: deque[Task], trace: _Tracer, summary: RunSummary,
+           max_retries: int, log: Callable[[str], None]) -> None:
+    in_flight = 0
+    while queue or in_flight:
+        while queue and in_flight < manager.capacity:
+            task = queue.popleft()
+            trace(task.job_id, "running", attempt=task.attempt)
+            manager.submit(task)
+            in_flight += 1
+        for completion in manager.wait(timeout_s=1.0):
+            in_flight -= 1
+            retry = _settle(completion, trace, summary, max_retries, log)
+            if retry is not None:
+                queue.append(retry)
+
+
+def _settle(completion: Completion, trace: _Tracer, summary: RunSummary, max_retries: int,
+            log: Callable[[str], None]) -> Task | None:
+    """Trace one finished attempt; returns the next attempt when the job is retried."""
+    task, outcome = completion.task, completion.outcome
+    if outcome is not None and not outcome.error:
+        trace(task.job_id, "done", attempt=task.attempt, worker=outcome.worker,
+              records=outcome.records, reused=outcome.reused or None)
+        summary.done += 1
+        summary.records += outcome.records
+        summary.reused += int(outcome.reused)
+        summary.states[task.job_id] = "done"
+        return None
+    if outcome is not None:
+        trace(task.job_id, "failed", attempt=task.attempt, worker=outcome.worker, error=outcome.error)
+        log(f"job {task.job_id}: failed: {outcome.error}")
+        summary.failed += 1
+        summary.failures[task.job_id] = outcome.error
+        summary.states[task.job_id] = "failed"
+        return None
+    if task.attempt <= max_retries:
+        trace(task.job_id, "retried", attempt=task.attempt, error=completion.lost)
+        log(f"job {task.job_id}: attempt {task.attempt} lost ({completion.lost}); retrying")
+        summary.retried += 1
+        return Task(task.job_id, task.spec, task.attempt + 1, check_existing=True)
+    error = f"gave up after {task.attempt} attempts; last: {completion.lost}"
+    trace(task.job_id, "failed", attempt=task.attempt, error=error)
+    log(f"job {task.job_id}: failed: {error}")
+    summary.failed += 1
+    summary.failures[task.job_id] = error
+    summary.states[task.job_id] = "failed"
+    return None
+
+
+def run_job_uri(uri: str, store_uri: str | None = None, runner: Runner | None = None) -> dict[str, Any]:
+    """``lorien tune --job URI``: run one job spec here and commit straight to the store.
+
+    Used inside AWS Batch containers. A job whose records are already in the store (a Batch
+    retry) is not measured again. When the spec lives on S3, the outcome is written next to
+    it as ``<spec>.result.json``.
+    """
+    job = load_job(uri)
+    outcome = execute_job(Task(job.job_id, job.spec, attempt=1, check_existing=True), store_uri, runner)
+    result = outcome.to_dict()
+    if uri.startswith("s3://"):
+        from lorien.warehouse.archive import write_bytes_uri
+
+        write_bytes_uri(result_uri(uri), canonical_json(result).encode())
+    return result
+
+
+def result_uri(spec_uri: str) -> str:
+    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
+    path, sep, query = spec_uri.partition("?")
+    stem = path[:-5] if path.endswith(".json") else path
+    return f"{stem}.result.json{sep}{query}"
+
+
+def format_summary(summary: RunSummary) -> str:
+    lines = [summary.line()]
+    for job_id, error in summary.failures.items():
+        lines.append(f"  failed {job_id}: {error}")
+    return "\n".join(lines)
+
+
+def summary_json(summary: RunSummary) -> str:
+    return json.dumps({"total": summary.total, "done": summary.done, "failed": summary.failed,
+                       "skipped": summary.skipped, "retried": summary.retried,
+                       "records": summary.records, "failures": summary.failures})
