@@ -1,0 +1,115 @@
+"""Where records come from for featurization: a store or log files, as Arrow batches.
+
+Both sources stream Arrow tables in :data:`lorien.record.ARROW_SCHEMA` (only the columns
+featurization needs are used) and describe themselves for the manifest (store URI and
+stats, or each file's size and modification time).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lorien.errors import LorienError
+
+#: Record columns phase 1 reads.
+NEEDED_COLUMNS = ["dialect", "target_key", "workload_key", "task_name", "args", "config",
+                  "costs", "error_no", "flop"]
+#: Filters featurization understands (column -> value or list of values).
+FILTER_COLUMNS = ("dialect", "target", "target_key", "task_name", "workload_key", "layout")
+LOG_SUFFIXES = {".log", ".json", ".jsonl", ".txt"}
+
+
+@dataclass
+class SourceInfo:
+    """What produced a featurization: store snapshot or files, filters, parse errors."""
+
+    kind: str
+    description: dict[str, Any] = field(default_factory=dict)
+    parse_errors: int = 0
+    parse_error_examples: list[str] = field(default_factory=list)
+
+
+def apply_filters(table: pa.Table, filters: dict[str, Any] | None) -> pa.Table:
+    """Rows of ``table`` whose columns equal the filter values (a list means any of them)."""
+    if not filters:
+        return table
+    mask = None
+    for column, wanted in filters.items():
+        if column not in table.column_names:
+            raise LorienError(f"cannot filter on {column!r}: records have no such column")
+        values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        condition = pc.is_in(table[column], value_set=pa.array([str(v) for v in values]))
+        mask = condition if mask is None else pc.and_(mask, condition)
+    return table.filter(mask)
+
+
+def _expand_paths(paths: Sequence[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*")
+                           if p.is_file() and p.suffix in LOG_SUFFIXES and not p.name.startswith("."))
+            if not found:
+                raise LorienError(f"no log files (*.log, *.json, *.jsonl, *.txt) under {path}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise LorienError(f"log path not found: {path}")
+    return files
+
+
+def iter_log_batches(paths: Sequence[str | Path], filters: dict[str, Any] | None, batch_size: int,
+                     info: SourceInfo) -> Iterator[pa.Table]:
+    """Arrow batches of every record in the log files, read with the format codecs."""
+    from lorien.formats import iter_log_tables
+
+    files = _expand_paths(paths)
+    info.kind = "logs"
+    info.description = {"files": [{"path": str(p.resolve()), "bytes": p.stat().st_size,
+                                   "mtime": p.stat().st_mtime} for p in files]}
+    for path in files:
+        for table, errors in iter_log_tables(path, batch_size=batch_size):
+            info.parse_errors += len(errors)
+            for error in errors[: max(0, 5 - len(info.parse_error_examples))]:
+                info.parse_error_examples.append(str(error))
+            table = apply_filters(table, filters)
+            if table.num_rows:
+                yield table
+
+
+def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_size: int,
+                       info: SourceInfo) -> Iterator[pa.Table]:
+    """Arrow batches of a store's records matching ``filters``, with the store's snapshot stats."""
+    from lorien.warehouse import open_store
+
+    store = open_store(store_uri)
+    try:
+        info.kind = "store"
+        info.description = {"uri": store.uri if getattr(store, "uri", None) else store_uri,
+                            "stats": _jsonable(store.stats())}
+        table = store.scan(filters or None, columns=NEEDED_COLUMNS)
+    finally:
+        store.close()
+    for batch in table.to_batches(max_chunksize=batch_size):
+        yield pa.Table.from_batches([batch])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
