@@ -54,13 +54,49 @@ def build_parser() -> argparse.ArgumentParser:
     # (section owned by the engine/autotvm work)
 
     # ---- query ------------------------------------------------------------------------
-    # (section owned by the warehouse work)
+    query = _parser(sub, "query", "best stored records of a workload on a target",
+                    "lorien query --workload-key 'dense_nopack.x86#_TENSOR__1_512__float32_#...' "
+                    "--target 'llvm -mcpu=skylake-avx512' --nbest 3")
+    query.add_argument("--workload-key", required=True, help="the workload key (with --prefix, a prefix of it)")
+    query.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=skylake-avx512'")
+    query.add_argument("--nbest", type=int, default=1, help="number of records (per layout with --per-layout)")
+    query.add_argument("--layout", help="only this layout (NCHW, NHWC, NCHW8c, ...)")
+    query.add_argument("--per-layout", action="store_true", help="the best --nbest of each layout")
+    query.add_argument("--alternate-key", action="store_true",
+                       help="match every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    query.add_argument("--prefix", action="store_true", help="treat --workload-key as a prefix")
+    query.add_argument("--format", choices=QUERY_FORMATS, default="table",
+                       help="table (default), json, or native log lines (autotvm, ansor)")
+    query.add_argument("--store", help=STORE_HELP)
+    query.set_defaults(run=_run_query)
 
     # ---- ingest -----------------------------------------------------------------------
-    # (section owned by the warehouse work)
+    ingest = _parser(sub, "ingest", "pour TVM tuning logs (files or directories) into the warehouse",
+                     "lorien ingest ../shared/data/tophub ../shared/data/ansor --store parquet:./lorien-warehouse")
+    ingest.add_argument("paths", nargs="+", metavar="PATH", help="log files or directories (walked)")
+    ingest.add_argument("--format", default="auto", help="auto (default), autotvm, ansor or meta_schedule")
+    ingest.add_argument("--strict", action="store_true",
+                        help="refuse the whole ingest, committing nothing, if any line fails to parse")
+    ingest.add_argument("--nbest", type=int, help="best records kept per workload for serving (default 20)")
+    ingest.add_argument("--store", help=STORE_HELP)
+    ingest.set_defaults(run=_run_ingest)
 
     # ---- export -----------------------------------------------------------------------
-    # (section owned by the warehouse work)
+    export = _parser(sub, "export", "write stored records back as a TVM log (by default the best "
+                     "record per workload, like TopHub)",
+                     "lorien export --target 'llvm -mcpu=skylake-avx512' --format autotvm -o best.log")
+    export.add_argument("--target", required=True, help="target string")
+    export.add_argument("--format", required=True,
+                        help="autotvm, ansor, or meta_schedule (then -o names a directory)")
+    selection = export.add_mutually_exclusive_group()
+    selection.add_argument("--best-only", dest="best_only", action="store_true", default=True,
+                           help="the fastest valid record per workload (default)")
+    selection.add_argument("--all", dest="best_only", action="store_false", help="every record")
+    export.add_argument("--alternate-key", action="store_true",
+                        help="every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    export.add_argument("-o", "--output", help="output file (default: standard output)")
+    export.add_argument("--store", help=STORE_HELP)
+    export.set_defaults(run=_run_export)
 
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
@@ -70,6 +106,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- warehouse --------------------------------------------------------------------
     # (section owned by the warehouse work; dynamodb table subcommands by the cloud work)
+    warehouse = _parser(sub, "warehouse", "inspect and maintain the warehouse",
+                        "lorien warehouse stats --store parquet:./lorien-warehouse")
+    warehouse.set_defaults(run=lambda _args: warehouse.print_help() or 2)
+    warehouse_sub = warehouse.add_subparsers(dest="warehouse_command", metavar="ACTION")
+    stats = _parser(warehouse_sub, "stats", "count records, workloads, targets and files",
+                    "lorien warehouse stats --json")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--store", help=STORE_HELP)
+    stats.set_defaults(run=_run_warehouse_stats)
+    compact = _parser(warehouse_sub, "compact",
+                      "merge small files and rebuild the serving view; query answers do not change",
+                      "lorien warehouse compact --store parquet:s3://bucket/lorien")
+    compact.add_argument("--store", help=STORE_HELP)
+    compact.set_defaults(run=_run_warehouse_compact)
+    workloads = _parser(warehouse_sub, "workloads", "list the stored workload keys",
+                        "lorien warehouse workloads --target 'llvm -mcpu=skylake-avx512'")
+    workloads.add_argument("--target", help="only workloads of this target")
+    workloads.add_argument("--store", help=STORE_HELP)
+    workloads.set_defaults(run=_run_warehouse_workloads)
 
     # ---- generate ---------------------------------------------------------------------
     # (section owned by the cost-model work)
@@ -87,15 +142,124 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- run functions: query ----------------------------------------------------------------
 
+QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
+
+
+def _query_records(args: argparse.Namespace) -> list:
+    from lorien.warehouse import open_store
+
+    with open_store(args.store) as store:
+        return store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
+                          by_alternate_key=args.alternate_key, prefix=args.prefix,
+                          per_layout=args.per_layout)
+
+
+def _print_records(records: list, output_format: str) -> None:
+    if output_format in ("autotvm", "ansor"):
+        from lorien.formats import encode_record
+
+        for record in records:
+            print(encode_record(record, output_format))
+        return
+    from lorien.warehouse.query import record_summary
+
+    rows = [record_summary(record) for record in records]
+    if output_format == "json":
+        import json
+
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'#':>3}  {'cost_us':>12}  {'gflops':>9}  {'layout':<8}  {'target':<32}  config")
+    for rank, row in enumerate(rows, 1):
+        gflops = "-" if row["gflops"] is None else f"{row['gflops']:.2f}"
+        print(f"{rank:>3}  {row['cost_us']:>12.3f}  {gflops:>9}  {row['layout']:<8}  "
+              f"{row['target']:<32}  {row['config']}")
+
+
+def _run_query(args: argparse.Namespace) -> int:
+    records = _query_records(args)
+    if not records:
+        print(f"lorien query: no valid record of workload {args.workload_key!r} on target "
+              f"{args.target!r}", file=sys.stderr)
+        return 1
+    _print_records(records, args.format)
+    return 0
+
 # ---- run functions: ingest ---------------------------------------------------------------
 
+def _run_ingest(args: argparse.Namespace) -> int:
+    from lorien.ingest import ingest_paths
+
+    report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
+                          format=args.format)
+    for file_report in report.files:
+        print(file_report.summary())
+        for error in file_report.errors:
+            print(f"  skipped {error}")
+    print(report.summary())
+    return 0
+
 # ---- run functions: export ---------------------------------------------------------------
+
+def _run_export(args: argparse.Namespace) -> int:
+    from lorien.formats import encode_record, write_log
+    from lorien.warehouse import open_store
+    from lorien.warehouse.query import export_records
+
+    with open_store(args.store) as store:
+        records = export_records(store, args.target, args.format, best_only=args.best_only,
+                                 by_alternate_key=args.alternate_key)
+    if not records:
+        print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
+        return 1
+    if args.output:
+        count = write_log(records, args.format, args.output)
+        print(f"wrote {count} records to {args.output}", file=sys.stderr)
+    elif args.format == "meta_schedule":
+        raise LorienError("export --format meta_schedule writes a directory: give it with -o DIR")
+    else:
+        for record in records:
+            print(encode_record(record, args.format))
+    return 0
 
 # ---- run functions: featurize ------------------------------------------------------------
 
 # ---- run functions: train ----------------------------------------------------------------
 
 # ---- run functions: warehouse ------------------------------------------------------------
+
+def _run_warehouse_stats(args: argparse.Namespace) -> int:
+    from lorien.warehouse import open_store
+
+    with open_store(args.store) as store:
+        stats = store.stats()
+    if args.json:
+        import json
+
+        print(json.dumps(stats, indent=2))
+    else:
+        for name, value in stats.items():
+            print(f"{name:>16}: {value}")
+    return 0
+
+
+def _run_warehouse_compact(args: argparse.Namespace) -> int:
+    from lorien.warehouse import open_store
+
+    with open_store(args.store) as store:
+        summary = store.compact()
+    for name, value in summary.items():
+        print(f"{name:>22}: {value}")
+    return 0
+
+
+def _run_warehouse_workloads(args: argparse.Namespace) -> int:
+    from lorien.warehouse import open_store
+
+    with open_store(args.store) as store:
+        for workload_key in store.workloads(args.target):
+            print(workload_key)
+    return 0
 
 # ---- run functions: generate -------------------------------------------------------------
 

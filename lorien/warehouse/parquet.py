@@ -370,7 +370,7 @@ def _sort_for_serving(table: pa.Table) -> pa.Table:
                           ("cost_s", "ascending"), ("record_id", "ascending")])
 
 
-def _top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
+def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
     """Valid rows only, the best ``nbest`` per (target, workload_key, layout), in serving order."""
     import pyarrow.compute as pc
 
@@ -518,7 +518,7 @@ class ParquetCommit:
             final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
             self._pending_records.append(_PendingFile(files.stage(part, None), final))
             batch.files.append(final)
-        serving = _top_per_group(table, self.nbest)
+        serving = top_per_group(table, self.nbest)
         if serving.num_rows:
             codes, keys = _group_codes(serving, ("target_key",))
             for number, (target_key,) in enumerate(keys):
@@ -805,7 +805,7 @@ class ParquetStore(Store):
         table = self.scan(filters)
         if prefix:
             table = table.filter(pc.starts_with(table.column("workload_key"), workload_key))
-        index = _ServingIndex(_top_per_group(table, k))
+        index = _ServingIndex(top_per_group(table, k))
         return index.best(workload_key, target, k, layout, by_alternate_key, prefix, per_layout)
 
     # -- compaction ---------------------------------------------------------------------------
@@ -837,7 +837,7 @@ class ParquetStore(Store):
                 for rel in rels:
                     self._files.delete(rel)
                 merged_files += len(rels)
-            serving_parts.setdefault(target_key, []).append(_top_per_group(table, depth))
+            serving_parts.setdefault(target_key, []).append(top_per_group(table, depth))
         for target_key, parts in serving_parts.items():
             serving = _sort_for_serving(pa.concat_tables(parts)).select(SERVING_FILE_SCHEMA.names)
             old = [rel for rel in serving_files if rel.startswith(_serving_dir(target_key) + "/")]

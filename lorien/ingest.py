@@ -1,0 +1,157 @@
+"""Pour tuning logs into a warehouse: files or whole directories, any of TVM's three formats.
+
+Lines that fail to parse are reported with file and line and skipped; with ``strict`` the
+whole ingest is refused and nothing is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from lorien.errors import LorienError, RecordParseError, UnknownFormatError
+from lorien.warehouse import CommitResult, open_store
+
+#: Files picked up when a directory is walked (named files are always read).
+LOG_SUFFIXES = (".log", ".json", ".jsonl")
+#: A directory holding this file is one MetaSchedule JSONDatabase (the pair is read together).
+META_SCHEDULE_RECORDS = "database_tuning_record.json"
+META_SCHEDULE_FILES = ("database_workload.json", META_SCHEDULE_RECORDS)
+INGEST_FORMATS = ("auto", "autotvm", "ansor", "meta_schedule")
+
+
+@dataclass
+class FileReport:
+    """What one log gave: records read, newly stored, already stored, and bad lines."""
+
+    path: str
+    format: str
+    records: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    errors: list[RecordParseError] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.path} [{self.format}]: {self.records} records, {self.stored} stored, "
+                f"{self.duplicates} already stored, {len(self.errors)} bad lines")
+
+
+@dataclass
+class IngestReport:
+    """Per-file reports and totals of one ingest."""
+
+    store_uri: str
+    files: list[FileReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(report.records for report in self.files)
+
+    @property
+    def stored(self) -> int:
+        return sum(report.stored for report in self.files)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(report.duplicates for report in self.files)
+
+    @property
+    def errors(self) -> list[RecordParseError]:
+        return [error for report in self.files for error in report.errors]
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"{len(self.files)} files, {self.records} records, {self.stored} stored, "
+                f"{self.duplicates} already stored, {len(self.errors)} bad lines, "
+                f"{self.seconds:.2f} s ({self.records_per_s:,.0f} records/s) into {self.store_uri}")
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Logs named by ``paths``; directories are walked (sorted, hidden entries skipped)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(_walk(path))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise LorienError(f"no such log file or directory: {str(raw)!r}")
+    return found
+
+
+def _walk(directory: Path) -> list[Path]:
+    if (directory / META_SCHEDULE_RECORDS).is_file():
+        return [directory]
+    found: list[Path] = []
+    for entry in sorted(os.scandir(directory), key=lambda item: item.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            found.extend(_walk(Path(entry.path)))
+        elif entry.name.endswith(LOG_SUFFIXES) and entry.name not in META_SCHEDULE_FILES:
+            found.append(Path(entry.path))
+    return found
+
+
+def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, strict: bool = False,
+                 nbest: int | None = None, format: str | None = None,  # noqa: A002
+                 batch_size: int = 65536) -> IngestReport:
+    """Read every log under ``paths`` and commit its records to the store at ``store_uri``.
+
+    ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
+    file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
+    committed.
+    """
+    if format is not None and format not in INGEST_FORMATS:
+        raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(INGEST_FORMATS)})")
+    chosen_format = None if format in (None, "auto") else format
+    logs = expand_paths(paths)
+    started = time.perf_counter()
+    store = open_store(store_uri)
+    report = IngestReport(store_uri=store.uri)
+
+    def ingest_all(add) -> None:
+        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add) for log in logs]
+
+    try:
+        transaction = getattr(store, "transaction", None)
+        if transaction is not None:
+            with transaction(nbest, publish_each_batch=not strict) as commit:
+                ingest_all(commit.add)
+        else:
+            if strict:
+                ingest_all(lambda table: CommitResult())  # validate every line before committing any
+            ingest_all(lambda table: store.commit(table, nbest))
+    finally:
+        store.close()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int,
+                add: Callable[[pa.Table], CommitResult]) -> FileReport:
+    from lorien.formats import detect_format, iter_log_tables
+
+    log_format = chosen_format or detect_format(log)
+    file_report = FileReport(path=str(log), format=log_format)
+    for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size):
+        if errors:
+            if strict:
+                raise errors[0]
+            file_report.errors.extend(errors)
+        if table.num_rows:
+            result = add(table)
+            file_report.records += table.num_rows
+            file_report.stored += result.stored
+            file_report.duplicates += result.duplicates
+    return file_report
