@@ -100,9 +100,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
+    featurize = _parser(sub, "featurize", "records -> normalized per-template features (CSV, .meta, Parquet)",
+                        "lorien featurize --store parquet:./lorien-warehouse -o features/")
+    featurize.add_argument("logs", nargs="*", metavar="LOG", help="log files or directories (instead of --store)")
+    featurize.add_argument("--store", help="read records from this store instead of logs; " + STORE_HELP)
+    featurize.add_argument("-o", "--output", required=True, help="output directory")
+    featurize.add_argument("--template", action="append", help="only this template (task name); repeatable")
+    featurize.add_argument("--target", help="only records of this canonical target string")
+    featurize.add_argument("--target-key", help="only records of this alternate target key (e.g. llvm_cpu)")
+    featurize.add_argument("--dialect", help="only records of this dialect")
+    featurize.add_argument("--jobs", type=int, help="worker processes (default: CPU count, at most 4; 1: none)")
+    featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch")
+    featurize.add_argument("--builtin-extractor", action="store_true",
+                           help="use the built-in AutoTVM extractor even where the dialect provides one")
+    featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
+    featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    featurize.set_defaults(run=_run_featurize)
 
     # ---- train ------------------------------------------------------------------------
     # (section owned by the cost-model work)
+    train = _parser(sub, "train", "train a cost model on featurized records; evaluate with workloads held out",
+                    "lorien train features/ -o models/dense --kind xgb-rank --template dense_pack.x86")
+    train.add_argument("features", help="directory written by `lorien featurize`")
+    train.add_argument("-o", "--output", required=True, help="model directory (model.json, report.json, plots)")
+    train.add_argument("--kind", default="xgb-rank", choices=["xgb-rank", "xgb-reg", "ridge"],
+                       help="estimator to save (default xgb-rank)")
+    train.add_argument("--baseline", default="random-forest", choices=["random-forest", "ridge", "none"],
+                       help="scikit-learn baseline evaluated beside it (default random-forest)")
+    train.add_argument("--template", action="append", help="only this template; repeatable (default: all)")
+    train.add_argument("--folds", type=int, default=5, help="workload-held-out folds (default 5)")
+    train.add_argument("--n-estimators", type=int, help="boosting rounds (XGBoost)")
+    train.add_argument("--max-depth", type=int, help="tree depth (XGBoost)")
+    train.add_argument("--learning-rate", type=float, help="learning rate (XGBoost)")
+    train.add_argument("--name", help="model name (records it proposes get source model:<name>)")
+    train.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    train.set_defaults(run=_run_train)
 
     # ---- warehouse --------------------------------------------------------------------
     # (section owned by the warehouse work; dynamodb table subcommands by the cloud work)
@@ -224,7 +256,45 @@ def _run_export(args: argparse.Namespace) -> int:
 
 # ---- run functions: featurize ------------------------------------------------------------
 
+def _run_featurize(args: argparse.Namespace) -> int:
+    from lorien.features import featurize
+
+    filters = {name: value for name, value in (("target", args.target), ("target_key", args.target_key),
+                                               ("dialect", args.dialect)) if value}
+    report = featurize(args.output, store=args.store, paths=args.logs, filters=filters,
+                       templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
+                       use_dialect=not args.builtin_extractor, progress=not args.quiet,
+                       keep_spill=args.keep_spill)
+    print(report.summary())
+    return 0
+
 # ---- run functions: train ----------------------------------------------------------------
+
+def _run_train(args: argparse.Namespace) -> int:
+    from lorien.costmodel import train_cost_model
+
+    params = {name: value for name, value in (("n_estimators", args.n_estimators), ("max_depth", args.max_depth),
+                                              ("learning_rate", args.learning_rate)) if value is not None}
+    if args.kind == "ridge" and params:
+        raise LorienError("--n-estimators/--max-depth/--learning-rate apply to XGBoost kinds only")
+    report = train_cost_model(args.features, args.output, kind=args.kind, templates=args.template,
+                              folds=args.folds, params=params,
+                              baseline=None if args.baseline == "none" else args.baseline,
+                              name=args.name, plots=not args.no_plots)
+    for template, entry in report["templates"].items():
+        summary = entry["cv"]["summary"] if entry["cv"] else None
+        line = f"{template}: {entry['rows']} rows, {entry['workloads']} workloads"
+        if summary:
+            line += "; held-out " + ", ".join(f"{k}={summary[k]:.3f}" for k in
+                                              ("r2", "spearman", "pairwise_accuracy", "top1", "top5"))
+        if entry.get("baseline_cv"):
+            base = entry["baseline_cv"]
+            line += f"; baseline top1={base['top1']:.3f} top5={base['top5']:.3f}"
+        print(line)
+    for template, reason in report["skipped"].items():
+        print(f"{template}: skipped ({reason})")
+    print(f"model and report written to {args.output}")
+    return 0
 
 # ---- run functions: warehouse ------------------------------------------------------------
 

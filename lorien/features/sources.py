@@ -88,19 +88,27 @@ def iter_log_batches(paths: Sequence[str | Path], filters: dict[str, Any] | None
 
 def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_size: int,
                        info: SourceInfo) -> Iterator[pa.Table]:
-    """Arrow batches of a store's records matching ``filters``, with the store's snapshot stats."""
+    """Arrow batches of a store's records matching ``filters``, one target-key partition at a
+    time (memory follows the largest partition, not the store), with the store's stats."""
     from lorien.warehouse import open_store
 
     store = open_store(store_uri)
     try:
+        stats = store.stats()
         info.kind = "store"
-        info.description = {"uri": store.uri if getattr(store, "uri", None) else store_uri,
-                            "stats": _jsonable(store.stats())}
-        table = store.scan(filters or None, columns=NEEDED_COLUMNS)
+        info.description = {"uri": getattr(store, "uri", store_uri), "stats": _jsonable(stats)}
+        filters = dict(filters or {})
+        partitions = [None]
+        if "target_key" not in filters and stats.get("target_keys"):
+            partitions = list(stats["target_keys"])
+        for target_key in partitions:
+            scoped = filters if target_key is None else {**filters, "target_key": target_key}
+            table = store.scan(scoped or None, columns=NEEDED_COLUMNS)
+            for batch in table.to_batches(max_chunksize=batch_size):
+                yield pa.Table.from_batches([batch])
+            del table
     finally:
         store.close()
-    for batch in table.to_batches(max_chunksize=batch_size):
-        yield pa.Table.from_batches([batch])
 
 
 def _jsonable(value: Any) -> Any:
