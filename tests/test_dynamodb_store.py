@@ -206,10 +206,12 @@ def test_an_item_near_the_400_kb_limit_is_trimmed_to_its_best_configs(store, cli
     assert [r.cost_s for r in kept] == [(i + 1) * 1e-4 for i in range(len(kept))]
 
 
-def test_failed_records_are_not_served(store):
-    result = store.commit([make_record(1, 1e-3, error_no=2)])
-    assert result.stored == 0
+def test_failed_records_are_counted_once_but_never_served(store):
+    failed = make_record(1, 1e-3, error_no=2)
+    assert store.commit([failed]).stored == 1
+    assert store.commit([failed]).duplicates == 1
     assert store.best(WORKLOAD, TARGET) == []
+    assert (store.stats()["records"], store.stats()["valid_records"]) == (1, 0)
 
 
 def test_archive_option_writes_the_full_log_and_links_it_from_each_config(moto_server, tmp_path, client):

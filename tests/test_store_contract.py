@@ -51,9 +51,17 @@ def _s3_uri(request: pytest.FixtureRequest) -> str:
     return f"parquet:s3://{bucket}/warehouse?endpoint_url={endpoint}&region=us-east-1"
 
 
+def _dynamodb_uri(request: pytest.FixtureRequest) -> str:
+    import uuid
+
+    endpoint = request.getfixturevalue("moto_server")
+    return f"dynamodb:lorien-{uuid.uuid4().hex[:12]}?endpoint_url={endpoint}&region=us-west-2&create=1"
+
+
 BACKENDS = {
     "parquet-local": _local_uri,
     "parquet-s3": _s3_uri,
+    "dynamodb": _dynamodb_uri,
 }
 
 

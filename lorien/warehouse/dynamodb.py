@@ -54,6 +54,7 @@ ALTERNATE_KEY = "TargetIDKeys"
 ALTERNATE_INDEX = "TargetIDKeysIndex"
 CONFIGS_ATTRIBUTE = "BestConfigs"
 VERSION_ATTRIBUTE = "LorienVersion"
+FAILED_ATTRIBUTE = "FailedRecordIds"
 
 #: The seed's cap on configs per item (``MAX_CONFIG_PER_ITEM``).
 MAX_CONFIGS_PER_ITEM = 100
@@ -61,6 +62,8 @@ MAX_CONFIGS_PER_ITEM = 100
 ITEM_SIZE_LIMIT_BYTES = 400 * 1024
 ITEM_SIZE_TARGET_BYTES = 380 * 1024
 DEFAULT_REGION = "us-west-2"
+#: Failed records are not served; up to this many of their ids per item are kept for counting.
+MAX_FAILED_IDS_PER_ITEM = 1000
 
 #: Dialect -> record format of lorien.formats, for the native ``config`` line.
 NATIVE_FORMATS = {"autotvm": "autotvm", "auto_scheduler": "ansor"}
@@ -663,8 +666,9 @@ class DynamoDBStore(Store):
                log_path: str | None = None) -> CommitResult:
         """Merge records into their items' ``BestConfigs`` with conditional writes.
 
-        Failed records are not served (they go to the archive only). ``log_path`` (or the
-        archive file written when the URI names ``archive=``) is stored with each config.
+        Failed records are not served: their ids are kept (up to 1000 an item) so that they are
+        counted once, and they go to the archive. ``log_path`` (or the archive file written when
+        the URI names ``archive=``) is stored with each config.
         """
         if isinstance(records, pa.Table):
             records = table_to_records(records)
@@ -681,8 +685,7 @@ class DynamoDBStore(Store):
             log_path = log_path or (archived[0] if archived else None)
         by_key: dict[tuple[str, str], list[TuningRecord]] = {}
         for record in records:
-            if record.is_valid:
-                by_key.setdefault((record.target, record.workload_key), []).append(record)
+            by_key.setdefault((record.target, record.workload_key), []).append(record)
         stored = self._read_items(list(by_key))
         for key, key_records in by_key.items():
             added, duplicates = self._merge_into_item(key, key_records, nbest, log_path, stored.get(key))
@@ -729,6 +732,8 @@ class DynamoDBStore(Store):
             if outcome.added == 0 and item is not None and CONFIGS_ATTRIBUTE in item \
                     and len(outcome.entries) == len(item[CONFIGS_ATTRIBUTE]["L"]):
                 return 0, outcome.duplicates
+            if item is None and not outcome.entries and not outcome.added:
+                return 0, outcome.duplicates
             try:
                 call(self.client, self.location, "put_item", TableName=self.location.table,
                      Item=new_item, ConditionExpression=condition,
@@ -759,8 +764,18 @@ class DynamoDBStore(Store):
         new_item.pop(CONFIGS_ATTRIBUTE, None)
         version = int(item[VERSION_ATTRIBUTE]["N"]) if item and VERSION_ATTRIBUTE in item else 0
         new_item[VERSION_ATTRIBUTE] = {"N": str(version + 1)}
+        valid = [record for record in records if record.is_valid]
+        failed_ids = set(item[FAILED_ATTRIBUTE]["SS"]) if item and FAILED_ATTRIBUTE in item else set()
+        new_failed = list(dict.fromkeys(r.record_id for r in records if not r.is_valid))
+        failed_duplicates = sum(1 for record_id in new_failed if record_id in failed_ids)
+        room = max(0, MAX_FAILED_IDS_PER_ITEM - len(failed_ids))
+        added_failed = [record_id for record_id in new_failed if record_id not in failed_ids][:room]
+        if added_failed:
+            new_item[FAILED_ATTRIBUTE] = {"SS": sorted(failed_ids.union(added_failed))}
         budget = ITEM_SIZE_TARGET_BYTES - item_size(new_item) - len(CONFIGS_ATTRIBUTE) - 3
-        outcome = merge_configs(existing, records, nbest, log_path, budget)
+        outcome = merge_configs(existing, valid, nbest, log_path, budget)
+        outcome.added += len(added_failed)
+        outcome.duplicates += failed_duplicates + len(records) - len(valid) - len(new_failed)
         if outcome.trimmed_for_size:
             log.info("item %s on %s trimmed by %d config(s) to stay under %d bytes",
                      key[1], key[0], outcome.trimmed_for_size, ITEM_SIZE_LIMIT_BYTES)
@@ -888,6 +903,7 @@ class DynamoDBStore(Store):
             for entry in item.get(CONFIGS_ATTRIBUTE, {}).get("L", []):
                 records += 1
                 valid += _entry_latency(entry) != float("inf")
+            records += len(item.get(FAILED_ATTRIBUTE, {}).get("SS", []))
         return {"backend": "dynamodb", "table": self.location.table, "items": items,
                 "records": records, "valid_records": valid, "workloads": len(workloads),
                 "targets": len(targets), "files": 0, "bytes": size_bytes}
