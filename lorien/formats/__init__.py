@@ -1,1 +1,151 @@
-"""formats."""
+"""Codecs for TVM's three tuning-log formats, both directions, lossless.
+
+- ``autotvm``: AutoTVM JSON lines (record layouts 0.1 and 0.2), e.g. TopHub logs.
+- ``ansor``: auto-scheduler JSON lines (``{"i": .., "r": .., "v": "v0.x"}``).
+- ``meta_schedule``: a MetaSchedule JSONDatabase directory (``database_workload.json`` +
+  ``database_tuning_record.json``); either file of the pair also names the database.
+
+Reading then writing a log gives back records JSON-equal to the input, line for line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+from lorien.errors import RecordParseError, UnknownFormatError
+from lorien.formats import ansor, autotvm, meta_schedule
+from lorien.formats.base import DIALECT_OF_FORMAT, FORMATS, LogReadResult, is_skipped
+from lorien.record import TuningRecord, records_to_table
+
+__all__ = [
+    "DIALECT_OF_FORMAT", "FORMATS", "LogReadResult", "decode_line", "detect_format", "encode_record",
+    "format_of_dialect", "iter_log_tables", "read_log", "write_log",
+]
+
+_CODECS = {"autotvm": autotvm, "ansor": ansor, "meta_schedule": meta_schedule}
+#: How many record-bearing lines detection looks at before giving up.
+_DETECT_LINES = 20
+
+
+def _check_format(format: str) -> str:
+    if format not in _CODECS:
+        raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(FORMATS)})")
+    return format
+
+
+def format_of_dialect(dialect: str) -> str:
+    """The log format whose records a dialect owns (``auto_scheduler`` -> ``ansor``)."""
+    for format, owner in DIALECT_OF_FORMAT.items():
+        if owner == dialect:
+            return format
+    raise UnknownFormatError(f"no log format for dialect {dialect!r} (known: {', '.join(DIALECT_OF_FORMAT.values())})")
+
+
+def _format_of_value(value: object) -> str | None:
+    if isinstance(value, dict):
+        if "input" in value and "result" in value:
+            return "autotvm"
+        version = value.get("v")
+        if "i" in value and "r" in value:
+            if isinstance(version, str):
+                return "ansor"
+            if version == 0.1:
+                return "autotvm"
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], list):
+        return "meta_schedule"
+    return None
+
+
+def detect_format(path: str | Path) -> str:
+    """``"autotvm"``, ``"ansor"`` or ``"meta_schedule"``; UnknownFormatError names the file otherwise."""
+    path = Path(path)
+    if meta_schedule.is_database(path):
+        return "meta_schedule"
+    if not path.is_file():
+        raise UnknownFormatError(f"{path}: no such log file or MetaSchedule database directory")
+    seen = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if is_skipped(line):
+                continue
+            try:
+                found = _format_of_value(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                found = None
+            if found is not None:
+                return found
+            seen += 1
+            if seen >= _DETECT_LINES:
+                break
+    raise UnknownFormatError(
+        f"{path}: not an AutoTVM, auto-scheduler or MetaSchedule log (no recognisable record in its first "
+        f"{_DETECT_LINES} lines); pass the format explicitly if it is one of {', '.join(FORMATS)}")
+
+
+def read_log(path: str | Path, format: str | None = None, strict: bool = False) -> LogReadResult:
+    """Every record of a log; bad lines become RecordParseErrors (``strict=True`` raises the first)."""
+    format = _check_format(format) if format else detect_format(path)
+    records: list[TuningRecord] = []
+    errors: list[RecordParseError] = []
+    for item in _CODECS[format].iter_records(path, strict=strict):
+        if isinstance(item, RecordParseError):
+            errors.append(item)
+        else:
+            records.append(item)
+    return LogReadResult(records=records, errors=errors, format=format, path=str(path))
+
+
+def iter_log_tables(path: str | Path, format: str | None = None, strict: bool = False,
+                    batch_size: int = 65536) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    """Arrow tables (``lorien.record.ARROW_SCHEMA``) of a log, ``batch_size`` records at most each,
+    with the errors of the bad lines met since the previous table; the fast path for ingest."""
+    format = _check_format(format) if format else detect_format(path)
+    if format == "autotvm":
+        yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size)
+        return
+    records: list[TuningRecord] = []
+    errors: list[RecordParseError] = []
+    for item in _CODECS[format].iter_records(path, strict=strict):
+        if isinstance(item, RecordParseError):
+            errors.append(item)
+            continue
+        records.append(item)
+        if len(records) >= batch_size:
+            yield records_to_table(records), errors
+            records, errors = [], []
+    if records or errors:
+        yield records_to_table(records), errors
+
+
+def encode_record(record: TuningRecord, format: str) -> str:
+    """The native log line of a record (for meta_schedule: its tuning-record line)."""
+    return _CODECS[_check_format(format)].encode_record(record)
+
+
+def decode_line(line: str | bytes, format: str, path: str | Path | None = None,
+                lineno: int | None = None) -> TuningRecord:
+    """One native log line as a TuningRecord (meta_schedule needs ``path`` to find the workloads)."""
+    codec = _CODECS[_check_format(format)]
+    return codec.decode_line(line, None if path is None else str(path), lineno)
+
+
+def write_log(records: Iterable[TuningRecord], format: str, path: str | Path) -> int:
+    """Write records in a native format; for meta_schedule ``path`` is the database directory.
+
+    Returns the number of records written.
+    """
+    format = _check_format(format)
+    if format == "meta_schedule":
+        return meta_schedule.write_database(records, path)
+    codec = _CODECS[format]
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(codec.encode_record(record))
+            handle.write("\n")
+            count += 1
+    return count

@@ -1,0 +1,408 @@
+"""AutoTVM JSON lines: record layout 0.2 (``{"input", "config", "result", "version", "tvm_version"}``)
+and the older 0.1 (``{"i": [target, task, args, kwargs, workload, config], "r": ..., "v": 0.1}``).
+
+Decoding is cached per distinct workload (target, task, args): target parsing, the readable
+workload key, the layout and the FLOP count are computed once per workload, not per line.
+Lines laid out as TVM writes them are cut at their top-level keys so that only the config
+and the result are parsed per line; any other layout goes through a full JSON parse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from lorien.errors import RecordParseError, TargetError
+from lorien.formats.base import is_skipped, iter_lines, parse_error
+from lorien.record import ARROW_SCHEMA, TuningRecord
+from lorien.target import parse_target
+from lorien.workload import autotvm_workload_key, compute_flop, infer_layout
+
+FORMAT = "autotvm"
+DIALECT = "autotvm"
+#: Written into ``tvm_version`` of records that did not come from a TVM log.
+DEFAULT_TVM_VERSION = "lorien"
+
+_INPUT_HEAD = b'{"input": '
+_CONFIG_MARK = b', "config": '
+_RESULT_MARK = b', "result": '
+_VERSION_MARK = b', "version": '
+
+
+class Workload(NamedTuple):
+    """Everything a record derives from its ``input``; computed once per distinct input."""
+
+    index: int
+    target: str
+    target_key: str
+    target_raw: str
+    workload_key: str
+    task_name: str
+    args: str
+    layout: str
+    flop: float | None
+    kwargs: Any  # the input's fourth element, or _ABSENT
+    id_prefix: bytes
+
+
+_ABSENT = object()
+
+
+class Decoder:
+    """Decodes AutoTVM lines into column values, caching per-workload and per-version work."""
+
+    def __init__(self, source: str = "") -> None:
+        self.source = source
+        self.workloads: list[Workload] = []
+        self._by_raw_input: dict[bytes, Workload] = {}
+        self._by_input: dict[bytes, Workload] = {}
+        self.extras: list[str] = []
+        self._extra_index: dict[Any, int] = {}
+
+    # -------------------------------------------------------------- cached parts
+    def _workload(self, target_raw: Any, task_name: Any, args: Any, kwargs: Any) -> Workload:
+        key = orjson.dumps([target_raw, task_name, args, None if kwargs is _ABSENT else kwargs, kwargs is _ABSENT])
+        found = self._by_input.get(key)
+        if found is not None:
+            return found
+        if type(target_raw) is not str or type(task_name) is not str or type(args) is not list:
+            raise RecordParseError(
+                f"input needs [target string, task name, args list, ...], got {[target_raw, task_name, args]!r}")
+        try:
+            target = parse_target(target_raw)
+        except TargetError as exc:
+            raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
+        workload_key = autotvm_workload_key(task_name, args)
+        layout = infer_layout(task_name, args)
+        canonical = target.canonical
+        found = Workload(
+            index=len(self.workloads), target=canonical, target_key=target.alternate_key,
+            target_raw=target_raw, workload_key=workload_key, task_name=task_name,
+            args=orjson.dumps(args).decode(), layout=layout, flop=compute_flop(task_name, args),
+            kwargs=kwargs, id_prefix=orjson.dumps([DIALECT, canonical, workload_key, layout])[:-1] + b",",
+        )
+        self.workloads.append(found)
+        self._by_input[key] = found
+        return found
+
+    def _extra(self, workload: Workload, fields: dict[str, Any]) -> int:
+        extra: dict[str, Any] = {}
+        if workload.kwargs is not _ABSENT:
+            extra["input_kwargs"] = workload.kwargs
+        extra.update(fields)
+        text = orjson.dumps(extra)
+        index = self._extra_index.get(text)
+        if index is None:
+            index = self._extra_index[text] = len(self.extras)
+            self.extras.append(text.decode())
+        return index
+
+    # -------------------------------------------------------------- one line
+    def decode(self, line: bytes) -> tuple[Workload, int, str, list[float], int, float, float, str]:
+        """(workload, extra index, config, costs, error_no, all_cost, timestamp, record_id) of a line.
+
+        Raises RecordParseError (without file/line; the caller adds them) or a JSON error.
+        """
+        if line.startswith(_INPUT_HEAD):
+            p_config = line.find(_CONFIG_MARK, 10)
+            p_result = line.find(_RESULT_MARK, p_config)
+            p_version = line.find(_VERSION_MARK, p_result)
+            if p_config > 0 and p_result > 0 and p_version > 0:
+                fast = self._decode_tvm_layout(line, p_config, p_result, p_version)
+                if fast is not None:
+                    return fast
+        return self._decode_generic(orjson.loads(line))
+
+    def _decode_tvm_layout(self, line: bytes, p_config: int, p_result: int, p_version: int):
+        raw_input = line[10:p_config]
+        tail = line[p_version:].rstrip()
+        cached = self._by_raw_input.get(raw_input)
+        try:
+            if cached is None:
+                inp = orjson.loads(raw_input)
+                if type(inp) is not list or len(inp) not in (3, 4):
+                    return None
+                cached = self._workload(inp[0], inp[1], inp[2], inp[3] if len(inp) == 4 else _ABSENT)
+                self._by_raw_input[raw_input] = cached
+            extra_key = (cached.index, tail)
+            extra_index = self._extra_index.get(extra_key)
+            if extra_index is None:
+                fields = orjson.loads(b"{" + tail[2:])
+                if type(fields) is not dict:
+                    return None
+                extra_index = self._extra_index[extra_key] = self._extra(cached, fields)
+            config = orjson.loads(line[p_config + 12:p_result])
+            result = orjson.loads(line[p_result + 12:p_version])
+        except orjson.JSONDecodeError:
+            return None  # not cut where expected: let the full parse decide
+        if type(config) is not dict:
+            raise RecordParseError(f"config {config!r} is not a JSON object")
+        return self._finish(cached, extra_index, orjson.dumps(config).decode(), result)
+
+    def _decode_generic(self, data: Any) -> tuple:
+        if type(data) is not dict:
+            raise RecordParseError(f"an AutoTVM record is a JSON object, got {type(data).__name__}")
+        if "input" in data:
+            inp, config, result = data.get("input"), data.get("config"), data.get("result")
+            if type(inp) is not list or len(inp) not in (3, 4) or type(config) is not dict or result is None:
+                raise RecordParseError("an AutoTVM 0.2 record needs input [target, task, args(, kwargs)], config {...} and result")
+            workload = self._workload(inp[0], inp[1], inp[2], inp[3] if len(inp) == 4 else _ABSENT)
+            fields = {name: value for name, value in data.items() if name not in ("input", "config", "result")}
+            return self._finish(workload, self._extra(workload, fields), orjson.dumps(config).decode(), result)
+        if data.get("v") == 0.1 and "i" in data:
+            inp, result = data["i"], data.get("r")
+            if type(inp) is not list or len(inp) != 6 or type(inp[5]) is not dict or result is None:
+                raise RecordParseError("an AutoTVM 0.1 record needs i [target, task, args, kwargs, workload, config] and r")
+            workload = self._workload(inp[0], inp[1], inp[2], inp[3])
+            old = inp[5]
+            config = {"index": old.get("i"), "code_hash": old.get("c"), "entity": old.get("e")}
+            fields = {name: value for name, value in data.items() if name not in ("i", "r")}
+            fields["workload"] = inp[4]
+            fields["config_keys"] = list(old)
+            if "t" in old:
+                fields["template_key"] = old["t"]
+            return self._finish(workload, self._extra(workload, fields), orjson.dumps(config).decode(), result)
+        raise RecordParseError(f"not an AutoTVM record (keys {sorted(data)!r})")
+
+    @staticmethod
+    def _finish(workload: Workload, extra_index: int, config: str, result: Any) -> tuple:
+        if type(result) is not list or len(result) != 4 or type(result[0]) is not list or type(result[1]) is not int:
+            raise RecordParseError(f"result {result!r} is not [costs, error_no, all_cost, timestamp]")
+        try:
+            costs = [cost + 0.0 for cost in result[0]]
+            all_cost = result[2] + 0.0
+            timestamp = result[3] + 0.0
+        except TypeError as exc:
+            raise RecordParseError(f"result {result!r} has a non-number cost or time") from exc
+        error_no = result[1]
+        payload = workload.id_prefix + orjson.dumps([config, costs, error_no, timestamp])[1:]
+        record_id = hashlib.blake2b(payload, digest_size=16).hexdigest()
+        return workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id
+
+
+def _cost_s(costs: list[float], error_no: int) -> float | None:
+    if error_no != 0 or not costs:
+        return None
+    value = sum(costs) / len(costs)
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def record_from_fields(decoder: Decoder, fields: tuple) -> TuningRecord:
+    workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id = fields
+    return TuningRecord(
+        dialect=DIALECT, target=workload.target, target_key=workload.target_key,
+        workload_key=workload.workload_key, task_name=workload.task_name, args=workload.args,
+        layout=workload.layout, config=config, costs=costs, error_no=error_no, all_cost=all_cost,
+        timestamp=timestamp, flop=workload.flop, build="{}", extra=decoder.extras[extra_index],
+        source=decoder.source, target_raw=workload.target_raw, record_id=record_id,
+    )
+
+
+_DECODERS: dict[str, Decoder] = {}
+
+
+def decode_line(line: str | bytes, path: str | None = None, lineno: int | None = None) -> TuningRecord:
+    """One AutoTVM log line as a TuningRecord; RecordParseError names the file and line."""
+    source = "" if path is None else str(path)
+    decoder = _DECODERS.get(source)
+    if decoder is None:
+        if len(_DECODERS) > 64:
+            _DECODERS.clear()
+        decoder = _DECODERS[source] = Decoder(source)
+    raw = line.encode() if isinstance(line, str) else line
+    try:
+        return record_from_fields(decoder, decoder.decode(raw.strip()))
+    except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise parse_error(exc, path, lineno) from exc
+
+
+def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecord | RecordParseError]:
+    """Every record (or the error of every bad line) of an AutoTVM log, in file order."""
+    decoder = Decoder(str(path))
+    for lineno, line in iter_lines(path):
+        try:
+            yield record_from_fields(decoder, decoder.decode(line))
+        except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+            error = parse_error(exc, str(path), lineno)
+            if strict:
+                raise error from exc
+            yield error
+
+
+def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536
+                ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    """Arrow tables (ARROW_SCHEMA) of an AutoTVM log, built column by column.
+
+    The loop below is the ingest hot path: a line whose workload and version tail were seen
+    before costs two small JSON parses, one dump and one hash; everything else goes through
+    :meth:`Decoder.decode`, which produces the same values.
+    """
+    source = str(path)
+    decoder = Decoder(source)
+    batch = _Columns()
+    errors: list[RecordParseError] = []
+    by_raw_input, extra_index_of = decoder._by_raw_input, decoder._extra_index
+    rows, append = batch.rows, batch.rows.append
+    loads, dumps, blake2b, decode_error = orjson.loads, orjson.dumps, hashlib.blake2b, orjson.JSONDecodeError
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.startswith(_INPUT_HEAD):
+                p_config = line.find(_CONFIG_MARK, 10)
+                p_result = line.find(_RESULT_MARK, p_config)
+                p_version = line.find(_VERSION_MARK, p_result)
+                workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
+                if workload is not None and p_result > 0 and p_version > 0:
+                    extra_index = extra_index_of.get((workload.index, line[p_version:].rstrip()))
+                    if extra_index is not None:
+                        try:
+                            config = loads(line[p_config + 12:p_result])
+                            costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
+                            costs = [cost + 0.0 for cost in costs]
+                            all_cost += 0.0
+                            timestamp += 0.0
+                        except (decode_error, TypeError, ValueError):
+                            pass  # the full decoder below reports what is wrong
+                        else:
+                            if type(config) is dict and type(error_no) is int:
+                                config_text = dumps(config).decode()
+                                append((workload.index, extra_index, config_text, costs, error_no, all_cost,
+                                        timestamp, blake2b(workload.id_prefix + dumps(
+                                            [config_text, costs, error_no, timestamp])[1:],
+                                            digest_size=16).hexdigest()))
+                                if len(rows) >= batch_size:
+                                    yield batch.table(decoder), errors
+                                    batch, errors = _Columns(), []
+                                    rows, append = batch.rows, batch.rows.append
+                                continue
+            elif is_skipped(line):
+                continue
+            try:
+                fields = decoder.decode(line)
+            except (RecordParseError, decode_error, ValueError, TypeError) as exc:
+                error = parse_error(exc, source, lineno)
+                if strict:
+                    raise error from exc
+                errors.append(error)
+                continue
+            batch.add(fields)
+            if batch.size >= batch_size:
+                yield batch.table(decoder), errors
+                batch, errors = _Columns(), []
+                rows, append = batch.rows, batch.rows.append
+    if batch.size or errors:
+        yield batch.table(decoder), errors
+
+
+class _Columns:
+    """Rows of one batch: (workload index, extra index, config, costs, error_no, all_cost,
+    timestamp, record_id); per-workload columns are gathered by index when the table is built."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def add(self, fields: tuple) -> None:
+        workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id = fields
+        self.rows.append((workload.index, extra_index, config, costs, error_no, all_cost, timestamp, record_id))
+
+    def table(self, decoder: Decoder) -> pa.Table:
+        n = self.size
+        if n:
+            wl_list, extra_list, config, costs, error_no, all_cost, timestamp, record_id = zip(*self.rows, strict=True)
+        else:
+            wl_list = extra_list = config = costs = error_no = all_cost = timestamp = record_id = ()
+        wl_index = pa.array(np.asarray(wl_list, dtype=np.int32))
+        zeros = pa.array(np.zeros(n, dtype=np.int32))
+        workloads = decoder.workloads
+
+        def per_workload(name: str, type_: pa.DataType) -> pa.Array:
+            return pa.array([getattr(w, name) for w in workloads], type=type_).take(wl_index)
+
+        def constant(value: str) -> pa.Array:
+            return pa.array([value], type=pa.string()).take(zeros)
+
+        costs_array = pa.array(costs, type=pa.list_(pa.float64()))
+        error_array = np.asarray(error_no, dtype=np.int32)
+        columns = {
+            "record_id": pa.array(record_id, type=pa.string()),
+            "dialect": constant(DIALECT),
+            "target": per_workload("target", pa.string()),
+            "target_key": per_workload("target_key", pa.string()),
+            "target_raw": per_workload("target_raw", pa.string()),
+            "workload_key": per_workload("workload_key", pa.string()),
+            "task_name": per_workload("task_name", pa.string()),
+            "args": per_workload("args", pa.string()),
+            "layout": per_workload("layout", pa.string()),
+            "config": pa.array(config, type=pa.string()),
+            "costs": costs_array,
+            "cost_s": mean_costs(costs_array, error_array),
+            "error_no": pa.array(error_array),
+            "all_cost": pa.array(np.asarray(all_cost, dtype=np.float64)),
+            "timestamp": pa.array(np.asarray(timestamp, dtype=np.float64)),
+            "flop": per_workload("flop", pa.float64()),
+            "build": constant("{}"),
+            "extra": pa.array(decoder.extras, type=pa.string()).take(
+                pa.array(np.asarray(extra_list, dtype=np.int32))),
+            "source": constant(decoder.source),
+        }
+        return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+
+def mean_costs(costs: pa.ListArray, error_no: np.ndarray) -> pa.Array:
+    """Column ``cost_s``: per record the mean of its costs, null where the record failed.
+
+    Sums run left to right per record (``np.bincount``), exactly as ``sum(costs)`` does, so
+    the column equals :attr:`TuningRecord.cost_s` bit for bit.
+    """
+    n = len(costs)
+    offsets = np.asarray(costs.offsets)
+    lengths = np.diff(offsets)
+    values = np.asarray(costs.flatten(), dtype=np.float64)
+    parents = np.repeat(np.arange(n), lengths)
+    sums = np.bincount(parents, weights=values, minlength=n) if n else np.zeros(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        means = sums / lengths
+    valid = (error_no == 0) & (lengths > 0) & np.isfinite(means) & (means > 0)
+    return pa.array(means, mask=~valid, type=pa.float64())
+
+
+# ------------------------------------------------------------------ encoding
+
+def encode_record(record: TuningRecord) -> str:
+    """The AutoTVM log line of a record (layout 0.1 or 0.2, as its ``extra`` says)."""
+    extra = orjson.loads(record.extra) if record.extra else {}
+    config = orjson.loads(record.config)
+    if type(config) is not dict:
+        raise RecordParseError(f"record {record.record_id}: AutoTVM config must be a JSON object, got {record.config[:80]!r}")
+    args = orjson.loads(record.args)
+    result = [list(record.costs), record.error_no, record.all_cost, record.timestamp]
+    kwargs = extra.pop("input_kwargs", _ABSENT)
+    if extra.get("v") == 0.1:
+        workload = extra.pop("workload", None)
+        keys = extra.pop("config_keys", ["i", "t", "c", "e"])
+        values = {"i": config.get("index"), "t": extra.pop("template_key", None),
+                  "c": config.get("code_hash"), "e": config.get("entity")}
+        old_config = {key: values.get(key) for key in keys}
+        line = {"i": [record.target_raw, record.task_name, args, {} if kwargs is _ABSENT else kwargs,
+                      workload, old_config], "r": result}
+        line.update(extra)
+        return json.dumps(line)
+    inp = [record.target_raw, record.task_name, args]
+    if kwargs is not _ABSENT:
+        inp.append(kwargs)
+    line = {"input": inp, "config": config, "result": result}
+    if not extra:
+        extra = {"version": 0.2, "tvm_version": DEFAULT_TVM_VERSION}
+    line.update(extra)
+    return json.dumps(line)

@@ -1,0 +1,70 @@
+"""Shared pieces of the log codecs: the read result, line iteration, value checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lorien.errors import RecordParseError
+from lorien.record import TuningRecord
+
+#: Log formats Lorien reads and writes, and the dialect that owns each one's records.
+DIALECT_OF_FORMAT = {"autotvm": "autotvm", "ansor": "auto_scheduler", "meta_schedule": "meta_schedule"}
+FORMATS = tuple(DIALECT_OF_FORMAT)
+
+
+@dataclass
+class LogReadResult:
+    """Records decoded from one log, and the lines that failed (file and line in each error)."""
+
+    records: list[TuningRecord]
+    errors: list[RecordParseError] = field(default_factory=list)
+    format: str = ""
+    path: str = ""
+
+
+def is_skipped(line: bytes | str) -> bool:
+    """Blank lines and ``#`` comment lines carry no record."""
+    stripped = line.strip()
+    return not stripped or stripped[:1] in (b"#", "#")
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of every line that may hold a record, numbered from 1."""
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not is_skipped(line):
+                yield lineno, line
+
+
+def number(value: Any, what: str) -> float:
+    """A JSON number as float; bools and strings are refused."""
+    if type(value) is float or type(value) is int:
+        return float(value)
+    raise ValueError(f"{what} {value!r} is not a number")
+
+
+def integer(value: Any, what: str) -> int:
+    if type(value) is int:
+        return value
+    raise ValueError(f"{what} {value!r} is not an integer")
+
+
+def costs_list(value: Any, what: str = "costs") -> list[float]:
+    if type(value) is not list:
+        raise ValueError(f"{what} {value!r} is not a list")
+    return [number(cost, what) for cost in value]
+
+
+def parse_error(exc: BaseException, path: str | None, lineno: int | None) -> RecordParseError:
+    """The RecordParseError for a line whose decoding raised ``exc``."""
+    if isinstance(exc, RecordParseError):
+        if exc.path is None and path is not None:
+            return RecordParseError(str(exc), path, lineno)
+        return exc
+    kind = type(exc).__name__
+    if kind == "JSONDecodeError":
+        return RecordParseError(f"malformed or truncated JSON ({exc})", path, lineno)
+    return RecordParseError(f"{kind}: {exc}", path, lineno)

@@ -1,0 +1,216 @@
+"""MetaSchedule JSONDatabase: the file pair ``database_workload.json`` (one ``[shash, module]``
+per line) and ``database_tuning_record.json`` (one ``[workload_index, [trace, run_secs,
+target, args_info]]`` per line).
+
+A record's workload key is the workload's structural hash; its ``extra`` keeps the workload
+entry and index, so the pair can be written back JSON-equal to the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lorien.errors import RecordParseError, TargetError
+from lorien.formats.base import costs_list, iter_lines, parse_error
+from lorien.formats.tir import TirSummary, safe_summarize
+from lorien.record import FAILED_COST_S, ErrorNo, TuningRecord
+from lorien.target import parse_target, parse_target_dict
+from lorien.workload import LAYOUT_NA
+
+FORMAT = "meta_schedule"
+DIALECT = "meta_schedule"
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    """One line of database_workload.json and what Lorien reads from its module."""
+
+    entry: list[Any]
+    summary: TirSummary
+
+    @property
+    def shash(self) -> str:
+        return str(self.entry[0])
+
+
+def pair_paths(path: str | Path) -> tuple[Path, Path]:
+    """(workload file, record file) of a database directory or of either file of the pair."""
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    return directory / WORKLOAD_FILE, directory / RECORD_FILE
+
+
+def is_database(path: str | Path) -> bool:
+    path = Path(path)
+    if path.is_dir():
+        return (path / WORKLOAD_FILE).is_file() and (path / RECORD_FILE).is_file()
+    return path.name in (WORKLOAD_FILE, RECORD_FILE)
+
+
+def read_workloads(path: str | Path, strict: bool = False
+                   ) -> tuple[dict[int, WorkloadEntry], list[RecordParseError]]:
+    """Workloads of a database by index, and the errors of lines that could not be read."""
+    workload_file, _ = pair_paths(path)
+    if not workload_file.is_file():
+        raise RecordParseError(f"MetaSchedule database has no {WORKLOAD_FILE}", str(workload_file.parent))
+    workloads: dict[int, WorkloadEntry] = {}
+    errors: list[RecordParseError] = []
+    index = 0
+    for lineno, line in iter_lines(workload_file):
+        try:
+            entry = orjson.loads(line)
+            if type(entry) is not list or len(entry) < 2 or type(entry[0]) not in (str, int):
+                raise RecordParseError(f"a workload line is [shash, module], got {str(entry)[:80]!r}")
+            workloads[index] = WorkloadEntry(entry, safe_summarize(entry[1]))
+        except (RecordParseError, orjson.JSONDecodeError) as exc:
+            error = parse_error(exc, str(workload_file), lineno)
+            if strict:
+                raise error from exc
+            errors.append(error)
+        index += 1
+    return workloads, errors
+
+
+def _target(value: Any) -> tuple[str, str, str]:
+    """(canonical, alternate key, raw text) of a record's target (JSON dict or string)."""
+    try:
+        if isinstance(value, dict):
+            target = parse_target_dict(value)
+            return target.canonical, target.alternate_key, orjson.dumps(value).decode()
+        if isinstance(value, str):
+            target = parse_target(value)
+            return target.canonical, target.alternate_key, value
+    except TargetError as exc:
+        raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
+    raise RecordParseError(f"record target {value!r} is neither a JSON object nor a string")
+
+
+def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "") -> TuningRecord:
+    """A TuningRecord from one parsed tuning-record line and the database's workloads."""
+    if type(data) is not list or len(data) != 2 or type(data[0]) is not int or type(data[1]) is not list:
+        raise RecordParseError(f"a tuning record line is [workload_index, [trace, run_secs, target, args_info]], got {str(data)[:100]!r}")
+    index, fields = data
+    if len(fields) < 3:
+        raise RecordParseError(f"tuning record {str(fields)[:100]!r} has no target")
+    workload = workloads.get(index)
+    if workload is None:
+        raise RecordParseError(f"tuning record refers to workload index {index}, which the workload file does not hold")
+    trace, run_secs, target_value = fields[0], fields[1], fields[2]
+    args_info = fields[3] if len(fields) > 3 else None
+    if type(trace) is not list:
+        raise RecordParseError(f"trace {str(trace)[:80]!r} is not a JSON array")
+    target, target_key, target_raw = _target(target_value)
+    extra: dict[str, Any] = {"workload_index": index, "workload": workload.entry}
+    if run_secs is None:
+        costs, error_no = [], int(ErrorNo.UNKNOWN_ERROR)
+        extra["run_secs"] = None
+    else:
+        costs = costs_list(run_secs, "run_secs")
+        error_no = int(ErrorNo.UNKNOWN_ERROR) if costs and min(costs) >= FAILED_COST_S else 0
+    if len(fields) != 4:
+        extra["record_fields"] = len(fields)
+    return TuningRecord(
+        dialect=DIALECT, target=target, target_key=target_key, workload_key=workload.shash,
+        task_name=workload.summary.main_block, args=orjson.dumps(args_info).decode(), layout=LAYOUT_NA,
+        config=orjson.dumps(trace).decode(), costs=costs, error_no=error_no, all_cost=0.0,
+        timestamp=0.0, flop=workload.summary.flop, extra=orjson.dumps(extra).decode(),
+        source=source, target_raw=target_raw,
+    )
+
+
+_workload_cache: dict[tuple[str, float], dict[int, WorkloadEntry]] = {}
+
+
+def _workloads_for(path: str | Path) -> dict[int, WorkloadEntry]:
+    workload_file, _ = pair_paths(path)
+    try:
+        stamp = workload_file.stat().st_mtime
+    except OSError as exc:
+        raise RecordParseError(f"MetaSchedule database has no readable {WORKLOAD_FILE}: {exc}", str(path)) from exc
+    key = (str(workload_file.resolve()), stamp)
+    if key not in _workload_cache:
+        _workload_cache[key] = read_workloads(workload_file)[0]
+    return _workload_cache[key]
+
+
+def decode_line(line: str | bytes, path: str | Path | None = None, lineno: int | None = None) -> TuningRecord:
+    """One tuning-record line; ``path`` (the database or one of its files) locates the workloads."""
+    if path is None:
+        raise RecordParseError("a MetaSchedule record line needs the database path to resolve its workload")
+    try:
+        return decode_value(orjson.loads(line), _workloads_for(path), str(path))
+    except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+        raise parse_error(exc, str(pair_paths(path)[1]), lineno) from exc
+
+
+def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecord | RecordParseError]:
+    """Every record of a database (or the error of every bad line), in record-file order."""
+    workloads, errors = read_workloads(path, strict=strict)
+    yield from errors
+    _, record_file = pair_paths(path)
+    source = str(Path(path))
+    for lineno, line in iter_lines(record_file):
+        try:
+            yield decode_value(orjson.loads(line), workloads, source)
+        except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+            error = parse_error(exc, str(record_file), lineno)
+            if strict:
+                raise error from exc
+            yield error
+
+
+def _workload_of(record: TuningRecord) -> tuple[int | None, list[Any]]:
+    extra = orjson.loads(record.extra) if record.extra else {}
+    entry = extra.get("workload")
+    if entry is None:
+        raise RecordParseError(f"record {record.record_id} has no MetaSchedule workload entry in its extra")
+    return extra.get("workload_index"), entry
+
+
+def encode_record(record: TuningRecord, workload_index: int | None = None) -> str:
+    """The tuning-record line of a record (its workload index from ``extra`` unless given)."""
+    extra = orjson.loads(record.extra) if record.extra else {}
+    index = workload_index if workload_index is not None else extra.get("workload_index", 0)
+    run_secs: list[float] | None = None if "run_secs" in extra and extra["run_secs"] is None else list(record.costs)
+    target: Any = orjson.loads(record.target_raw) if record.target_raw.startswith("{") else record.target_raw
+    fields = [orjson.loads(record.config), run_secs, target, orjson.loads(record.args)]
+    fields = fields[: extra.get("record_fields", 4)]
+    return orjson.dumps([index, fields]).decode()
+
+
+def write_database(records: Iterable[TuningRecord], directory: str | Path) -> int:
+    """Write the JSONDatabase pair into ``directory``; returns the number of records written.
+
+    Workloads keep their original indices when the records carry a consistent, gap-free set;
+    otherwise they are numbered in order of first appearance.
+    """
+    records = list(records)
+    keyed = [_workload_of(record) for record in records]
+    by_original: dict[int, str] = {}
+    consistent = True
+    for index, entry in keyed:
+        text = orjson.dumps(entry).decode()
+        if index is None or by_original.setdefault(index, text) != text:
+            consistent = False
+    if consistent and sorted(by_original) == list(range(len(by_original))) and \
+            len(set(by_original.values())) == len(by_original):
+        order = [by_original[i] for i in range(len(by_original))]
+    else:
+        order = list(dict.fromkeys(orjson.dumps(entry).decode() for _, entry in keyed))
+    position = {text: i for i, text in enumerate(order)}
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    workload_file, record_file = pair_paths(directory)
+    workload_file.write_text("".join(f"{text}\n" for text in order), encoding="utf-8")
+    with open(record_file, "w", encoding="utf-8") as handle:
+        for record, (_, entry) in zip(records, keyed, strict=True):
+            handle.write(encode_record(record, position[orjson.dumps(entry).decode()]))
+            handle.write("\n")
+    return len(records)
