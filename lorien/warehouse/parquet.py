@@ -485,6 +485,8 @@ class ParquetCommit:
         self._pending_serving: list[_PendingFile] = []
         self._new_ids: set[str] = set()
         self._known = store._known_record_ids()
+        # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
+        self._direct = publish_each_batch and not store._files.is_local
 
     def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
         """Write one batch; returns the counts of this batch."""
@@ -511,12 +513,11 @@ class ParquetCommit:
         return batch
 
     def _write(self, table: pa.Table, batch: CommitResult) -> None:
-        files = self.store._files
         codes, keys = _group_codes(table, PARTITION_COLUMNS)
         for number, (target_key, layout) in enumerate(keys):
             part = table.filter(pa.array(codes == number)).select(RECORD_FILE_SCHEMA.names)
             final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
-            self._pending_records.append(_PendingFile(files.stage(part, None), final))
+            self._put(part, final, None, self._pending_records)
             batch.files.append(final)
         serving = top_per_group(table, self.nbest)
         if serving.num_rows:
@@ -524,7 +525,14 @@ class ParquetCommit:
             for number, (target_key,) in enumerate(keys):
                 part = serving.filter(pa.array(codes == number)).select(SERVING_FILE_SCHEMA.names)
                 final = f"{_serving_dir(target_key)}/part-n{self.nbest}-{uuid.uuid4().hex}.parquet"
-                self._pending_serving.append(_PendingFile(files.stage(part, SERVING_ROW_GROUP), final))
+                self._put(part, final, SERVING_ROW_GROUP, self._pending_serving)
+
+    def _put(self, table: pa.Table, final: str, row_group_size: int | None,
+             pending: list[_PendingFile]) -> None:
+        if self._direct:
+            self.store._files.write(table, final, row_group_size)
+        else:
+            pending.append(_PendingFile(self.store._files.stage(table, row_group_size), final))
 
     def _publish(self) -> None:
         # Records first: a serving row never points at a record that is not yet visible.
@@ -584,7 +592,7 @@ class ParquetStore(Store):
         return ParquetCommit(self, nbest, publish_each_batch)
 
     def commit(self, records: Iterable[TuningRecord] | pa.Table, nbest: int | None = None) -> CommitResult:
-        with self.transaction(nbest) as commit:
+        with self.transaction(nbest, publish_each_batch=True) as commit:
             commit.add(records)
         return commit.result
 

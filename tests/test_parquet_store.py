@@ -1,0 +1,228 @@
+"""The Parquet store beyond the shared contract: files on disk, real concurrent processes,
+writers killed mid-commit, compaction, and readers that know nothing of Lorien."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from test_store_contract import SKYLAKE, make_record, workload_records
+
+from lorien.errors import StoreError, StoreUnreachableError
+from lorien.warehouse import open_store
+from lorien.warehouse.parquet import NULL_PARTITION
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# A writer process: commits BATCHES batches of SIZE distinct records (plus, when SHARED is set,
+# the same shared batch every writer commits) and prints one line per finished commit.
+WRITER = f"""
+import sys
+sys.path.insert(0, {str(TESTS_DIR)!r})
+from lorien.warehouse import open_store
+from test_store_contract import workload_records
+uri, name, batches, size, shared = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+store = open_store(uri)
+if shared:
+    store.commit(workload_records("dense#shared", 20))
+for batch in range(batches):
+    store.commit(workload_records("dense#" + name, size, first_index=batch * size), nbest=5)
+    print("committed", batch, flush=True)
+"""
+
+
+def start_writer(uri: str, name: str, batches: int, size: int, shared: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, uri, name, str(batches), str(size), "1" if shared else "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def parquet_files(root: Path, sub: str = "records") -> list[Path]:
+    return sorted((root / sub).rglob("*.parquet"))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "warehouse"
+
+
+@pytest.fixture
+def store(root: Path):
+    with open_store(f"parquet:{root}") as opened:
+        yield opened
+
+
+def test_records_are_hive_partitioned_by_target_key_and_layout(store, root):
+    store.commit(workload_records("conv#a", 2, layout="NCHW") + workload_records("conv#a", 2, layout="NCHW8c"))
+    directories = {path.parent.relative_to(root).as_posix() for path in parquet_files(root)}
+    assert directories == {"records/target_key=llvm_cpu/layout=NCHW", "records/target_key=llvm_cpu/layout=NCHW8c"}
+
+
+def test_an_empty_layout_goes_to_hives_default_partition(store, root):
+    store.commit([make_record("dense#a", 1e-3, layout="")])
+    assert parquet_files(root)[0].parent.name == f"layout={NULL_PARTITION}"
+    assert store.best("dense#a", SKYLAKE)[0].layout == ""
+
+
+def test_duckdb_reads_the_records_without_lorien(store, root):
+    store.commit(workload_records("conv#a", 3, layout="NCHW") + workload_records("conv#b", 2, layout="NHWC"))
+    rows = duckdb.sql(
+        f"SELECT target_key, layout, count(*) AS n, min(cost_s) AS best FROM "
+        f"read_parquet('{root}/records/**/*.parquet', hive_partitioning = true) GROUP BY ALL ORDER BY layout"
+    ).fetchall()
+    assert rows == [("llvm_cpu", "NCHW", 3, pytest.approx(1e-3)), ("llvm_cpu", "NHWC", 2, pytest.approx(1e-3))]
+
+
+def test_pandas_reads_the_records_without_lorien(store, root):
+    store.commit(workload_records("conv#a", 3, layout="NCHW") + workload_records("conv#b", 2, layout="NHWC"))
+    frame = pd.read_parquet(root / "records")
+    assert len(frame) == 5
+    assert frame.groupby(frame["layout"].astype(str))["record_id"].count().to_dict() == {"NCHW": 3, "NHWC": 2}
+
+
+def test_best_deeper_than_the_serving_view_is_answered_from_the_records(store):
+    store.commit(workload_records("dense#a", 10)[::-1], nbest=2)
+    best = store.best("dense#a", SKYLAKE, k=6)
+    assert [record.cost_s for record in best] == pytest.approx([1e-3 * (1 + index) for index in range(6)])
+
+
+def test_serving_view_holds_at_most_nbest_rows_per_group(store, root):
+    store.commit(workload_records("dense#a", 30) + workload_records("dense#b", 1), nbest=4)
+    serving = pq.read_table(parquet_files(root, "best")[0])
+    assert serving.num_rows == 5
+
+
+def test_commit_rejects_a_nonpositive_nbest(store):
+    with pytest.raises(StoreError, match="nbest"):
+        store.commit(workload_records("dense#a", 1), nbest=0)
+
+
+def test_an_aborted_transaction_publishes_nothing(store, root):
+    with pytest.raises(RuntimeError, match="stop"), store.transaction() as commit:
+        commit.add(workload_records("dense#a", 5))
+        raise RuntimeError("stop")
+    assert store.scan().num_rows == 0
+    assert list((root / "_staging").iterdir()) == []
+
+
+def test_a_transaction_publishes_every_batch_at_finish(store):
+    with store.transaction() as commit:
+        commit.add(workload_records("dense#a", 3))
+        commit.add(workload_records("dense#b", 3))
+        assert open_store(store.uri).scan().num_rows == 0
+    assert store.scan().num_rows == 6
+
+
+def test_a_query_sees_records_another_process_committed(store):
+    assert store.best("dense#w0", SKYLAKE) == []
+    writer = start_writer(store.uri, "w0", batches=1, size=5)
+    assert writer.wait(timeout=120) == 0, writer.stderr.read()
+    assert len(store.best("dense#w0", SKYLAKE, k=5)) == 5
+
+
+def test_concurrent_writer_processes_lose_nothing_and_duplicate_nothing(store):
+    writers = [start_writer(store.uri, f"w{number}", batches=5, size=40, shared=True) for number in range(4)]
+    for writer in writers:
+        assert writer.wait(timeout=300) == 0, writer.stderr.read()
+    table = store.scan(columns=["record_id", "workload_key"])
+    assert table.num_rows == 4 * 5 * 40 + 20
+    assert len(set(table.column("record_id").to_pylist())) == table.num_rows
+    for number in range(4):
+        assert len(store.best(f"dense#w{number}", SKYLAKE, k=5)) == 5
+    assert len(store.best("dense#shared", SKYLAKE, k=50)) == 20
+
+
+def test_a_writer_killed_mid_commit_leaves_only_whole_files(store, root):
+    size = 4000
+    writer = start_writer(store.uri, "killed", batches=1000, size=size)
+    assert writer.stdout.readline().startswith("committed")
+    staging = root / "_staging"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(staging.iterdir()):
+        pass  # wait until the writer is in the middle of writing a file
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+    committed = 1 + sum(1 for line in writer.stdout if line.startswith("committed"))
+    for path in parquet_files(root) + parquet_files(root, "best"):
+        pq.read_table(path)  # every visible file is complete
+    assert not [path for path in (root / "records").rglob("*") if path.is_file() and path.suffix != ".parquet"]
+    stored = store.scan(columns=["record_id"]).num_rows
+    assert stored % size == 0 and stored >= committed * size
+    count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/records/**/*.parquet')").fetchall()[0][0]
+    assert count == stored
+
+
+def test_records_stored_twice_by_racing_writers_are_read_once_and_compacted_away(root):
+    records = workload_records("dense#a", 10)
+    first, second = open_store(f"parquet:{root}"), open_store(f"parquet:{root}")
+    first._known_record_ids(), second._known_record_ids()  # both have seen the empty store
+    with first.transaction() as commit_one, second.transaction() as commit_two:
+        commit_one.add(records)
+        commit_two.add(records)
+    assert sum(pq.read_table(path).num_rows for path in parquet_files(root)) == 20
+    assert first.scan().num_rows == 10
+    assert len(first.best("dense#a", SKYLAKE, k=20)) == 10
+    first.compact()
+    assert sum(pq.read_table(path).num_rows for path in parquet_files(root)) == 10
+
+
+def test_compaction_merges_each_partition_into_one_file(store, root):
+    for index in range(5):
+        store.commit(workload_records("conv#a", 4, first_index=4 * index, layout="NCHW") +
+                     workload_records("conv#a", 4, first_index=4 * index, layout="NHWC"))
+    assert len(parquet_files(root)) == 10
+    summary = store.compact()
+    assert len(parquet_files(root)) == 2
+    assert len(parquet_files(root, "best")) == 1
+    assert summary["record_files_merged"] == 10
+
+
+def test_compaction_keeps_answers_deeper_than_the_old_serving_view(store):
+    for index in range(3):
+        store.commit(workload_records("dense#a", 5, first_index=5 * index), nbest=3)
+    before = store.best("dense#a", SKYLAKE, k=8)
+    store.compact()
+    assert store.best("dense#a", SKYLAKE, k=8) == before
+
+
+def test_a_store_path_that_is_a_file_is_unreachable(tmp_path):
+    path = tmp_path / "not-a-directory"
+    path.write_text("x")
+    with pytest.raises(StoreUnreachableError, match="not a directory"):
+        open_store(f"parquet:{path}").scan()
+
+
+def test_an_unknown_s3_uri_option_is_refused():
+    with pytest.raises(StoreError, match="endpoint"):
+        open_store("parquet:s3://bucket/prefix?endpont_url=http://127.0.0.1:1")
+
+
+def test_an_s3_store_writes_the_same_layout_as_a_local_one(moto_server, s3_bucket, s3_client):
+    store = open_store(f"parquet:s3://{s3_bucket}/lorien?endpoint_url={moto_server}")
+    store.commit(workload_records("conv#a", 2, layout="NCHW"))
+    keys = [item["Key"] for item in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    records = [key for key in keys if key.startswith("lorien/records/")]
+    assert len(records) == 1
+    assert records[0].startswith("lorien/records/target_key=llvm_cpu/layout=NCHW/part-")
+    assert not [key for key in keys if key.startswith("lorien/_staging/")]
+
+
+def test_an_unreachable_s3_endpoint_raises_store_unreachable(aws_credentials):
+    from servers import free_port
+
+    store = open_store(f"parquet:s3://bucket/prefix?endpoint_url=http://127.0.0.1:{free_port()}")
+    with pytest.raises(StoreUnreachableError, match="127.0.0.1"):
+        store.scan()
+
+
+def test_a_bare_path_opens_a_parquet_store(root):
+    store = open_store(str(root))
+    store.commit(workload_records("dense#a", 1))
+    assert os.path.isdir(root / "records")
