@@ -301,7 +301,9 @@ def _dialect_features(extractor: Any, rows: list[dict[str, Any]]) -> tuple[list[
     failed: list[tuple[int, str]] = []
     for position, row in enumerate(rows):
         try:
-            feature_rows.append(extractor(TuningRecord.from_row(row)))
+            features = extractor(TuningRecord.from_row(row))
+            features.pop(TARGET_COLUMN, None)  # throughput is computed here, the same way for every dialect
+            feature_rows.append(features)
         except (FeatureError, DialectError) as exc:
             failed.append((position, str(exc)))
             continue

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 from lorien.errors import LorienError
 
 #: Record columns phase 1 reads.
-NEEDED_COLUMNS = ["dialect", "target_key", "workload_key", "task_name", "args", "config",
-                  "costs", "error_no", "flop"]
+NEEDED_COLUMNS = ["dialect", "target", "target_key", "workload_key", "task_name", "args", "layout",
+                  "config", "costs", "error_no", "flop"]
 #: Filters featurization understands (column -> value or list of values).
 FILTER_COLUMNS = ("dialect", "target", "target_key", "task_name", "workload_key", "layout")
 LOG_SUFFIXES = {".log", ".json", ".jsonl", ".txt"}
