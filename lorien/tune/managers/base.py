@@ -140,12 +140,18 @@ def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
         with measurement_slot(measure_slots):
             records = [record.with_changes(source=tag, record_id=record.record_id)
                        for record in (runner or dialect_runner)(task.spec, store_uri)]
-        if store_uri is not None and records:
-            from lorien.warehouse import open_store
-
-            with open_store(store_uri) as store:
-                store.commit(records, nbest=task.spec.get("commit_nbest"))
         outcome.records = len(records)
+        if store_uri is not None and records:
+            # Another attempt of this job (a retry racing an attempt thought lost) may have
+            # committed while this one measured: then keep its records, not ours.
+            existing = committed_records(store_uri, task.job_id)
+            if existing:
+                outcome.records, outcome.reused = existing, True
+            else:
+                from lorien.warehouse import open_store
+
+                with open_store(store_uri) as store:
+                    store.commit(records, nbest=task.spec.get("commit_nbest"))
     except LorienError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     outcome.elapsed_s = time.monotonic() - started

@@ -24,7 +24,7 @@ class DaskManager(JobManager):
     def __init__(self, store_uri: str | None = None, runner: Runner | None = None,
                  scheduler: str | None = None, workers: int = 2, threads_per_worker: int = 1,
                  measure_slots: int | None = None, capacity: int = 10_000,
-                 client: Any = None):
+                 connect_timeout_s: float = 10.0, client: Any = None):
         try:
             import dask
             from distributed import Client, LocalCluster
@@ -40,7 +40,7 @@ class DaskManager(JobManager):
             self.client = client
         elif scheduler:
             try:
-                self.client = Client(scheduler, timeout="10s")
+                self.client = Client(scheduler, timeout=f"{connect_timeout_s}s")
             except OSError as exc:
                 raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
         else:

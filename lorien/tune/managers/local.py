@@ -2,11 +2,13 @@
 
 Each attempt runs in its own child process and sends its outcome back through a pipe. A
 child that dies without answering (SIGKILL, segfault, out of memory) is detected through its
-process sentinel and reported as lost, so the master retries that job alone.
+process sentinel and reported as lost, so the master retries that job alone. Children die
+with the master (Linux parent-death signal), so a resumed master never races an orphan.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -24,8 +26,22 @@ class _Running:
     conn: Any
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this child when the master dies, so a killed master leaves no
+    orphan measuring (and committing) behind the back of the resumed one."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _child_main(conn: Any, task: Task, store_uri: str | None, runner: Runner | None,
-                measure_slots: int | None) -> None:
+                measure_slots: int | None, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     try:
         outcome = execute_job(task, store_uri, runner, measure_slots)
     except Exception as exc:
@@ -52,7 +68,7 @@ class LocalManager(JobManager):
         parent_conn, child_conn = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=_child_main, name=f"lorien-job-{task.job_id}",
-            args=(child_conn, task, self.store_uri, self.runner, self.measure_slots),
+            args=(child_conn, task, self.store_uri, self.runner, self.measure_slots, os.getpid()),
         )
         process.start()
         child_conn.close()

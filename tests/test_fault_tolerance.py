@@ -1,0 +1,67 @@
+"""A master killed with SIGKILL mid-run and resumed from its trace measures no finished job twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lorien.tune.jobspec import Job
+from lorien.tune.managers.synthetic import synthetic_runner
+from lorien.tune.master import run_jobs
+from lorien.tune.trace import read_trace
+from lorien.warehouse import open_store
+
+MASTER_SCRIPT = """
+import json, sys
+from lorien.tune.master import run_jobs
+from lorien.tune.managers.synthetic import synthetic_runner
+jobs = json.load(open(sys.argv[1]))
+run_jobs(jobs, store_uri=sys.argv[2], trace_file=sys.argv[3], runner=synthetic_runner, workers=2)
+"""
+
+
+def _done_jobs(trace_file: Path) -> set[str]:
+    if not trace_file.exists():
+        return set()
+    return {job_id for job_id, state in read_trace(trace_file).items() if state.state == "done"}
+
+
+@pytest.mark.slow
+def test_a_killed_master_resumes_from_its_trace_without_measuring_a_finished_job_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORIEN_MEASURE_LOCK_DIR", str(tmp_path / "locks"))
+    (tmp_path / "logs").mkdir()
+    jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 8, 8], "target": "llvm",
+             "trials": 3, "measure": {"sleep_s": 0.15, "log_dir": str(tmp_path / "logs")}}
+            for index in range(8)]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    trace_file = tmp_path / "trace.jsonl"
+    master = subprocess.Popen([sys.executable, "-c", MASTER_SCRIPT, str(tmp_path / "jobs.json"), store_uri,
+                               str(trace_file)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(_done_jobs(trace_file)) < 3 and time.monotonic() < deadline and master.poll() is None:
+        time.sleep(0.02)
+    os.kill(master.pid, signal.SIGKILL)
+    master.wait()
+    finished_before_kill = _done_jobs(trace_file)
+    assert 3 <= len(finished_before_kill) < len(jobs)
+
+    summary = run_jobs(jobs, store_uri=store_uri, trace_file=trace_file, runner=synthetic_runner, workers=2)
+
+    assert summary.skipped == len(finished_before_kill)
+    assert summary.done + summary.skipped == len(jobs)
+    runs = Counter(line.split()[0] for line in (tmp_path / "logs" / "executions.log").read_text().splitlines())
+    assert all(runs[job_id] == 1 for job_id in finished_before_kill)
+    assert {job_id for job_id, state in read_trace(trace_file).items() if state.state == "done"} == {
+        Job.from_spec(job).job_id for job in jobs}
+    with open_store(store_uri) as store:
+        sources = Counter(store.scan(columns=["source"]).column("source").to_pylist())
+    assert sorted(sources.values()) == [3] * len(jobs)

@@ -1,0 +1,123 @@
+"""The aws-batch manager against moto's server Batch API: submit, describe, cancel."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+
+import boto3
+import pytest
+
+from lorien.errors import ConfigError
+from lorien.tune.jobspec import Job, load_job
+from lorien.tune.managers.aws_batch import CANCEL_REASON, AwsBatchManager
+from lorien.tune.managers.base import Task
+from lorien.tune.managers.synthetic import synthetic_runner
+from lorien.tune.master import result_uri, run_job_uri, run_jobs
+from lorien.tune.trace import read_trace
+from lorien.warehouse import open_store
+from lorien.warehouse.archive import read_text_uri
+
+JOB = {"dialect": "autotvm", "task_name": "dense", "args": [4, 8, 8], "target": "llvm", "trials": 2}
+
+
+def _moto_api(endpoint: str, path: str, body: dict) -> None:
+    request = urllib.request.Request(f"{endpoint}/moto-api/{path}", data=json.dumps(body).encode(),
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+@pytest.fixture
+def batch_setup(moto_server, s3_bucket):
+    """A job queue on an unmanaged compute environment and a job definition on the moto server."""
+    name = f"lorien-{uuid.uuid4().hex[:8]}"
+    iam = boto3.client("iam", endpoint_url=moto_server)
+    batch = boto3.client("batch", endpoint_url=moto_server)
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    environment = batch.create_compute_environment(computeEnvironmentName=name, type="UNMANAGED",
+                                                   state="ENABLED", serviceRole=role)
+    batch.create_job_queue(jobQueueName=name, state="ENABLED", priority=1, computeEnvironmentOrder=[
+        {"order": 1, "computeEnvironment": environment["computeEnvironmentArn"]}])
+    batch.register_job_definition(jobDefinitionName=name, type="container", containerProperties={
+        "image": "lorien:latest", "vcpus": 1, "memory": 512, "command": ["lorien", "--help"]})
+    return {"job_queue": name, "job_definition": name, "client": batch,
+            "spec_prefix": f"s3://{s3_bucket}/specs?endpoint_url={moto_server}&region=us-east-1"}
+
+
+@pytest.fixture
+def jobs_succeed_at_once(moto_server):
+    """moto's Batch without Docker: every submitted job SUCCEEDS immediately."""
+    _moto_api(moto_server, "config", {"batch": {"use_docker": False}})
+    yield
+    _moto_api(moto_server, "config", {"batch": {"use_docker": True}})
+
+
+@pytest.fixture
+def jobs_stay_submitted(moto_server):
+    """moto's Batch keeps jobs SUBMITTED (no container ever starts), so they can be cancelled."""
+    _moto_api(moto_server, "config", {"batch": {"use_docker": True}})
+    _moto_api(moto_server, "state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 10**9}})
+    yield
+    _moto_api(moto_server, "state-manager/unset-transition", {"model_name": "batch::job"})
+
+
+def test_submit_uploads_the_spec_and_runs_lorien_tune_job_in_the_container(batch_setup, jobs_succeed_at_once,
+                                                                         tmp_path):
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    setup = {key: batch_setup[key] for key in ("job_queue", "job_definition", "spec_prefix", "client")}
+    summary = run_jobs([JOB], manager="aws-batch", store_uri=store_uri, poll_s=0.1,
+                       trace_file=tmp_path / "t.jsonl", **setup)
+    assert (summary.done, summary.failed) == (1, 0)
+    job = Job.from_spec(JOB)
+    batch_id = read_trace(tmp_path / "t.jsonl")[job.job_id].worker.removeprefix("aws-batch:")
+    described = batch_setup["client"].describe_jobs(jobs=[batch_id])["jobs"][0]
+    command = described["container"]["command"]
+    assert command[:3] == ["lorien", "tune", "--job"]
+    assert load_job(command[3]).job_id == job.job_id
+    assert {"name": "LORIEN_STORE", "value": store_uri} in described["container"]["environment"]
+
+
+def test_the_container_side_commits_to_the_store_and_the_master_reads_its_outcome(
+        batch_setup, jobs_succeed_at_once, tmp_path):
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    manager = AwsBatchManager(store_uri=store_uri, poll_s=0.0, **batch_setup)
+    job = Job.from_spec(JOB)
+    manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=False))
+    batch_id = next(iter(manager.in_flight))
+    command = manager.describe([batch_id])[batch_id]["container"]["command"]
+    outcome = run_job_uri(command[3], store_uri, runner=synthetic_runner)  # what the container runs
+    assert outcome["records"] == 2
+    completions = manager.wait(timeout_s=5)
+    assert completions[0].outcome.records == 2
+    again = run_job_uri(command[3], store_uri, runner=synthetic_runner)  # a Batch-level retry
+    assert again["reused"] is True
+    with open_store(store_uri) as store:
+        assert store.scan(columns=["record_id"]).num_rows == 2
+    assert json.loads(read_text_uri(result_uri(command[3])))["records"] == 2
+
+
+def test_cancel_stops_submitted_jobs(batch_setup, jobs_stay_submitted):
+    manager = AwsBatchManager(poll_s=0.0, **batch_setup)
+    job = Job.from_spec(JOB)
+    manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=False))
+    assert manager.wait(timeout_s=1) == []
+    batch_id = next(iter(manager.in_flight))
+    assert manager.describe([batch_id])[batch_id]["status"] == "SUBMITTED"
+    manager.close(cancel=True)
+    assert manager.describe([batch_id])[batch_id]["statusReason"] == CANCEL_REASON
+
+
+def test_an_unknown_job_queue_is_one_clear_error(batch_setup, jobs_succeed_at_once):
+    setup = {**batch_setup, "job_queue": "no-such-queue"}
+    manager = AwsBatchManager(poll_s=0.0, **setup)
+    job = Job.from_spec(JOB)
+    with pytest.raises(ConfigError, match="AWS Batch submit_job failed: .*no-such-queue"):
+        manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=False))
+
+
+def test_a_python_runner_cannot_be_shipped_to_batch(batch_setup):
+    with pytest.raises(ConfigError, match="runs `lorien tune --job` in containers"):
+        AwsBatchManager(runner=synthetic_runner, **batch_setup)

@@ -1,0 +1,129 @@
+"""The dask manager against a real Dask scheduler and worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lorien.errors import ConfigError
+from lorien.tune.jobspec import Job
+from lorien.tune.managers.synthetic import synthetic_runner
+from lorien.tune.master import run_jobs
+from lorien.tune.trace import read_trace
+from lorien.warehouse import open_store
+
+pytest.importorskip("distributed")
+
+from servers import free_port  # noqa: E402  (tests/servers.py, loaded as a pytest plugin)
+
+
+def synthetic_jobs(count: int, tmp_path: Path, **measure: object) -> list[dict]:
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    return [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 8, 8], "target": "llvm",
+             "trials": 3, "measure": {"log_dir": str(tmp_path / "logs"), **measure}}
+            for index in range(count)]
+
+
+def _wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None:
+    from distributed import Client
+
+    with Client(address, timeout="30s") as client:
+        client.wait_for_workers(count, timeout=timeout_s)
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """A `dask scheduler` and two `dask worker` processes on 127.0.0.1 (allowed-failures 0, so
+    a dead worker's task comes back to the master at once)."""
+    env = {**os.environ,
+           "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
+           "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0",
+           "LORIEN_MEASURE_LOCK_DIR": str(tmp_path / "locks")}
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    log = open(tmp_path / "dask.log", "wb")  # noqa: SIM115
+    processes = [subprocess.Popen([*dask, "--host", "127.0.0.1", "--port", str(port),
+                                   "--dashboard-address", ":0"], env=env, stdout=log, stderr=log)]
+    worker = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+              "--nworkers", "1", "--host", "127.0.0.1", "--dashboard-address", ":0",
+              "--local-directory", str(tmp_path / "dask-worker")]
+    processes += [subprocess.Popen(worker, env=env, stdout=log, stderr=log) for _ in range(2)]
+    try:
+        _wait_for_workers(address, 2)
+        yield address
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        log.close()
+
+
+def _pids_started(tmp_path: Path) -> list[tuple[str, int]]:
+    log = tmp_path / "logs" / "executions.log"
+    if not log.exists():
+        return []
+    return [(line.split()[0], int(line.split()[1])) for line in log.read_text().splitlines()]
+
+
+def test_jobs_run_on_a_running_scheduler_given_by_address(dask_cluster, tmp_path, store_uri):
+    jobs = synthetic_jobs(4, tmp_path)
+    summary = run_jobs(jobs, manager="dask", scheduler=dask_cluster, store_uri=store_uri,
+                       runner=synthetic_runner, trace_file=tmp_path / "t.jsonl")
+    assert (summary.done, summary.failed, summary.records) == (4, 0, 12)
+    workers = {state.worker for state in read_trace(tmp_path / "t.jsonl").values()}
+    assert all(worker and str(os.getpid()) not in worker for worker in workers)
+
+
+@pytest.mark.slow
+def test_a_dask_worker_killed_mid_job_is_retried_and_records_are_not_duplicated(dask_cluster, tmp_path,
+                                                                                store_uri):
+    import threading
+
+    jobs = synthetic_jobs(4, tmp_path, sleep_s=0.4)
+    trace_file = tmp_path / "t.jsonl"
+    result = {}
+    master = threading.Thread(target=lambda: result.update(summary=run_jobs(
+        jobs, manager="dask", scheduler=dask_cluster, store_uri=store_uri, runner=synthetic_runner,
+        trace_file=trace_file)))
+    master.start()
+    deadline = time.monotonic() + 60
+    while not _pids_started(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim_job, victim_pid = _pids_started(tmp_path)[0]
+    time.sleep(0.3)
+    os.kill(victim_pid, 9)
+    master.join(timeout=120)
+    summary = result["summary"]
+    assert (summary.done, summary.failed) == (4, 0)
+    assert read_trace(trace_file)[victim_job].history[-3:] == ["retried", "running", "done"]
+    with open_store(store_uri) as store:
+        table = store.scan(columns=["source"])
+    counts = {tag: table.column("source").to_pylist().count(tag) for tag in set(table.column("source").to_pylist())}
+    assert sorted(counts.values()) == [3, 3, 3, 3]
+
+
+def test_without_a_scheduler_a_local_cluster_of_worker_processes_is_started(tmp_path, store_uri,
+                                                                            monkeypatch):
+    monkeypatch.setenv("LORIEN_MEASURE_LOCK_DIR", str(tmp_path / "locks"))
+    jobs = synthetic_jobs(3, tmp_path)
+    summary = run_jobs(jobs, manager="dask", workers=2, store_uri=store_uri, runner=synthetic_runner)
+    assert (summary.done, summary.records) == (3, 9)
+    pids = {pid for _job, pid in _pids_started(tmp_path)}
+    assert os.getpid() not in pids
+
+
+def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=f"cannot reach the Dask scheduler at {address}"):
+        run_jobs([Job.from_spec(synthetic_jobs(1, tmp_path)[0])], manager="dask", scheduler=address,
+                 runner=synthetic_runner, connect_timeout_s=2)
