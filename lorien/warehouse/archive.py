@@ -88,10 +88,12 @@ def parse_s3_uri(uri: str) -> S3Location:
 def s3_client(location: S3Location) -> Any:
     """A boto3 S3 client for the location's endpoint and region (standard credential chain)."""
     import boto3
+    from botocore.config import Config
 
     session = boto3.session.Session()
     region = location.region or session.region_name or "us-east-1"
-    return session.client("s3", endpoint_url=location.endpoint_url, region_name=region)
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5)
+    return session.client("s3", endpoint_url=location.endpoint_url, region_name=region, config=config)
 
 
 def _s3_error(exc: Exception, location: S3Location, action: str) -> StoreError:
