@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=QUERY_FORMATS, default="table",
                        help="table (default), json, or native log lines (autotvm, ansor)")
     query.add_argument("--store", help=STORE_HELP)
+    query.add_argument("--predict", action="store_true",
+                       help="zero-shot: propose configs with a cost model (--model) instead of reading records")
+    query.add_argument("--model", help="with --predict: cost model directory written by `lorien train`")
+    query.add_argument("--topk", type=int, default=5, help="with --predict: number of proposals (default 5)")
+    query.add_argument("--measure", type=int, default=0, metavar="K",
+                       help="with --predict: measure the best K proposals on the engine and commit them")
     query.set_defaults(run=_run_query)
 
     # ---- ingest -----------------------------------------------------------------------
@@ -160,6 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- generate ---------------------------------------------------------------------
     # (section owned by the cost-model work)
+    generate = _parser(sub, "generate", "build a training set: tune a spread of dense/conv2d workloads "
+                       "with the random tuner on this machine", "lorien generate --size medium --store parquet:./train")
+    generate.add_argument("--size", default="small", choices=["small", "medium", "large", "none"],
+                          help="the workload spread (small: a few workloads for CI; default small)")
+    generate.add_argument("--workload", action="append", default=[], metavar="OP:K=V,...",
+                          help="an extra workload, e.g. dense:M=16,N=256,K=256; repeatable")
+    generate.add_argument("--op", action="append", choices=["dense", "conv2d"], help="only these ops of the spread")
+    generate.add_argument("--trials", type=int, help="measured configs per workload (default by size: 8/64/200)")
+    generate.add_argument("--tuner", default="random", help="tuner (default random)")
+    generate.add_argument("--target", default="llvm", help="target string (default llvm, the host CPU)")
+    generate.add_argument("--seed", type=int, default=0, help="random seed")
+    generate.add_argument("--store", help=STORE_HELP)
+    generate.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    generate.set_defaults(run=_run_generate)
 
     return parser
 
@@ -209,6 +229,10 @@ def _print_records(records: list, output_format: str) -> None:
 
 
 def _run_query(args: argparse.Namespace) -> int:
+    if args.predict:
+        from lorien.costmodel.zeroshot import run_predict_query
+
+        return run_predict_query(args)
     records = _query_records(args)
     if not records:
         print(f"lorien query: no valid record of workload {args.workload_key!r} on target "
@@ -332,6 +356,16 @@ def _run_warehouse_workloads(args: argparse.Namespace) -> int:
     return 0
 
 # ---- run functions: generate -------------------------------------------------------------
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from lorien.costmodel.generate import generate_training_set
+
+    summaries = generate_training_set(args.store, size=args.size, workloads=args.workload, trials=args.trials,
+                                      target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
+                                      progress=not args.quiet)
+    measured = sum(summary.trials for summary in summaries)
+    print(f"generated {measured} measurements of {len(summaries)} workloads into {args.store or 'the default store'}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,204 @@
+"""Zero-shot proposals: schedules for a workload nobody has tuned, chosen by a cost model.
+
+Sample the dialect's config space of the workload, score every sample with the model, keep
+the best ``topk``. Optionally measure them on the engine and commit the measurements to the
+warehouse with ``source = "model:<model name>"`` so they are told apart from tuned records.
+
+The dialect supplies the space and the measurement. A dialect object may offer them as
+methods (``task(task_name, args)`` with ``.space``, ``measure_configs(...)`` and
+``make_record(...)``); otherwise they are looked up in the dialect package's ``templates``,
+``tuning`` and ``records`` modules (the autotvm dialect's layout).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lorien.costmodel.bundle import CostModel
+from lorien.errors import DialectError, LorienError
+from lorien.record import TuningRecord
+
+
+@dataclass
+class Proposal:
+    """One proposed config: its rank, model score and (after measuring) its throughput."""
+
+    rank: int
+    score: float
+    entity: list[Any]
+    index: int | None = None
+    gflops: float | None = None
+    error_no: int | None = None
+    record: TuningRecord | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "score": self.score, "index": self.index, "config": self.entity,
+                "gflops": self.gflops, "error_no": self.error_no}
+
+
+def _dialect_part(dialect: Any, method: str, module: str, attribute: str) -> Any:
+    """A dialect capability: its method if it has one, else ``<package>.<module>.<attribute>``."""
+    bound = getattr(dialect, method, None)
+    if callable(bound):
+        return bound
+    package = type(dialect).__module__.rpartition(".")[0]
+    try:
+        found = getattr(importlib.import_module(f"{package}.{module}"), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise DialectError(f"dialect {dialect.name!r} offers no {method} (nor {package}.{module}.{attribute}): "
+                           f"{exc}") from exc
+    return found
+
+
+def workload_of(workload_key: str | None, task_name: str | None, args: Sequence[Any] | None) -> tuple[str, list[Any]]:
+    """(task_name, args) from an AutoTVM workload key or given directly."""
+    if task_name is not None and args is not None:
+        return task_name, list(args)
+    if not workload_key:
+        raise LorienError("give a workload key or task_name and args")
+    from lorien.workload import parse_autotvm_workload_key
+
+    return parse_autotvm_workload_key(workload_key)
+
+
+def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
+    """Every index of a small space, else ``samples`` distinct random indices."""
+    if space_size <= 0:
+        raise LorienError("the config space is empty")
+    if space_size <= samples:
+        return np.arange(space_size)
+    rng = np.random.default_rng(seed)
+    if space_size < 10 * samples:
+        return np.sort(rng.choice(space_size, size=samples, replace=False))
+    chosen: set[int] = set()
+    while len(chosen) < samples:
+        chosen.update(int(i) for i in rng.integers(0, space_size, size=samples - len(chosen)))
+    return np.array(sorted(chosen))
+
+
+def propose(model: CostModel, workload_key: str | None = None, task_name: str | None = None,
+            args: Sequence[Any] | None = None, topk: int = 5, samples: int = 4096, seed: int = 0,
+            dialect: str = "autotvm") -> list[Proposal]:
+    """The ``topk`` configs the model scores best among ``samples`` sampled from the space."""
+    from lorien.dialect import get_dialect
+
+    task_name, args = workload_of(workload_key, task_name, args)
+    model.template(task_name)  # fail early, naming the trained templates
+    plugin = get_dialect(dialect)
+    instantiate = _dialect_part(plugin, "task", "templates", "instantiate")
+    space = instantiate(task_name, args).space
+    indices = sample_indices(len(space), samples, seed)
+    configs = [space.get(int(i)) for i in indices]
+    entities = [config.to_json_entity() for config in configs]
+    scores = model.score_configs(task_name, args, entities)
+    order = np.argsort(-scores, kind="stable")[:topk]
+    return [Proposal(rank=rank + 1, score=float(scores[i]), entity=entities[i], index=int(indices[i]))
+            for rank, i in enumerate(order)]
+
+
+def measure_proposals(proposals: list[Proposal], model_name: str, task_name: str, args: Sequence[Any],
+                      target: str = "llvm", store_uri: str | None = None, measure: dict[str, Any] | None = None,
+                      dialect: str = "autotvm", commit: bool = True) -> list[TuningRecord]:
+    """Measure proposals on the engine; commit the records (``source = "model:<name>"``)."""
+    from lorien.dialect import get_dialect
+    from lorien.target import parse_target
+
+    plugin = get_dialect(dialect)
+    instantiate = _dialect_part(plugin, "task", "templates", "instantiate")
+    measure_configs = _dialect_part(plugin, "measure_configs", "tuning", "measure_configs")
+    make_record = _dialect_part(plugin, "make_record", "records", "make_record")
+    task = instantiate(task_name, list(args))
+    configs = [task.space.from_json_entity(p.entity) for p in proposals]
+    results = measure_configs(task_name, list(args), configs, measure)
+    canonical = parse_target(target).canonical
+    source = f"model:{model_name}"
+    records = [make_record(canonical, task_name, list(args), config, list(result.costs), int(result.error_no),
+                           float(result.all_cost), float(result.timestamp), source=source)
+               for config, result in zip(configs, results, strict=True)]
+    for proposal, record in zip(proposals, records, strict=True):
+        proposal.record = record
+        proposal.gflops = record.gflops
+        proposal.error_no = record.error_no
+    if commit:
+        from lorien.warehouse import open_store
+
+        with open_store(store_uri) as store:
+            store.commit(records)
+    return records
+
+
+@dataclass
+class ZeroShotResult:
+    """Proposals of one query, and how long proposing and measuring took."""
+
+    task_name: str
+    args: list[Any]
+    target: str
+    model: str
+    proposals: list[Proposal]
+    propose_s: float
+    measure_s: float = 0.0
+    committed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_name": self.task_name, "args": self.args, "target": self.target, "model": self.model,
+                "propose_s": self.propose_s, "measure_s": self.measure_s, "committed": self.committed,
+                "proposals": [p.to_dict() for p in self.proposals]}
+
+
+def zero_shot(model: CostModel | str, workload_key: str | None = None, target: str = "llvm",
+              task_name: str | None = None, args: Sequence[Any] | None = None, topk: int = 5,
+              measure_top: int = 0, samples: int = 4096, store_uri: str | None = None,
+              measure: dict[str, Any] | None = None, seed: int = 0, dialect: str = "autotvm") -> ZeroShotResult:
+    """Propose ``topk`` configs; measure and commit the best ``measure_top`` of them."""
+    if not isinstance(model, CostModel):
+        model = CostModel.load(model)
+    task_name, args = workload_of(workload_key, task_name, args)
+    started = time.perf_counter()
+    proposals = propose(model, task_name=task_name, args=args, topk=max(topk, measure_top),
+                        samples=samples, seed=seed, dialect=dialect)
+    result = ZeroShotResult(task_name, list(args), target, model.name, proposals,
+                            propose_s=time.perf_counter() - started)
+    if measure_top > 0:
+        started = time.perf_counter()
+        records = measure_proposals(proposals[:measure_top], model.name, task_name, args, target=target,
+                                    store_uri=store_uri, measure=measure, dialect=dialect)
+        result.measure_s = time.perf_counter() - started
+        result.committed = len(records)
+    return result
+
+
+def format_result(result: ZeroShotResult) -> str:
+    """A readable table of proposals."""
+    lines = [f"zero-shot proposals of model {result.model!r} for {result.task_name} on {result.target} "
+             f"({result.propose_s:.2f}s to propose"
+             + (f", {result.measure_s:.2f}s to measure, {result.committed} committed)" if result.committed else ")")]
+    for proposal in result.proposals:
+        measured = ""
+        if proposal.error_no is not None:
+            measured = f"  {proposal.gflops:.2f} GFLOPS" if proposal.gflops is not None else \
+                f"  failed (error_no {proposal.error_no})"
+        lines.append(f"  #{proposal.rank} score={proposal.score:.4f} index={proposal.index}{measured}  "
+                     f"{proposal.entity}")
+    return "\n".join(lines)
+
+
+def run_predict_query(args: Any) -> int:
+    """``lorien query --predict``: print (and with ``--measure K`` measure and commit) proposals."""
+    import json
+
+    if not args.model:
+        raise LorienError("--predict needs --model DIR (a model written by `lorien train`)")
+    result = zero_shot(args.model, workload_key=args.workload_key, target=args.target, topk=args.topk,
+                       measure_top=args.measure, store_uri=args.store)
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_result(result))
+    return 0
