@@ -111,7 +111,7 @@ def test_unparsable_config_is_dropped_counted_and_shown(tmp_path, llvm_log):
     report = featurize(tmp_path / "out", paths=[log], jobs=1, progress=False)
     assert report.records_featurized == len(lines) - 1
     assert report.dropped == {f"{X86_TEMPLATE}: features not extractable": 1}
-    assert any("unknown kind 'zz'" in example for example in report.examples)
+    assert any("'zz'" in example for example in report.examples)
 
 
 def test_records_without_a_feature_extractor_are_dropped_and_counted(llvm_log):
