@@ -164,6 +164,36 @@ def build_parser() -> argparse.ArgumentParser:
     workloads.add_argument("--store", help=STORE_HELP)
     workloads.set_defaults(run=_run_warehouse_workloads)
 
+    # ---- warehouse dynamodb (cloud work) ----------------------------------------------
+    dynamodb = _parser(warehouse_sub, "dynamodb",
+                       "create, list, describe, delete and scan DynamoDB tables (awslabs/lorien schema)",
+                       "lorien warehouse dynamodb create lorien-records --endpoint-url http://127.0.0.1:5000")
+    dynamodb.set_defaults(run=lambda _args: dynamodb.print_help() or 2)
+    dynamodb_sub = dynamodb.add_subparsers(dest="dynamodb_command", metavar="ACTION")
+    dynamodb_actions = {
+        "create": ("create a table with hash key Target, range key PrimaryRangeKey and GSI TargetIDKeysIndex",
+                   "lorien warehouse dynamodb create lorien-records --region us-west-2"),
+        "list": ("list the tables at the endpoint", "lorien warehouse dynamodb list --endpoint-url http://127.0.0.1:5000"),
+        "describe": ("show a table's keys, index, status and size", "lorien warehouse dynamodb describe lorien-records"),
+        "delete": ("delete a table and every item in it", "lorien warehouse dynamodb delete lorien-records --yes"),
+        "scan": ("list the items of a table: target, workload key, configs, best latency (--json: raw items)",
+                 "lorien warehouse dynamodb scan lorien-records --target 'llvm -mcpu=skylake-avx512'"),
+    }
+    for action, (help_text, example) in dynamodb_actions.items():
+        action_parser = _parser(dynamodb_sub, action, help_text, example)
+        if action != "list":
+            action_parser.add_argument("table", help="DynamoDB table name")
+        action_parser.add_argument("--endpoint-url", help="endpoint override (e.g. a local DynamoDB); "
+                                   "default: boto3's (AWS_ENDPOINT_URL_DYNAMODB or AWS)")
+        action_parser.add_argument("--region", help="AWS region (default: the AWS config's, else us-west-2)")
+        if action == "delete":
+            action_parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        if action == "scan":
+            action_parser.add_argument("--target", help="only items of this target")
+            action_parser.add_argument("--json", action="store_true",
+                                       help="print each item as one JSON line (a dump)")
+        action_parser.set_defaults(run=_run_warehouse_dynamodb, dynamodb_command=action)
+
     # ---- generate ---------------------------------------------------------------------
     # (section owned by the cost-model work)
     generate = _parser(sub, "generate", "build a training set: tune a spread of dense/conv2d workloads "
@@ -353,6 +383,40 @@ def _run_warehouse_workloads(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         for workload_key in store.workloads(args.target):
             print(workload_key)
+    return 0
+
+# ---- run functions: warehouse dynamodb ---------------------------------------------------
+
+def _run_warehouse_dynamodb(args: argparse.Namespace) -> int:
+    from lorien.warehouse import dynamodb
+
+    location = dynamodb.DynamoDBLocation(table=getattr(args, "table", ""),
+                                         endpoint_url=args.endpoint_url, region=args.region)
+    action = args.dynamodb_command
+    if action == "list":
+        for name in dynamodb.list_tables(location):
+            print(name)
+    elif action == "create":
+        table = dynamodb.create_table(location)
+        print(f"{table['TableName']}: {table.get('TableStatus', '?')} {table.get('TableArn', '')}".rstrip())
+    elif action == "describe":
+        for name, value in dynamodb.table_summary(dynamodb.describe_table(location)).items():
+            print(f"{name:>14}: {value}")
+    elif action == "delete":
+        if not args.yes and input(f"delete table {location.table!r} and all its items? [y/N] ").lower() != "y":
+            print("not deleted")
+            return 1
+        dynamodb.delete_table(location)
+        print(f"deleted {location.table}")
+    elif action == "scan":
+        import json
+
+        with dynamodb.DynamoDBStore(location) as store:
+            for item in store.scan_items(args.target):
+                if args.json:
+                    print(json.dumps({name: dynamodb.from_attribute(value) for name, value in item.items()}))
+                else:
+                    print("\t".join(str(value) for value in dynamodb.item_summary(item).values()))
     return 0
 
 # ---- run functions: generate -------------------------------------------------------------

@@ -346,6 +346,36 @@ def list_tables(location: DynamoDBLocation) -> list[str]:
             return sorted(names)
 
 
+def table_summary(table: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a ``describe_table`` answer a person wants to see."""
+    keys = {key["KeyType"].lower(): key["AttributeName"] for key in table.get("KeySchema", [])}
+    indexes = [f"{index['IndexName']} ({', '.join(k['AttributeName'] for k in index['KeySchema'])})"
+               for index in table.get("GlobalSecondaryIndexes", [])]
+    return {
+        "table": table.get("TableName"),
+        "status": table.get("TableStatus"),
+        "hash key": keys.get("hash"),
+        "range key": keys.get("range"),
+        "indexes": ", ".join(indexes) or "-",
+        "items": table.get("ItemCount", 0),
+        "bytes": table.get("TableSizeBytes", 0),
+        "arn": table.get("TableArn", ""),
+    }
+
+
+def item_summary(item: dict[str, Any]) -> dict[str, Any]:
+    """Target, workload key, number of configs and best latency of one item."""
+    entries = item.get(CONFIGS_ATTRIBUTE, {}).get("L", [])
+    latencies = [_entry_latency(entry) for entry in entries]
+    best = min(latencies, default=float("inf"))
+    return {
+        "target": item[HASH_KEY]["S"],
+        "workload_key": item[RANGE_KEY]["S"],
+        "configs": len(entries),
+        "best_latency_s": f"{best:.6g}" if best != float("inf") else "-",
+    }
+
+
 def check_table_schema(location: DynamoDBLocation, table: dict[str, Any]) -> None:
     """Raise when a table's keys are not Lorien's (hash Target, range PrimaryRangeKey)."""
     keys = {key["KeyType"]: key["AttributeName"] for key in table.get("KeySchema", [])}
