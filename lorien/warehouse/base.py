@@ -98,9 +98,9 @@ def open_store(uri: str | None = None) -> Store:
     """Open the store named by ``uri`` (default: ``$LORIEN_STORE`` or ``./lorien-warehouse``)."""
     from lorien.warehouse import _load_backends
 
-    _load_backends()
     uri = uri or default_store_uri()
     scheme, sep, rest = uri.partition(":")
+    _load_backends(scheme if sep and scheme not in ("s3", "file") and len(scheme) > 1 else "parquet")
     if not sep or scheme not in _REGISTRY or scheme in ("s3", "file"):
         # A bare path (or s3://) means the parquet backend.
         if "parquet" in _REGISTRY and (not sep or scheme in ("s3", "file") or len(scheme) == 1):

@@ -389,6 +389,25 @@ def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
     return ordered.filter(pa.array(positions - group_start < nbest))
 
 
+def _may_hold(statistics: Any, low: str, high: str) -> bool:
+    """Whether a row group with these workload_key statistics can hold keys in [low, high]."""
+    if statistics is None or not statistics.has_min_max:
+        return True
+    return statistics.min <= high and statistics.max >= low
+
+
+def _rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
+    """Fastest first (ties by record_id); with ``per_layout`` the best k of each layout,
+    layouts ordered by their fastest row."""
+    ordered = sorted(rows, key=lambda row: (row["cost_s"], row["record_id"]))
+    if not per_layout:
+        return ordered[:k]
+    by_layout: dict[str, list[dict]] = {}
+    for row in ordered:
+        by_layout.setdefault(row["layout"], []).append(row)
+    return [row for group in by_layout.values() for row in group[:k]]
+
+
 # ---- the serving index ----------------------------------------------------------------------
 
 class _ServingIndex:
@@ -713,39 +732,45 @@ class ParquetStore(Store):
         self._listed[target_key] = (now, files)
         return files
 
-    def _read_serving(self, rel: str, target_key: str, row_groups: list[int] | None = None) -> pa.Table:
-        cached = self._serving_tables.get(rel) if row_groups is None else None
-        if cached is not None:
-            return cached
-        handle = self._files.open(rel)
-        table = handle.read() if row_groups is None else handle.read_row_groups(row_groups)
-        table = table.append_column(ARROW_SCHEMA.field("target_key"), _constant(target_key, table.num_rows))
-        table = table.select(ARROW_SCHEMA.names)
-        if row_groups is None:
-            self._serving_tables[rel] = table
-        return table
+    def _read_serving(self, rel: str, target_key: str) -> pa.Table:
+        cached = self._serving_tables.get(rel)
+        if cached is None:
+            table = self._files.open(rel).read()
+            table = table.append_column(ARROW_SCHEMA.field("target_key"), _constant(target_key, table.num_rows))
+            cached = self._serving_tables[rel] = table.select(ARROW_SCHEMA.names)
+        return cached
 
-    def _read_serving_pruned(self, files: tuple[str, ...], target_key: str, workload_key: str,
-                             prefix: bool) -> pa.Table:
-        """Only the row groups whose workload_key range can hold the key (cold lookups)."""
-        import pyarrow.compute as pc
-
+    def _best_cold(self, files: tuple[str, ...], target_key: str, workload_key: str, target: str,
+                   k: int, layout: str | None, by_alternate_key: bool, prefix: bool,
+                   per_layout: bool) -> list[TuningRecord]:
+        """A first lookup reads only the row groups whose workload_key range can hold the key
+        and selects in plain Python, so a process that asks once (a cold ``lorien query``)
+        neither builds the index nor pays for Arrow compute."""
         high = workload_key + "\U0010ffff" if prefix else workload_key
-        parts = []
+        rows: dict[str, dict] = {}
         for rel in files:
-            metadata = self._files.open(rel).metadata
+            handle = self._files.open(rel)
+            metadata = handle.metadata
             column = metadata.schema.names.index("workload_key")
-            groups = []
-            for number in range(metadata.num_row_groups):
-                stats = metadata.row_group(number).column(column).statistics
-                if stats is None or not stats.has_min_max or (stats.min <= high and stats.max >= workload_key):
-                    groups.append(number)
-            if groups:
-                part = self._read_serving(rel, target_key, groups)
-                keys = part.column("workload_key")
-                mask = pc.starts_with(keys, workload_key) if prefix else pc.equal(keys, workload_key)
-                parts.append(part.filter(mask))
-        return pa.concat_tables(parts) if parts else ARROW_SCHEMA.empty_table()
+            groups = [number for number in range(metadata.num_row_groups)
+                      if _may_hold(metadata.row_group(number).column(column).statistics, workload_key, high)]
+            if not groups:
+                continue
+            part = handle.read_row_groups(groups)
+            keys = part.column("workload_key").to_pylist()
+            hits = [row for row, key in enumerate(keys)
+                    if (key.startswith(workload_key) if prefix else key == workload_key)]
+            if not hits:
+                continue
+            # Serving files are sorted by workload_key: the hits are one contiguous run.
+            for row in part.slice(hits[0], hits[-1] + 1 - hits[0]).to_pylist():
+                key = row["workload_key"]
+                if not (key.startswith(workload_key) if prefix else key == workload_key):
+                    continue
+                if (by_alternate_key or row["target"] == target) and (layout is None or row["layout"] == layout):
+                    row["target_key"] = target_key
+                    rows[row["record_id"]] = row
+        return [TuningRecord.from_row(row) for row in _rank_rows(list(rows.values()), k, per_layout)]
 
     def _index(self, target_key: str, files: tuple[str, ...]) -> _ServingIndex:
         index = self._indexes.get(target_key)
@@ -785,16 +810,12 @@ class ParquetStore(Store):
         lookups = self._lookups.get(target_key, 0)
         self._lookups[target_key] = lookups + 1
         if lookups == 0 and target_key not in self._indexes:
-            # A process asking once (a cold `lorien query`) reads only the row groups it needs.
             try:
-                table = self._read_serving_pruned(files, target_key, workload_key, prefix)
+                return self._best_cold(files, target_key, workload_key, canonical, k, layout,
+                                       by_alternate_key, prefix, per_layout)
             except FileNotFoundError:
                 files = tuple(sorted(self._files.list(_serving_dir(target_key))))
-                index = self._index(target_key, files)
-            else:
-                index = _ServingIndex(table)
-        else:
-            index = self._index(target_key, files)
+        index = self._index(target_key, files)
         return index.best(workload_key, canonical, k, layout, by_alternate_key, prefix, per_layout)
 
     def _best_from_records(self, workload_key: str, target: str, target_key: str, k: int,
