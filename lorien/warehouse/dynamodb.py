@@ -727,14 +727,15 @@ class DynamoDBStore(Store):
         """``Limit`` for queries and scans when ``page_size`` is set (default: 1 MB pages)."""
         return {"Limit": self.page_size} if self.page_size else {}
 
-    def _key(self, key: tuple[str, str]) -> dict[str, Any]:
+    def item_key(self, key: tuple[str, str]) -> dict[str, Any]:
+        """The DynamoDB key of (target, workload key)."""
         return {HASH_KEY: {"S": key[0]}, RANGE_KEY: {"S": key[1]}}
 
     def _read_items(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
         """Current items by key (consistent batch reads; unprocessed keys are retried)."""
         items: dict[tuple[str, str], dict[str, Any]] = {}
         for start in range(0, len(keys), 100):
-            pending = [self._key(key) for key in keys[start:start + 100]]
+            pending = [self.item_key(key) for key in keys[start:start + 100]]
             attempt = 0
             while pending:
                 response = call(self.client, self.location, "batch_get_item", RequestItems={
@@ -747,9 +748,10 @@ class DynamoDBStore(Store):
                     attempt += 1
         return items
 
-    def _get_item(self, key: tuple[str, str]) -> dict[str, Any] | None:
+    def get_item(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The current item of (target, workload key) (a consistent read), or None."""
         response = call(self.client, self.location, "get_item", TableName=self.location.table,
-                        Key=self._key(key), ConsistentRead=True)
+                        Key=self.item_key(key), ConsistentRead=True)
         return response.get("Item")
 
     def _merge_into_item(self, key: tuple[str, str], records: list[TuningRecord], nbest: int,
@@ -758,7 +760,7 @@ class DynamoDBStore(Store):
         deadline = time.monotonic() + self.conflict_timeout_s
         attempt = 0
         while True:
-            new_item, condition, values, outcome = self._merged_item(key, records, nbest, log_path, item)
+            new_item, condition, values, outcome = self.merged_item(key, records, nbest, log_path, item)
             if outcome.added == 0 and item is not None and CONFIGS_ATTRIBUTE in item \
                     and len(outcome.entries) == len(item[CONFIGS_ATTRIBUTE]["L"]):
                 return 0, outcome.duplicates
@@ -779,14 +781,16 @@ class DynamoDBStore(Store):
                     f"the item kept changing for {self.conflict_timeout_s:.0f} s")
             time.sleep(backoff_s(attempt, base_s=0.01, cap_s=0.5))
             attempt = min(attempt + 1, 8)
-            item = self._get_item(key)
+            item = self.get_item(key)
 
-    def _merged_item(self, key: tuple[str, str], records: list[TuningRecord], nbest: int,
-                     log_path: str | None, item: dict[str, Any] | None
-                     ) -> tuple[dict[str, Any], str, dict[str, Any], MergeOutcome]:
+    def merged_item(self, key: tuple[str, str], records: list[TuningRecord], nbest: int,
+                    log_path: str | None, item: dict[str, Any] | None
+                    ) -> tuple[dict[str, Any], str, dict[str, Any], MergeOutcome]:
+        """The item after merging ``records`` into ``item`` (None: not stored yet), and the
+        condition (with its values) under which writing it loses nothing."""
         first = records[0]
         new_item: dict[str, Any] = dict(item) if item else {}
-        new_item.update(self._key(key))
+        new_item.update(self.item_key(key))
         new_item.setdefault(ALTERNATE_KEY, {"S": first.target_key})
         for name, value in _task_metadata(first).items():
             new_item.setdefault(name, value)
