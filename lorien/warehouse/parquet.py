@@ -26,7 +26,7 @@ import bisect
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -353,40 +353,51 @@ def _dedupe(table: pa.Table) -> pa.Table:
     return table.take(np.sort(firsts.to_numpy()))
 
 
-def _group_codes(table: pa.Table, columns: Iterable[str]) -> tuple[np.ndarray, list[tuple]]:
-    """Per-row group number over ``columns`` and the key tuple of each group."""
-    combined = pa.table({name: table.column(name) for name in columns})
-    groups = combined.group_by(list(combined.column_names), use_threads=False).aggregate([])
-    keys = list(zip(*(groups.column(name).to_pylist() for name in combined.column_names), strict=True))
-    lookup = {key: number for number, key in enumerate(keys)}
-    codes = np.fromiter((lookup[key] for key in zip(*(combined.column(name).to_pylist()
-                                                       for name in combined.column_names), strict=True)),
-                        dtype=np.int64, count=table.num_rows)
-    return codes, keys
+def _split_by(table: pa.Table, columns: tuple[str, ...]) -> Iterator[tuple[tuple, pa.Table]]:
+    """(key values, rows) for each distinct combination of ``columns``."""
+    import pyarrow.compute as pc
+
+    keys = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+    combinations = list(zip(*(keys.column(name).to_pylist() for name in columns), strict=True))
+    if len(combinations) == 1:
+        yield combinations[0], table
+        return
+    for combination in combinations:
+        mask = None
+        for name, value in zip(columns, combination, strict=True):
+            equal = pc.equal(table.column(name), value)
+            mask = equal if mask is None else pc.and_(mask, equal)
+        yield combination, table.filter(mask)
+
+
+SERVING_ORDER = [("workload_key", "ascending"), ("target", "ascending"), ("layout", "ascending"),
+                 ("cost_s", "ascending"), ("record_id", "ascending")]
 
 
 def _sort_for_serving(table: pa.Table) -> pa.Table:
-    return table.sort_by([("workload_key", "ascending"), ("target", "ascending"), ("layout", "ascending"),
-                          ("cost_s", "ascending"), ("record_id", "ascending")])
+    return table.sort_by(SERVING_ORDER)
 
 
 def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
-    """Valid rows only, the best ``nbest`` per (target, workload_key, layout), in serving order."""
+    """Valid rows only, the best ``nbest`` per (target, workload_key, layout), in serving order.
+
+    Only the key columns are sorted; the wide columns are gathered once, for the kept rows."""
     import pyarrow.compute as pc
 
-    valid = table.filter(pc.is_valid(table.column("cost_s")))
-    ordered = _sort_for_serving(valid)
-    if nbest is None or ordered.num_rows == 0:
-        return ordered
-    keys = [ordered.column(name) for name in ("workload_key", "target", "layout")]
-    rows = ordered.num_rows
-    starts = np.zeros(rows, dtype=bool)
-    starts[0] = True
-    for column in keys:
-        starts[1:] |= ~pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
-    positions = np.arange(rows)
-    group_start = np.maximum.accumulate(np.where(starts, positions, 0))
-    return ordered.filter(pa.array(positions - group_start < nbest))
+    valid_rows = np.flatnonzero(pc.is_valid(table.column("cost_s")).to_numpy(zero_copy_only=False))
+    keys = table.select([name for name, _ in SERVING_ORDER]).take(valid_rows)
+    order = pc.sort_indices(keys, sort_keys=SERVING_ORDER).to_numpy()
+    rows = len(order)
+    if nbest is not None and rows:
+        starts = np.zeros(rows, dtype=bool)
+        starts[0] = True
+        for name in ("workload_key", "target", "layout"):
+            column = keys.column(name).take(order)
+            starts[1:] |= ~pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
+        positions = np.arange(rows)
+        group_start = np.maximum.accumulate(np.where(starts, positions, 0))
+        order = order[positions - group_start < nbest]
+    return table.take(valid_rows[order])
 
 
 def _may_hold(statistics: Any, low: str, high: str) -> bool:
@@ -532,19 +543,15 @@ class ParquetCommit:
         return batch
 
     def _write(self, table: pa.Table, batch: CommitResult) -> None:
-        codes, keys = _group_codes(table, PARTITION_COLUMNS)
-        for number, (target_key, layout) in enumerate(keys):
-            part = table.filter(pa.array(codes == number)).select(RECORD_FILE_SCHEMA.names)
+        for (target_key, layout), part in _split_by(table, PARTITION_COLUMNS):
             final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
-            self._put(part, final, None, self._pending_records)
+            self._put(part.select(RECORD_FILE_SCHEMA.names), final, None, self._pending_records)
             batch.files.append(final)
         serving = top_per_group(table, self.nbest)
         if serving.num_rows:
-            codes, keys = _group_codes(serving, ("target_key",))
-            for number, (target_key,) in enumerate(keys):
-                part = serving.filter(pa.array(codes == number)).select(SERVING_FILE_SCHEMA.names)
+            for (target_key,), part in _split_by(serving, ("target_key",)):
                 final = f"{_serving_dir(target_key)}/part-n{self.nbest}-{uuid.uuid4().hex}.parquet"
-                self._put(part, final, SERVING_ROW_GROUP, self._pending_serving)
+                self._put(part.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP, self._pending_serving)
 
     def _put(self, table: pa.Table, final: str, row_group_size: int | None,
              pending: list[_PendingFile]) -> None:
