@@ -117,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--dialect", help="only records of this dialect")
     featurize.add_argument("--jobs", type=int, help="worker processes (default: CPU count, at most 4; 1: none)")
     featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch")
-    featurize.add_argument("--builtin-extractor", action="store_true",
-                           help="use the built-in AutoTVM extractor even where the dialect provides one")
+    featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
+                           help="auto (default): fast built-in extractor for autotvm records, each other "
+                                "dialect's own; dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.set_defaults(run=_run_featurize)
@@ -317,7 +318,7 @@ def _run_featurize(args: argparse.Namespace) -> int:
                                                ("dialect", args.dialect)) if value}
     report = featurize(args.output, store=args.store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
-                       use_dialect=not args.builtin_extractor, progress=not args.quiet,
+                       extractor=args.extractor, progress=not args.quiet,
                        keep_spill=args.keep_spill)
     print(report.summary())
     return 0

@@ -236,3 +236,16 @@ def test_phase1_table_batches_are_featurized_per_template(llvm_log):
     outputs, counts = featurize_table(pa.concat_tables([table, table]))
     assert list(outputs) == [X86_TEMPLATE]
     assert counts["featurized"] == 2 * table.num_rows
+
+
+def test_builtin_extractor_gives_the_autotvm_dialects_features(tmp_path, shared_data):
+    logs = [shared_data / "tophub"]
+    fast = featurize(tmp_path / "fast", paths=logs, extractor="auto", jobs=1, progress=False)
+    featurize(tmp_path / "dialect", paths=logs, extractor="dialect", jobs=1, progress=False)
+    for template in fast.templates:
+        builtin_frame, builtin_meta = load_features(tmp_path / "fast", template)
+        dialect_frame, dialect_meta = load_features(tmp_path / "dialect", template)
+        assert builtin_meta.names == dialect_meta.names
+        key = list(builtin_frame.columns)
+        pd.testing.assert_frame_equal(builtin_frame.sort_values(key).reset_index(drop=True),
+                                      dialect_frame.sort_values(key).reset_index(drop=True))

@@ -126,20 +126,6 @@ class BuiltinExtractor:
         return features
 
 
-def _entity_values(entity: list[Any]) -> list[Any]:
-    values: list[Any] = []
-    for _name, kind, value in entity:
-        if kind == "sp":
-            values.extend(value)
-        elif kind == "ot":
-            values.append(value)
-        elif kind == "an" or kind == "re":
-            values.append(";".join(map(str, value)) if isinstance(value, list) else str(value))
-        else:
-            raise FeatureError(f"config entity {_name!r} has unknown kind {kind!r} (known: sp, ot, an, re)")
-    return values
-
-
 def config_columns(configs: list[str]) -> tuple[list[tuple[list[int], dict[str, list[Any]]]], list[tuple[int, str]]]:
     """Column-wise config features of many AutoTVM configs (the fast path of phase 1).
 
@@ -163,9 +149,20 @@ def config_columns(configs: list[str]) -> tuple[list[tuple[list[int], dict[str, 
     for position, config in enumerate(parsed):
         try:
             entity = config["entity"] if type(config) is dict else config
-            names = tuple([item[0] for item in entity])
+            names: list[str] | tuple[str, ...] = []
+            values: list[Any] = []
+            for name, kind, value in entity:
+                names.append(name)
+                if kind == "sp":
+                    values.extend(value)
+                elif kind == "ot":
+                    values.append(value)
+                elif kind == "an" or kind == "re":
+                    values.append(";".join(map(str, value)) if isinstance(value, list) else str(value))
+                else:
+                    raise FeatureError(f"config entity {name!r} has unknown kind {kind!r} (known: sp, ot, an, re)")
+            names = tuple(names)
             layout = layouts.get(names)
-            values = _entity_values(entity)
             if layout is None:
                 layout = layouts[names] = (list(config_features(entity)), [], [])
             if len(values) != len(layout[0]):
