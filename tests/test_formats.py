@@ -298,3 +298,33 @@ def test_metaschedule_line_decodes_only_with_its_database(shared_data):
 def test_decode_line_names_file_and_line_in_its_error():
     with pytest.raises(RecordParseError, match=r"^x\.log:9: "):
         decode_line('{"input": [1]}', "autotvm", path="x.log", lineno=9)
+
+
+# ---------------------------------------------------------------- parallel decoding
+
+def mixed_log(shared_data: Path, tmp_path: Path) -> Path:
+    lines = (shared_data / "tophub" / "cuda_v0.10.log").read_text().splitlines()
+    lines[100] = lines[100][:50]
+    lines[700] = "# a comment in the middle"
+    lines[701] = "{not json"
+    return write_lines(tmp_path / "mixed.log", lines)
+
+
+def test_worker_processes_give_the_same_tables_and_errors_in_file_order(shared_data, tmp_path):
+    from lorien.formats.autotvm import _iter_tables_parallel
+
+    path = mixed_log(shared_data, tmp_path)
+    serial = list(iter_log_tables(path, batch_size=200, workers=1))
+    parallel = list(_iter_tables_parallel(path, False, 200, 2, 16384))
+    assert [t.num_rows for t, _ in parallel] == [200, 200, 200, 200, 22]
+    assert [r for t, _ in parallel for r in table_to_records(t)] == [r for t, _ in serial for r in table_to_records(t)]
+    assert [(e.path, e.line) for _, errs in parallel for e in errs] == [(str(path), 101), (str(path), 702)]
+    assert [str(e) for _, errs in parallel for e in errs] == [str(e) for _, errs in serial for e in errs]
+
+
+def test_worker_processes_in_strict_mode_raise_the_first_bad_line(shared_data, tmp_path):
+    from lorien.formats.autotvm import _iter_tables_parallel
+
+    path = mixed_log(shared_data, tmp_path)
+    with pytest.raises(RecordParseError, match=r"mixed\.log:101: "):
+        list(_iter_tables_parallel(path, True, 200, 2, 16384))

@@ -100,12 +100,17 @@ def read_log(path: str | Path, format: str | None = None, strict: bool = False) 
 
 
 def iter_log_tables(path: str | Path, format: str | None = None, strict: bool = False,
-                    batch_size: int = 65536) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+                    batch_size: int = 65536, workers: int | None = None
+                    ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     """Arrow tables (``lorien.record.ARROW_SCHEMA``) of a log, ``batch_size`` records at most each,
-    with the errors of the bad lines met since the previous table; the fast path for ingest."""
+    with the errors of the bad lines met since the previous table; the fast path for ingest.
+
+    Large AutoTVM logs are decoded by ``workers`` processes (default: one per free core, see
+    :func:`lorien.formats.autotvm.iter_tables`); records come in file order either way.
+    """
     format = _check_format(format) if format else detect_format(path)
     if format == "autotvm":
-        yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size)
+        yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size, workers=workers)
         return
     records: list[TuningRecord] = []
     errors: list[RecordParseError] = []

@@ -10,9 +10,15 @@ and the result are parsed per line; any other layout goes through a full JSON pa
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import math
-from collections.abc import Iterator
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -123,7 +129,7 @@ class Decoder:
 
     def _decode_tvm_layout(self, line: bytes, p_config: int, p_result: int, p_version: int):
         raw_input = line[10:p_config]
-        tail = line[p_version:].rstrip()
+        tail = line[p_version:]
         cached = self._by_raw_input.get(raw_input)
         try:
             if cached is None:
@@ -135,7 +141,7 @@ class Decoder:
             extra_key = (cached.index, tail)
             extra_index = self._extra_index.get(extra_key)
             if extra_index is None:
-                fields = orjson.loads(b"{" + tail[2:])
+                fields = orjson.loads(b"{" + tail[2:].rstrip())
                 if type(fields) is not dict:
                     return None
                 extra_index = self._extra_index[extra_key] = self._extra(cached, fields)
@@ -237,68 +243,165 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
             yield error
 
 
-def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536
-                ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
-    """Arrow tables (ARROW_SCHEMA) of an AutoTVM log, built column by column.
+#: Logs at least this large are decoded by worker processes when more than one core is free.
+PARALLEL_MIN_BYTES = 64 << 20
+#: Bytes of log one worker task decodes.
+CHUNK_BYTES = 8 << 20
 
-    The loop below is the ingest hot path: a line whose workload and version tail were seen
-    before costs two small JSON parses, one dump and one hash; everything else goes through
-    :meth:`Decoder.decode`, which produces the same values.
+
+def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None
+                ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    """Arrow tables (ARROW_SCHEMA) of an AutoTVM log, built column by column, in file order.
+
+    ``workers`` processes decode chunks of the log in parallel (default: one per free core,
+    up to 8, for logs of at least :data:`PARALLEL_MIN_BYTES`; ``1`` decodes in this process).
+    Workers are forked, so the caller's main module is not imported again; where fork is not
+    available the log is decoded in this process.
     """
-    source = str(path)
-    decoder = Decoder(source)
+    if workers is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(cores, 8) if os.path.getsize(path) >= PARALLEL_MIN_BYTES else 1
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        yield from _iter_tables_parallel(path, strict, batch_size, workers, CHUNK_BYTES)
+        return
+    decoder = Decoder(str(path))
+    with open(path, "rb") as handle:
+        yield from _decode_lines(decoder, handle, 1, strict, batch_size)
+
+
+def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, strict: bool, batch_size: int
+                  ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    """The ingest hot path: a line whose workload and version tail were seen before costs two
+    small JSON parses, one dump and one hash; any other line goes through :meth:`Decoder.decode`,
+    which produces the same values and reports what is wrong."""
+    source = decoder.source
     batch = _Columns()
     errors: list[RecordParseError] = []
     by_raw_input, extra_index_of = decoder._by_raw_input, decoder._extra_index
     rows, append = batch.rows, batch.rows.append
     loads, dumps, blake2b, decode_error = orjson.loads, orjson.dumps, hashlib.blake2b, orjson.JSONDecodeError
-    with open(path, "rb") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if line.startswith(_INPUT_HEAD):
-                p_config = line.find(_CONFIG_MARK, 10)
-                p_result = line.find(_RESULT_MARK, p_config)
-                p_version = line.find(_VERSION_MARK, p_result)
-                workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
-                if workload is not None and p_result > 0 and p_version > 0:
-                    extra_index = extra_index_of.get((workload.index, line[p_version:].rstrip()))
-                    if extra_index is not None:
-                        try:
-                            config = loads(line[p_config + 12:p_result])
-                            costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
-                            costs = [cost + 0.0 for cost in costs]
-                            all_cost += 0.0
-                            timestamp += 0.0
-                        except (decode_error, TypeError, ValueError):
-                            pass  # the full decoder below reports what is wrong
-                        else:
-                            if type(config) is dict and type(error_no) is int:
-                                config_text = dumps(config).decode()
-                                append((workload.index, extra_index, config_text, costs, error_no, all_cost,
-                                        timestamp, blake2b(workload.id_prefix + dumps(
-                                            [config_text, costs, error_no, timestamp])[1:],
-                                            digest_size=16).hexdigest()))
-                                if len(rows) >= batch_size:
-                                    yield batch.table(decoder), errors
-                                    batch, errors = _Columns(), []
-                                    rows, append = batch.rows, batch.rows.append
-                                continue
-            elif is_skipped(line):
-                continue
-            try:
-                fields = decoder.decode(line)
-            except (RecordParseError, decode_error, ValueError, TypeError) as exc:
-                error = parse_error(exc, source, lineno)
-                if strict:
-                    raise error from exc
-                errors.append(error)
-                continue
-            batch.add(fields)
-            if batch.size >= batch_size:
-                yield batch.table(decoder), errors
-                batch, errors = _Columns(), []
-                rows, append = batch.rows, batch.rows.append
+    for lineno, line in enumerate(lines, first_lineno):
+        if line.startswith(_INPUT_HEAD):
+            p_config = line.find(_CONFIG_MARK, 10)
+            p_result = line.find(_RESULT_MARK, p_config)
+            p_version = line.find(_VERSION_MARK, p_result)
+            workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
+            if workload is not None and p_result > 0 and p_version > 0:
+                extra_index = extra_index_of.get((workload.index, line[p_version:]))
+                if extra_index is not None:
+                    try:
+                        config = loads(line[p_config + 12:p_result])
+                        costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
+                        costs = [cost + 0.0 for cost in costs]
+                        all_cost += 0.0
+                        timestamp += 0.0
+                    except (decode_error, TypeError, ValueError):
+                        pass  # the full decoder below reports what is wrong
+                    else:
+                        if type(config) is dict and type(error_no) is int:
+                            config_text = dumps(config).decode()
+                            append((workload.index, extra_index, config_text, costs, error_no, all_cost,
+                                    timestamp, blake2b(workload.id_prefix + dumps(
+                                        [config_text, costs, error_no, timestamp])[1:],
+                                        digest_size=16).hexdigest()))
+                            if len(rows) >= batch_size:
+                                yield batch.table(decoder), errors
+                                batch, errors = _Columns(), []
+                                rows, append = batch.rows, batch.rows.append
+                            continue
+        elif is_skipped(line):
+            continue
+        try:
+            fields = decoder.decode(line)
+        except (RecordParseError, decode_error, ValueError, TypeError) as exc:
+            error = parse_error(exc, source, lineno)
+            if strict:
+                raise error from exc
+            errors.append(error)
+            continue
+        batch.add(fields)
+        if batch.size >= batch_size:
+            yield batch.table(decoder), errors
+            batch, errors = _Columns(), []
+            rows, append = batch.rows, batch.rows.append
     if batch.size or errors:
         yield batch.table(decoder), errors
+
+
+def _chunk_bounds(path: str | Path, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(start, end) byte ranges of about ``chunk_bytes`` each, cut after a newline."""
+    bounds = []
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        start = 0
+        while start < size:
+            handle.seek(min(start + chunk_bytes, size))
+            handle.readline()
+            end = min(handle.tell(), size)
+            bounds.append((start, end))
+            start = end
+    return bounds
+
+
+#: Per worker process: the decoder of each log it works on, so workloads are parsed once.
+_WORKER_DECODERS: dict[str, Decoder] = {}
+
+
+def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list[tuple[int, str]], int]:
+    """Worker task: (tables, (line within chunk, message) of each bad line, lines in chunk)."""
+    decoder = _WORKER_DECODERS.get(path)
+    if decoder is None:
+        _WORKER_DECODERS.clear()
+        decoder = _WORKER_DECODERS[path] = Decoder(path)
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        data = handle.read(end - start)
+    n_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    tables, errors = [], []
+    for table, batch_errors in _decode_lines(decoder, io.BytesIO(data), 1, False, 1 << 30):
+        tables.append(table)
+        errors.extend((error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in batch_errors)
+    return tables, errors, n_lines
+
+
+def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, workers: int, chunk_bytes: int
+                          ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    source = str(path)
+    bounds = iter(_chunk_bounds(path, chunk_bytes))
+    pending: deque = deque()
+    held: list[pa.Table] = []
+    held_rows = 0
+    errors: list[RecordParseError] = []
+    line_offset = 0
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        try:
+            for start, end in itertools.islice(bounds, 2 * workers):
+                pending.append(pool.submit(_decode_chunk, source, start, end))
+            while pending:
+                tables, chunk_errors, n_lines = pending.popleft().result()
+                for start, end in itertools.islice(bounds, 1):
+                    pending.append(pool.submit(_decode_chunk, source, start, end))
+                for line, message in chunk_errors:
+                    error = RecordParseError(message, source, line_offset + line)
+                    if strict:
+                        raise error
+                    errors.append(error)
+                line_offset += n_lines
+                for table in tables:
+                    held.append(table)
+                    held_rows += table.num_rows
+                while held_rows >= batch_size:
+                    merged = pa.concat_tables(held)
+                    yield merged.slice(0, batch_size), errors
+                    errors = []
+                    rest = merged.slice(batch_size)
+                    held, held_rows = ([rest] if rest.num_rows else []), rest.num_rows
+        finally:
+            for future in pending:
+                future.cancel()
+    if held_rows or errors:
+        merged = pa.concat_tables(held) if held else _Columns().table(Decoder(source))
+        yield merged, errors
 
 
 class _Columns:
