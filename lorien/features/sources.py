@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -88,17 +89,25 @@ def iter_log_batches(paths: Sequence[str | Path], filters: dict[str, Any] | None
 
 def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_size: int,
                        info: SourceInfo) -> Iterator[pa.Table]:
-    """Arrow batches of a store's records matching ``filters``, one target-key partition at a
-    time (memory follows the largest partition, not the store), with the store's stats."""
+    """Arrow batches of a store's records matching ``filters``, with a snapshot description.
+
+    A local parquet store is streamed file by file from its Hive layout (memory follows the
+    batch size; duplicates left by racing writers are dropped by ``record_id``). Other stores
+    are scanned one target-key partition at a time.
+    """
     from lorien.warehouse import open_store
 
     store = open_store(store_uri)
     try:
+        location = getattr(store, "location", None)
+        if store.uri.startswith("parquet:") and isinstance(location, str) and "://" not in location:
+            yield from _iter_parquet_files(Path(location.removeprefix("file:")), filters, batch_size, info, store.uri)
+            return
         stats = store.stats()
         info.kind = "store"
-        info.description = {"uri": getattr(store, "uri", store_uri), "stats": _jsonable(stats)}
+        info.description = {"uri": store.uri, "stats": _jsonable(stats)}
         filters = dict(filters or {})
-        partitions = [None]
+        partitions: list[str | None] = [None]
         if "target_key" not in filters and stats.get("target_keys"):
             partitions = list(stats["target_keys"])
         for target_key in partitions:
@@ -109,6 +118,52 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
             del table
     finally:
         store.close()
+
+
+def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: int, info: SourceInfo,
+                        uri: str) -> Iterator[pa.Table]:
+    import pyarrow.dataset as ds
+
+    records_dir = root / "records"
+    files = sorted(str(p) for p in records_dir.rglob("*.parquet")) if records_dir.is_dir() else []
+    info.kind = "store"
+    info.description = {"uri": uri, "files": len(files), "bytes": sum(os.path.getsize(f) for f in files),
+                        "file_list": [{"path": os.path.relpath(f, root), "bytes": os.path.getsize(f),
+                                       "mtime": os.path.getmtime(f)} for f in files]}
+    if not files:
+        return
+    partitioning = ds.partitioning(pa.schema([("target_key", pa.string()), ("layout", pa.string())]),
+                                   flavor="hive")
+    dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=str(records_dir))
+    expression = None
+    for column, wanted in (filters or {}).items():
+        if column not in FILTER_COLUMNS:
+            raise LorienError(f"cannot filter on {column!r} (known: {', '.join(FILTER_COLUMNS)})")
+        values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+        condition = ds.field(column).isin([str(v) for v in values])
+        expression = condition if expression is None else expression & condition
+    scanner = dataset.scanner(columns=["record_id", *NEEDED_COLUMNS], filter=expression, batch_size=batch_size)
+    seen: set[int] = set()
+    duplicates = 0
+    for batch in scanner.to_batches():
+        if batch.num_rows == 0:
+            continue
+        table = pa.Table.from_batches([batch])
+        ids = [int(rid[:16], 16) for rid in table["record_id"].to_pylist()]
+        fresh = np.ones(len(ids), dtype=bool)
+        for i, rid in enumerate(ids):
+            if rid in seen:
+                fresh[i] = False
+            else:
+                seen.add(rid)
+        if not fresh.all():
+            duplicates += int((~fresh).sum())
+            table = table.filter(pa.array(fresh))
+        for name in ("target_key", "layout"):
+            table = table.set_column(table.schema.get_field_index(name), name,
+                                     pc.fill_null(table[name], ""))
+        yield table.drop_columns(["record_id"])
+    info.description["duplicates_dropped"] = duplicates
 
 
 def _jsonable(value: Any) -> Any:
