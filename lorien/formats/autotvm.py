@@ -16,6 +16,7 @@ import json
 import math
 import multiprocessing
 import os
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -254,13 +255,15 @@ def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536,
     """Arrow tables (ARROW_SCHEMA) of an AutoTVM log, built column by column, in file order.
 
     ``workers`` processes decode chunks of the log in parallel (default: one per free core,
-    up to 8, for logs of at least :data:`PARALLEL_MIN_BYTES`; ``1`` decodes in this process).
+    up to 8, for logs of at least :data:`PARALLEL_MIN_BYTES` read from a process without other
+    threads; ``1`` decodes in this process).
     Workers are forked, so the caller's main module is not imported again; where fork is not
     available the log is decoded in this process.
     """
     if workers is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        workers = min(cores, 8) if os.path.getsize(path) >= PARALLEL_MIN_BYTES else 1
+        single_threaded = threading.active_count() == 1  # forking a threaded process is unsafe
+        workers = min(cores, 8) if single_threaded and os.path.getsize(path) >= PARALLEL_MIN_BYTES else 1
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         yield from _iter_tables_parallel(path, strict, batch_size, workers, CHUNK_BYTES)
         return
