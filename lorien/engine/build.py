@@ -1,0 +1,110 @@
+"""build(): schedule -> lowered program -> LLVM -> a callable ``Kernel``."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+
+import numpy as np
+
+from lorien.engine import runtime, te
+from lorien.engine.codegen import llvm as llvm_codegen
+from lorien.engine.lower import Program, lower
+from lorien.engine.schedule import Schedule
+from lorien.errors import LorienError
+from lorien.target import parse_target
+
+KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class KernelArgumentError(LorienError, ValueError):
+    """A kernel called with an array of the wrong shape, dtype or layout."""
+
+
+_FLUSH: dict = {}
+
+
+def flush_cpu_cache(nbytes: int = 96 << 20) -> None:
+    """Write a buffer larger than the last-level cache so the next run starts cold."""
+    buf = _FLUSH.get(nbytes)
+    if buf is None:
+        buf = _FLUSH[nbytes] = np.empty(nbytes // 8, dtype=np.float64)
+    buf.fill(1.0)
+
+
+class Kernel:
+    """A compiled kernel. ``kernel(*arrays)`` runs in place (outputs are written) without the GIL."""
+
+    def __init__(self, program: Program, address: int, ir_text: str, fn_name: str):
+        self.program, self.address, self.ir_text, self.name = program, address, ir_text, fn_name
+        self.args = program.args
+        self._fn = KERNEL_FN(address)
+
+    def _pointers(self, arrays) -> ctypes.Array:
+        if len(arrays) != len(self.args):
+            raise KernelArgumentError(f"kernel {self.name} takes {len(self.args)} arrays "
+                                      f"({[a.name for a in self.args]}), got {len(arrays)}")
+        for spec, arr in zip(self.args, arrays, strict=False):
+            if not isinstance(arr, np.ndarray):
+                raise KernelArgumentError(f"argument {spec.name!r}: expected a numpy array, got {type(arr).__name__}")
+            if arr.shape != spec.shape or arr.dtype != np.dtype(spec.dtype):
+                raise KernelArgumentError(f"argument {spec.name!r}: expected {spec.dtype}{list(spec.shape)}, "
+                                          f"got {arr.dtype}{list(arr.shape)}")
+            if not arr.flags.c_contiguous or (spec.is_output and not arr.flags.writeable):
+                raise KernelArgumentError(f"argument {spec.name!r}: array must be C-contiguous and writeable")
+        return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self._fn(self._pointers(arrays))
+
+    def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 1, min_repeat_ms: float = 0,
+             flush_cache: bool = False) -> list[float]:
+        """Seconds per run for each of ``repeat`` repeats of ``number`` runs (TVM semantics).
+
+        With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
+        """
+        ptrs = self._pointers(arrays)
+        lib = runtime.library()
+        lib.lorien_time(self.address, ptrs, 1)
+        costs = []
+        for _ in range(repeat):
+            while True:
+                if flush_cache:
+                    flush_cpu_cache()
+                elapsed = lib.lorien_time(self.address, ptrs, number)
+                if elapsed * 1e3 >= min_repeat_ms or min_repeat_ms <= 0:
+                    break
+                scale = min_repeat_ms / max(elapsed * 1e3, 1e-3)
+                number = max(number + 1, int(math.ceil(number * scale * 1.2)))
+            costs.append(elapsed / number)
+        return costs
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name}, args={[a.name for a in self.args]})"
+
+
+def build(s: Schedule, args: list[te.Tensor], target: str | None = None, name: str = "kernel") -> Kernel:
+    """Compile schedule ``s`` into a host kernel taking ``args`` (numpy arrays) in order."""
+    if target is not None and parse_target(target).kind != "llvm":
+        raise LorienError(f"build: target {target!r} is not a CPU (llvm) target; only llvm is supported here")
+    program = lower(s, args, name)
+    return build_program(program)
+
+
+def build_program(program: Program) -> Kernel:
+    """JIT-compile an already lowered program (compile cache keyed by the IR hash)."""
+    digest = hashlib.sha256(str(program).encode()).hexdigest()[:16]
+    fn_name = f"{program.name}_{digest}"
+    ir_text = llvm_codegen.render(program, fn_name)
+    address = llvm_codegen.compile_ir(ir_text, fn_name)
+    return Kernel(program, address, ir_text, fn_name)
+
+
+def build_info() -> dict:
+    """Engine build description for records (Lorien's framework_build_config)."""
+    import llvmlite
+
+    return {"engine": "lorien", "llvmlite": llvmlite.__version__,
+            "llvm": ".".join(map(str, __import__("llvmlite.binding").binding.llvm_version_info)),
+            "cpu": llvm_codegen.host_cpu_name()}

@@ -1,0 +1,364 @@
+"""LLVM renderer: UOps -> LLVM IR text with llvmlite, then O3 + MCJIT for the host CPU.
+
+Each ALU op is one row of a table; the walker keeps a loop/if stack and outlines parallel
+loops into ``<kernel>_par<n>(ctx, begin, end)`` functions driven by ``lorien_parallel_for``.
+A kernel has the signature ``void kernel(void **args)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+from lorien.engine import runtime
+from lorien.engine.lower import Program, UOp
+
+I1, I32, I64, PTR = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.PointerType()
+DTYPES = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": I32, "int64": I64, "bool": I1}
+FLOATS = ("float32", "float64")
+ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+def _opaque(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """``value`` as an opaque ``ptr`` (llvmlite may build typed pointers for allocas)."""
+    cast = ir.instructions.CastInstr(builder.block, "bitcast", value, PTR)
+    builder._insert(cast)
+    return cast
+
+
+def _mangle(ty: ir.Type) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_mangle(ty.element)}"
+    return {"float": "f32", "double": "f64"}.get(str(ty), str(ty))
+
+
+def _nbytes(ty: ir.Type) -> int:
+    if isinstance(ty, ir.VectorType):
+        return ty.count * _nbytes(ty.element)
+    if isinstance(ty, ir.PointerType):
+        return 8
+    return {32: 4, 64: 8, 1: 1}.get(getattr(ty, "width", 0), 4 if isinstance(ty, ir.FloatType) else 8)
+
+
+def vtype(dtype: str, lanes: int) -> ir.Type:
+    return DTYPES[dtype] if lanes == 1 else ir.VectorType(DTYPES[dtype], lanes)
+
+
+def _fcmp(pred):
+    return lambda r, x, y: r.b.fcmp_ordered(pred, x, y)
+
+
+def _icmp(pred):
+    return lambda r, x, y: r.b.icmp_signed(pred, x, y)
+
+
+FLOAT_ALU = {
+    "add": lambda r, x, y: r.b.fadd(x, y), "sub": lambda r, x, y: r.b.fsub(x, y),
+    "mul": lambda r, x, y: r.b.fmul(x, y), "div": lambda r, x, y: r.b.fdiv(x, y),
+    "max": lambda r, x, y: r.b.select(r.b.fcmp_ordered(">", x, y), x, y),
+    "min": lambda r, x, y: r.b.select(r.b.fcmp_ordered("<", x, y), x, y),
+    "lt": _fcmp("<"), "le": _fcmp("<="), "eq": _fcmp("=="), "ne": _fcmp("!="),
+    "fma": lambda r, x, y, z: r.b.call(r.intrinsic("llvm.fma", x.type), [x, y, z]),
+    "exp": lambda r, x: r.b.call(r.intrinsic("llvm.exp", x.type), [x]),
+    "sqrt": lambda r, x: r.b.call(r.intrinsic("llvm.sqrt", x.type), [x]),
+}
+INT_ALU = {
+    "add": lambda r, x, y: r.b.add(x, y), "sub": lambda r, x, y: r.b.sub(x, y),
+    "mul": lambda r, x, y: r.b.mul(x, y), "div": lambda r, x, y: r.b.sdiv(x, y),
+    "floordiv": lambda r, x, y: r.b.sdiv(x, y), "mod": lambda r, x, y: r.b.srem(x, y),
+    "max": lambda r, x, y: r.b.select(r.b.icmp_signed(">", x, y), x, y),
+    "min": lambda r, x, y: r.b.select(r.b.icmp_signed("<", x, y), x, y),
+    "lt": _icmp("<"), "le": _icmp("<="), "eq": _icmp("=="), "ne": _icmp("!="),
+    "and": lambda r, x, y: r.b.and_(x, y), "or": lambda r, x, y: r.b.or_(x, y),
+    "not": lambda r, x: r.b.not_(x),
+}
+
+
+def _cast(r, x, src: str, dst: str, ty: ir.Type):
+    if src == dst:
+        return x
+    if src in FLOATS and dst in FLOATS:
+        return r.b.fpext(x, ty) if dst == "float64" else r.b.fptrunc(x, ty)
+    if src in FLOATS:
+        return r.b.fptosi(x, ty)
+    if dst in FLOATS:
+        return r.b.uitofp(x, ty) if src == "bool" else r.b.sitofp(x, ty)
+    widths = {"bool": 1, "int32": 32, "int64": 64}
+    if widths[dst] > widths[src]:
+        return r.b.zext(x, ty) if src == "bool" else r.b.sext(x, ty)
+    return r.b.trunc(x, ty)
+
+
+class _Function:
+    """One LLVM function being filled: an alloca block, the body builder, value map."""
+
+    def __init__(self, module: ir.Module, name: str, args: list[ir.Type]):
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
+        self.fn.attributes.add("nounwind")
+        self.alloca_block = self.fn.append_basic_block("allocas")
+        self.allocas = ir.IRBuilder(self.alloca_block)
+        self.b = ir.IRBuilder(self.fn.append_basic_block("body"))
+
+    def finish(self) -> None:
+        self.b.ret_void()
+        self.allocas.branch(self.fn.blocks[1])
+
+
+class LLVMRenderer:
+    """Walks a Program's uops and emits an ``ir.Module``."""
+
+    def __init__(self, program: Program, name: str):
+        self.p, self.name = program, name
+        self.module = ir.Module(name=name)
+        self.module.triple = llvm.get_process_triple()
+        self.values: dict[int, ir.Value] = {}
+        self.n_parallel = 0
+        self.ends = self._match_ends(program.uops)
+
+    @staticmethod
+    def _match_ends(uops: list[UOp]) -> dict[int, int]:
+        ends, stack = {}, []
+        for i, u in enumerate(uops):
+            if u.op == "LOOP":
+                stack.append(i)
+            elif u.op == "ENDLOOP":
+                ends[stack.pop()] = i
+        return ends
+
+    def intrinsic(self, name: str, ty: ir.Type) -> ir.Function:
+        arity = {"llvm.fma": 3}.get(name, 1)
+        return self.extern(f"{name}.{_mangle(ty)}", ty, [ty] * arity)
+
+    def extern(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        if name in self.module.globals:
+            return self.module.globals[name]
+        return ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+    def render(self) -> ir.Module:
+        self.f = _Function(self.module, self.name, [PTR])
+        self.f.fn.args[0].name = "args"
+        self.b = self.f.b
+        self.render_range(0, len(self.p.uops))
+        self.f.finish()
+        return self.module
+
+    def render_range(self, start: int, stop: int) -> None:
+        loops: list[tuple] = []
+        i = start
+        while i < stop:
+            u = self.p.uops[i]
+            if u.op == "LOOP" and u.arg[2] == "parallel":
+                self.render_parallel(i)
+                i = self.ends[i] + 1
+                continue
+            self.render_uop(i, u, loops)
+            i += 1
+
+    def value(self, i: int) -> ir.Value:
+        return self.values[i]
+
+    def render_uop(self, i: int, u: UOp, loops: list) -> None:
+        b, ty = self.b, vtype(u.dtype, u.lanes)
+        src = [self.values[s] for s in u.src] if u.op not in ("ENDLOOP", "ENDIF") else []
+        if u.op == "ARG":
+            slot = b.gep(self.f.fn.args[0], [ir.Constant(I64, u.arg[0])], source_etype=PTR)
+            self.values[i] = b.load(slot, typ=PTR)
+        elif u.op == "ALLOC":
+            name, size, scope = u.arg
+            if scope == "global":
+                alloc = self.extern("lorien_alloc", PTR, [I64])
+                nbytes = size * ITEMSIZE[u.dtype]
+                self.values[i] = b.call(alloc, [ir.Constant(I64, nbytes)])
+            else:
+                slot = self.f.allocas.alloca(ir.ArrayType(DTYPES[u.dtype], size), name=name.replace(".", "_"))
+                slot.align = 64
+                self.values[i] = _opaque(self.f.allocas, slot)
+        elif u.op == "FREE":
+            b.call(self.extern("lorien_free", ir.VoidType(), [PTR]), [self.values[u.src[0]]])
+        elif u.op == "CONST":
+            elem = DTYPES[u.dtype]
+            if u.lanes == 1:
+                self.values[i] = ir.Constant(elem, u.arg)
+            else:
+                self.values[i] = ir.Constant(ty, [ir.Constant(elem, v) for v in u.arg])
+        elif u.op == "LOOP":
+            pre = b.block
+            header = self.f.fn.append_basic_block(f"loop_{u.arg[0].replace('.', '_')}")
+            b.branch(header)
+            b.position_at_end(header)
+            phi = b.phi(I64, name=u.arg[0].replace(".", "_"))
+            phi.add_incoming(ir.Constant(I64, 0), pre)
+            self.values[i] = phi
+            loops.append((phi, ir.Constant(I64, u.arg[1])))
+        elif u.op == "ENDLOOP":
+            self.close_loop(*loops.pop())
+        elif u.op == "IF":
+            then, after = self.f.fn.append_basic_block("then"), self.f.fn.append_basic_block("endif")
+            b.cbranch(src[0], then, after)
+            b.position_at_end(then)
+            loops.append(after)
+        elif u.op == "ENDIF":
+            after = loops.pop()
+            b.branch(after)
+            b.position_at_end(after)
+        elif u.op == "LOAD":
+            ptr = b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
+            if len(src) == 3:
+                mask_ty = ir.VectorType(I1, u.lanes)
+                masked = self.extern(f"llvm.masked.load.{_mangle(ty)}.p0", ty, [PTR, I32, mask_ty, ty])
+                zero = ir.Constant(ty, None)
+                self.values[i] = b.call(masked, [ptr, ir.Constant(I32, 4), src[2], zero])
+            else:
+                self.values[i] = b.load(ptr, typ=ty, align=4)
+        elif u.op == "STORE":
+            ptr = b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
+            b.store(src[2], ptr, align=4)
+        elif u.op == "ALU":
+            operand_dtype = self.p.uops[u.src[-1]].dtype if u.arg == "where" else self.p.uops[u.src[0]].dtype
+            if u.arg == "where":
+                self.values[i] = b.select(*src)
+            else:
+                table = FLOAT_ALU if operand_dtype in FLOATS else INT_ALU
+                self.values[i] = table[u.arg](self, *src)
+        elif u.op == "CAST":
+            s = self.p.uops[u.src[0]]
+            self.values[i] = _cast(self, src[0], s.dtype, u.dtype, ty)
+        elif u.op == "BROADCAST":
+            undef = ir.Constant(ty, ir.Undefined)
+            first = b.insert_element(undef, src[0], ir.Constant(I32, 0))
+            self.values[i] = b.shuffle_vector(first, undef, ir.Constant(ir.VectorType(I32, u.lanes), [0] * u.lanes))
+        elif u.op == "VECTOR":
+            vec = ir.Constant(ty, ir.Undefined)
+            for lane, part in enumerate(src):
+                vec = b.insert_element(vec, part, ir.Constant(I32, lane))
+            self.values[i] = vec
+        elif u.op == "EXTRACT":
+            self.values[i] = b.extract_element(src[0], ir.Constant(I32, u.arg))
+        else:
+            raise ValueError(f"LLVM renderer: unknown uop {u.op!r} at %{i}")
+
+    def close_loop(self, phi, extent) -> None:
+        b = self.b
+        nxt = b.add(phi, ir.Constant(I64, 1))
+        phi.add_incoming(nxt, b.block)
+        after = self.f.fn.append_basic_block("endloop")
+        b.cbranch(b.icmp_signed("<", nxt, extent), phi.parent, after)
+        b.position_at_end(after)
+
+    def render_parallel(self, start: int) -> None:
+        """Outline LOOP(parallel)..ENDLOOP into a function run by ``lorien_parallel_for``."""
+        stop = self.ends[start]
+        inner = set(range(start, stop + 1))
+        captured = sorted({s for u in self.p.uops[start + 1 : stop] for s in u.src
+                           if s not in inner and not isinstance(self.values.get(s), ir.Constant)})
+        types = [self.values[s].type for s in captured]
+        outer_f = self.f
+        ctx_slots = outer_f.allocas.alloca(ir.ArrayType(I64, 8 * max(1, len(captured))), name=f"par{self.n_parallel}_ctx")
+        ctx_slots.align = 64
+        ctx = _opaque(outer_f.allocas, ctx_slots)
+
+        def slot(builder, base, field, ty):
+            """Field ``field`` of the context: 64-byte slots addressed in units of ``ty``."""
+            return builder.gep(base, [ir.Constant(I64, field * 64 // _nbytes(ty))], source_etype=ty)
+
+        outer_b = self.b
+        for field, s in enumerate(captured):
+            outer_b.store(self.values[s], slot(outer_b, ctx, field, types[field]))
+        body = _Function(self.module, f"{self.name}_par{self.n_parallel}", [PTR, I64, I64])
+        self.n_parallel += 1
+        saved = {s: self.values[s] for s in captured}
+        self.f, self.b = body, body.b
+        ctx_arg, begin, end = body.fn.args
+        for field, s in enumerate(captured):
+            self.values[s] = body.b.load(slot(body.b, ctx_arg, field, types[field]), typ=types[field])
+        pre = body.b.block
+        header = body.fn.append_basic_block("par_loop")
+        body.b.branch(header)
+        body.b.position_at_end(header)
+        phi = body.b.phi(I64, name=self.p.uops[start].arg[0].replace(".", "_"))
+        phi.add_incoming(begin, pre)
+        self.values[start] = phi
+        self.render_range(start + 1, stop)
+        self.close_loop(phi, end)
+        body.finish()
+        self.f, self.b = outer_f, outer_b
+        self.values.update(saved)
+        launch = self.extern("lorien_parallel_for", ir.VoidType(), [PTR, PTR, I64])
+        self.b.call(launch, [body.fn, ctx, ir.Constant(I64, self.p.uops[start].arg[1])])
+
+
+# ---------------------------------------------------------------- JIT
+
+_LOCK = threading.Lock()
+_STATE: dict = {}
+
+
+def _target_machine():
+    if "tm" not in _STATE:
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        target = llvm.Target.from_triple(llvm.get_process_triple())
+        _STATE["tm"] = target.create_target_machine(cpu=host_cpu_name(), features=host_cpu_features(),
+                                                    opt=3, codemodel="jitdefault")
+    return _STATE["tm"]
+
+
+def host_cpu_name() -> str:
+    return llvm.get_host_cpu_name()
+
+
+def host_cpu_features() -> str:
+    return llvm.get_host_cpu_features().flatten()
+
+
+def _engine():
+    if "engine" not in _STATE:
+        for name, address in runtime.symbol_addresses().items():
+            llvm.add_symbol(name, address)
+        tm = _target_machine()
+        _STATE["engine"] = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        _STATE["cache"] = {}
+    return _STATE["engine"]
+
+
+def render(program: Program, name: str | None = None) -> str:
+    """LLVM IR text of ``program``."""
+    return str(LLVMRenderer(program, name or program.name).render())
+
+
+def compile_ir(ir_text: str, fn_name: str) -> int:
+    """Optimize (O3) and JIT ``ir_text``; returns the address of ``fn_name``. Cached by IR hash."""
+    key = hashlib.sha256(ir_text.encode()).hexdigest()
+    with _LOCK:
+        engine = _engine()
+        cache = _STATE["cache"]
+        if key in cache:
+            return cache[key]
+        tm = _target_machine()
+        mod = llvm.parse_assembly(ir_text)
+        mod.triple = llvm.get_process_triple()
+        mod.data_layout = str(tm.target_data)
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        engine.add_module(mod)
+        engine.finalize_object()
+        address = engine.get_function_address(fn_name)
+        cache[key] = address
+        return address
+
+
+def assembly(ir_text: str) -> str:
+    """Host assembly for ``ir_text`` after O3 (for inspecting register tiles)."""
+    tm = _target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return tm.emit_assembly(mod)

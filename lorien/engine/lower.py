@@ -1,0 +1,546 @@
+"""Lowering: a schedule becomes a flat list of loop-nest micro-ops (``UOp``).
+
+The list is what every renderer consumes (``codegen/llvm.py`` today, a CUDA C renderer
+later). Structure is kept with paired ``LOOP``/``ENDLOOP`` and ``IF``/``ENDIF`` ops; values
+are SSA: an op's ``src`` are indices of earlier ops. Unrolled loops are expanded here and
+vectorized loops become ops with ``lanes > 1``, so a renderer only sees serial and parallel
+loops. Kinds:
+
+ARG(index, name)  ALLOC(name, size, scope)  FREE  CONST(value)  LOOP(name, extent, kind)  ENDLOOP
+IF  ENDIF  LOAD(buf, idx[, mask])  STORE(buf, idx, value)  ALU(op)  CAST(dtype)  BROADCAST
+VECTOR(scalars...)  EXTRACT(lane)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from lorien.engine import te
+from lorien.engine.schedule import Schedule, ScheduleError, Stage
+
+PURE_OPS = ("CONST", "ALU", "CAST", "BROADCAST", "VECTOR", "EXTRACT")
+
+
+@dataclass(frozen=True)
+class UOp:
+    """One micro-op: ``op`` kind, element ``dtype``, vector ``lanes``, operand indices, argument."""
+
+    op: str
+    dtype: str
+    lanes: int
+    src: tuple[int, ...]
+    arg: object = None
+
+
+@dataclass
+class ArgSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    is_output: bool
+
+
+@dataclass
+class Program:
+    """The lowered loop nest of one kernel."""
+
+    name: str
+    uops: list[UOp]
+    args: list[ArgSpec] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines, depth = [f"kernel {self.name}({', '.join(f'{a.name}: {a.dtype}{list(a.shape)}' for a in self.args)})"], 1
+        for i, u in enumerate(self.uops):
+            if u.op in ("ENDLOOP", "ENDIF"):
+                depth -= 1
+            ty = u.dtype + (f"x{u.lanes}" if u.lanes > 1 else "")
+            src = " ".join(f"%{s}" for s in u.src)
+            arg = "" if u.arg is None else f" {u.arg}"
+            lines.append(f"{'  ' * depth}%{i} = {u.op} {ty} {src}{arg}".rstrip())
+            if u.op in ("LOOP", "IF"):
+                depth += 1
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- affine analysis
+
+def linear(expr: te.Expr) -> dict | None:
+    """``{Var: coeff, 1: const}`` when ``expr`` is affine in integer variables, else None."""
+    if isinstance(expr, te.Const):
+        return {1: expr.value} if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
+    if isinstance(expr, te.Var):
+        return {expr: 1}
+    if isinstance(expr, te.BinOp) and expr.op in ("add", "sub", "mul"):
+        a, b = linear(expr.a), linear(expr.b)
+        if a is None or b is None:
+            return None
+        if expr.op == "mul":
+            if set(a) <= {1}:
+                a, b = b, a
+            if not set(b) <= {1}:
+                return None
+            k = b.get(1, 0)
+            return {v: c * k for v, c in a.items() if c * k}
+        sign = 1 if expr.op == "add" else -1
+        out = dict(a)
+        for v, c in b.items():
+            out[v] = out.get(v, 0) + sign * c
+        return {v: c for v, c in out.items() if c}
+    return None
+
+
+def from_linear(form: dict) -> te.Expr:
+    expr: te.Expr | None = None
+    for var in sorted((v for v in form if v != 1), key=lambda v: v.uid):
+        term = var if form[var] == 1 else var * form[var]
+        expr = term if expr is None else expr + term
+    c = form.get(1, 0)
+    if expr is None:
+        return te.const(c)
+    return expr + c if c else expr
+
+
+def contains(expr: te.Expr, var: te.Var) -> bool:
+    return any(node is var for node in te.walk(expr))
+
+
+@dataclass
+class _Nest:
+    """Per-stage loop state while emitting it."""
+
+    stage: Stage
+    leaves: list[str]
+    vars: dict[str, te.Var]
+    ext: dict[str, int]
+    guards: list[tuple[te.Expr, str]]
+    rootvals: dict
+    body: te.Expr
+    first_reduce: int
+
+
+class _Lowering:
+    def __init__(self, sch: Schedule, args: list[te.Tensor], name: str):
+        self.sch, self.args, self.name = sch, list(args), name
+        self.uops: list[UOp] = []
+        self.cse: list[dict] = [{}]
+        self.stages = {st.name: st for st in sch.stages}
+        self.env: dict = {}
+        self.var_ext: dict = {}
+        self.buffers: dict = {}
+        self.vec: tuple[te.Var, int] | None = None
+        self.in_parallel = False
+        self._bodies: dict[str, te.Expr] = {}
+        self.children: dict[tuple[str, str], list[Stage]] = defaultdict(list)
+
+    # ---------------------------------------------------------------- emission helpers
+    def emit(self, op: str, dtype: str, lanes: int = 1, src: tuple = (), arg=None) -> int:
+        uop = UOp(op, dtype, lanes, tuple(src), arg)
+        if op in PURE_OPS:
+            for scope in reversed(self.cse):
+                if uop in scope:
+                    return scope[uop]
+        self.uops.append(uop)
+        idx = len(self.uops) - 1
+        if op in PURE_OPS:
+            self.cse[-1][uop] = idx
+        return idx
+
+    def const(self, value, dtype: str = te.INDEX_DTYPE) -> int:
+        return self.emit("CONST", dtype, 1, (), value)
+
+    def lanes(self, i: int) -> int:
+        return self.uops[i].lanes
+
+    def broadcast(self, i: int, lanes: int) -> int:
+        u = self.uops[i]
+        if u.lanes == lanes:
+            return i
+        if u.op == "CONST":
+            return self.emit("CONST", u.dtype, lanes, (), tuple([u.arg] * lanes))
+        return self.emit("BROADCAST", u.dtype, lanes, (i,))
+
+    def alu(self, op: str, *srcs: int) -> int:
+        us = [self.uops[s] for s in srcs]
+        if all(u.op == "CONST" and u.lanes == 1 for u in us) and op in _FOLD:
+            value = _FOLD[op](*[u.arg for u in us])
+            return self.const(value, "bool" if op in te.BinOp.COMPARE else us[0].dtype)
+        if op in ("add", "sub") and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 0:
+            return srcs[0]
+        if op == "add" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 0:
+            return srcs[1]
+        if op == "mul" and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 1:
+            return srcs[0]
+        if op == "mul" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 1:
+            return srcs[1]
+        lanes = max(u.lanes for u in us)
+        srcs = tuple(self.broadcast(s, lanes) for s in srcs)
+        if op in te.BinOp.COMPARE or op == "not":
+            dtype = "bool"
+        elif op == "where":
+            dtype = us[1].dtype
+        else:
+            dtype = us[0].dtype
+        return self.emit("ALU", dtype, lanes, srcs, op)
+
+    # ---------------------------------------------------------------- bodies and bounds
+    def body_of(self, name: str) -> te.Expr:
+        if name not in self._bodies:
+            def load_fn(load: te.Load, idx: tuple) -> te.Expr:
+                producer = self.stages.get(load.tensor.name)
+                if producer is not None and producer.attach == "inline":
+                    return te.substitute(self.body_of(producer.name), dict(zip(producer.op.axis, idx, strict=False)))
+                return te.Load(load.tensor, idx)
+            self._bodies[name] = te.substitute(self.stages[name].op.body, {}, load_fn)
+        return self._bodies[name]
+
+    def bounds(self, expr: te.Expr) -> tuple[int, int] | None:
+        form = linear(expr)
+        if form is None or any(v != 1 and v not in self.var_ext for v in form):
+            return None
+        lo = hi = form.get(1, 0)
+        for v, c in form.items():
+            if v != 1:
+                lo += min(0, c * (self.var_ext[v] - 1))
+                hi += max(0, c * (self.var_ext[v] - 1))
+        return lo, hi
+
+    # ---------------------------------------------------------------- main
+    def run(self) -> Program:
+        arg_names = [t.name for t in self.args]
+        if len(set(arg_names)) != len(arg_names):
+            raise ScheduleError(f"build arguments have duplicate names: {arg_names}")
+        for name, st in self.stages.items():
+            if st.attach == "inline" and name in arg_names:
+                raise ScheduleError(f"stage {name!r} is inlined but is also a kernel argument")
+            if isinstance(st.attach, tuple):
+                self.children[st.attach].append(st)
+        readers: dict[str, list[str]] = defaultdict(list)
+        for name, st in self.stages.items():
+            if st.attach != "inline":
+                for node in te.walk(self.body_of(name)):
+                    if isinstance(node, te.Load) and name not in readers[node.tensor.name]:
+                        readers[node.tensor.name].append(name)
+        for name, st in self.stages.items():
+            if isinstance(st.attach, tuple) and readers[name] != [st.attach[0]]:
+                raise ScheduleError(f"compute_at: {name!r} is read by {readers[name]}, not only by {st.attach[0]!r}")
+        for tname in readers:
+            if tname not in self.stages and tname not in arg_names:
+                raise ScheduleError(f"tensor {tname!r} is read but is not a kernel argument")
+        for i, t in enumerate(self.args):
+            self.buffers[t.name] = (self.emit("ARG", t.dtype, 1, (), (i, t.name)), [te.const(0)] * t.ndim,
+                                    _strides(t.shape), _prod(t.shape))
+        temps = []
+        for name, st in self.stages.items():
+            if st.attach is None and name not in arg_names:
+                size = _prod(st.tensor.shape)
+                temps.append(self.emit("ALLOC", st.tensor.dtype, 1, (), (name, size, "global")))
+                self.buffers[name] = (temps[-1], [te.const(0)] * st.tensor.ndim, _strides(st.tensor.shape), size)
+        for st in self.sch.stages:
+            if st.attach is None:
+                self.emit_stage(st, [(te.const(0), n) for n in st.tensor.shape])
+        for t in temps:
+            self.emit("FREE", self.uops[t].dtype, 1, (t,))
+        specs = [ArgSpec(t.name, t.shape, t.dtype, isinstance(t.op, te.ComputeOp)) for t in self.args]
+        return Program(self.name, self.uops, specs)
+
+    def setup(self, st: Stage, region: list[tuple[te.Expr, int]]) -> _Nest:
+        ext: dict[str, int] = {iv.name: e for iv, (_, e) in zip(st.op.axis, region, strict=False)}
+        ext.update({iv.name: iv.extent for iv in st.op.reduce_axis})
+        kinds = {name: iv.kind for name, iv in st.axes.items()}
+        for rel in st.relations:
+            if rel[0] == "split":
+                _, parent, outer, inner, factor, nparts = rel
+                if factor is not None:
+                    ext[inner] = min(int(factor), ext[parent])
+                    ext[outer] = -(-ext[parent] // ext[inner])
+                else:
+                    ext[outer] = min(int(nparts), ext[parent])
+                    ext[inner] = -(-ext[parent] // ext[outer])
+            else:
+                _, a, b, fused = rel
+                ext[fused] = ext[a] * ext[b]
+        safe = st.name.replace(".", "_")
+        lvars = {leaf: te.Var(f"{safe}.{leaf}") for leaf in st.leaf}
+        values: dict[str, te.Expr] = dict(lvars)
+        guards: list[tuple[te.Expr, str]] = []
+        for v, leaf in ((lvars[leaf], leaf) for leaf in st.leaf):
+            self.var_ext[v] = ext[leaf]
+        for rel in reversed(st.relations):
+            if rel[0] == "split":
+                _, parent, outer, inner, _, _ = rel
+                values[parent] = values[outer] * ext[inner] + values[inner]
+                if ext[outer] * ext[inner] != ext[parent]:
+                    guards.append((values[parent] < ext[parent], kinds[parent]))
+            else:
+                _, a, b, fused = rel
+                values[a] = values[fused] // ext[b]
+                values[b] = values[fused] % ext[b]
+        rootvals = {}
+        for d, (iv, (offset, _)) in enumerate(zip(st.op.axis, region, strict=False)):
+            value = values[iv.name] if isinstance(offset, te.Const) and offset.value == 0 else offset + values[iv.name]
+            rootvals[iv] = value
+            lo_hi = self.bounds(value)
+            if lo_hi is None or lo_hi[0] < 0:
+                guards.append((value >= 0, "spatial"))
+            if lo_hi is None or lo_hi[1] >= st.tensor.shape[d]:
+                guards.append((value < st.tensor.shape[d], "spatial"))
+        for iv in st.op.reduce_axis:
+            rootvals[iv] = values[iv.name]
+        guards = [(g, k) for g, k in guards if not self._provably_true(g)]
+        body = te.substitute(self.body_of(st.name), rootvals)
+        first_reduce = next((p for p, leaf in enumerate(st.leaf) if kinds[leaf] == "reduce"), -1)
+        return _Nest(st, list(st.leaf), lvars, ext, guards, rootvals, body, first_reduce)
+
+    def _provably_true(self, cond: te.Expr) -> bool:
+        if isinstance(cond, te.BinOp) and cond.op in ("lt", "le"):
+            a, b = self.bounds(cond.a), self.bounds(cond.b)
+            if a is not None and b is not None:
+                return a[1] < b[0] if cond.op == "lt" else a[1] <= b[0]
+        return False
+
+    def emit_stage(self, st: Stage, region: list[tuple[te.Expr, int]]) -> None:
+        self.emit_nest(self.setup(st, region), 0)
+
+    def emit_nest(self, nest: _Nest, pos: int) -> None:
+        if pos == nest.first_reduce:
+            self.emit_init(nest, pos)
+        if pos == len(nest.leaves):
+            self.emit_body(nest)
+            return
+        leaf = nest.leaves[pos]
+        var = nest.vars[leaf]
+        attached = self.children.get((nest.stage.name, leaf), [])
+
+        def inner() -> None:
+            for child in attached:
+                self.emit_child(child, nest, pos)
+            self.emit_nest(nest, pos + 1)
+
+        vectorizable = (pos == len(nest.leaves) - 1 and not attached and
+                        nest.stage.axes[leaf].kind == "spatial" and not any(contains(g, var) for g, _ in nest.guards))
+        self.loop(var, nest.ext[leaf], nest.stage.annotations.get(leaf, "serial"), inner, vectorizable)
+
+    def loop(self, var: te.Var, extent: int, kind: str, fn, vectorizable: bool) -> None:
+        if kind == "unrolled" or extent == 1:
+            for value in range(extent):
+                self.env[var] = self.const(value)
+                fn()
+            self.env.pop(var, None)
+            return
+        if kind == "vectorized" and vectorizable and self.vec is None:
+            self.vec = (var, extent)
+            fn()
+            self.vec = None
+            return
+        parallel = kind == "parallel" and not self.in_parallel
+        loop_id = self.emit("LOOP", te.INDEX_DTYPE, 1, (), (var.name, extent, "parallel" if parallel else "serial"))
+        self.env[var] = loop_id
+        self.cse.append({})
+        was_parallel, self.in_parallel = self.in_parallel, self.in_parallel or parallel
+        fn()
+        self.in_parallel = was_parallel
+        self.cse.pop()
+        self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
+        self.env.pop(var, None)
+
+    def emit_child(self, child: Stage, nest: _Nest, pos: int) -> None:
+        inner_vars = {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]}
+        loads = [n for n in te.walk(nest.body) if isinstance(n, te.Load) and n.tensor.name == child.name]
+        region = []
+        for d, size in enumerate(child.tensor.shape):
+            forms = [linear(ld.indices[d]) for ld in loads]
+            if not forms or any(f is None for f in forms):
+                region.append((te.const(0), size))
+                continue
+            outers, los, his = [], [], []
+            for f in forms:
+                outer = {v: c for v, c in f.items() if v != 1 and v not in inner_vars}
+                lo = hi = f.get(1, 0)
+                for v, c in f.items():
+                    if v in inner_vars:
+                        lo += min(0, c * (self.var_ext[v] - 1))
+                        hi += max(0, c * (self.var_ext[v] - 1))
+                outers.append(outer)
+                los.append(lo)
+                his.append(hi)
+            extent = max(his) - min(los) + 1
+            if any(o != outers[0] for o in outers) or extent >= size:
+                region.append((te.const(0), size))
+            else:
+                region.append((from_linear({**outers[0], 1: min(los)}), extent))
+        size = _prod(e for _, e in region)
+        buf = self.emit("ALLOC", child.tensor.dtype, 1, (), (child.name, size, "local"))
+        self.buffers[child.name] = (buf, [o for o, _ in region], _strides([e for _, e in region]), size)
+        self.emit_stage(child, region)
+
+    def emit_init(self, nest: _Nest, pos: int) -> None:
+        spatial = [leaf for leaf in nest.leaves[pos:] if nest.stage.axes[leaf].kind == "spatial"]
+        guards = [g for g, kind in nest.guards if kind == "spatial"]
+        identity = nest.body.identity()
+
+        def level(i: int) -> None:
+            if i == len(spatial):
+                self.guarded(guards, lambda: self.store(nest.stage.name, self._out_indices(nest), self.const(identity.value, identity.dtype)))
+                return
+            var = nest.vars[spatial[i]]
+            vectorizable = i == len(spatial) - 1 and not any(contains(g, var) for g in guards)
+            self.loop(var, nest.ext[spatial[i]], nest.stage.annotations.get(spatial[i], "serial"),
+                      lambda: level(i + 1), vectorizable)
+
+        level(0)
+
+    def _out_indices(self, nest: _Nest) -> list[te.Expr]:
+        return [nest.rootvals[iv] for iv in nest.stage.op.axis]
+
+    def guarded(self, guards: list[te.Expr], fn) -> None:
+        if not guards:
+            fn()
+            return
+        cond = self.ex(guards[0])
+        for g in guards[1:]:
+            cond = self.alu("and", cond, self.ex(g))
+        self.emit("IF", "bool", 1, (cond,))
+        self.cse.append({})
+        fn()
+        self.cse.pop()
+        self.emit("ENDIF", "bool", 1, ())
+
+    def emit_body(self, nest: _Nest) -> None:
+        body, name = nest.body, nest.stage.name
+        indices = self._out_indices(nest)
+
+        def statement() -> None:
+            if isinstance(body, te.Reduce):
+                acc = self.load(te.Load(nest.stage.tensor, indices), None)
+                src = body.source
+                if body.combiner == "sum" and body.dtype in te.FLOAT_DTYPES and isinstance(src, te.BinOp) and src.op == "mul":
+                    value = self.alu("fma", self.ex(src.a), self.ex(src.b), acc)
+                else:
+                    value = self.alu({"sum": "add", "max": "max", "min": "min"}[body.combiner], acc, self.ex(src))
+            else:
+                value = self.ex(body)
+            self.store(name, indices, value)
+
+        self.guarded([g for g, _ in nest.guards], statement)
+
+    # ---------------------------------------------------------------- expressions
+    def ex(self, e: te.Expr, mask: int | None = None) -> int:
+        if isinstance(e, te.Const):
+            return self.const(e.value, e.dtype)
+        if isinstance(e, te.Var):
+            if self.vec is not None and e is self.vec[0]:
+                return self.emit("CONST", te.INDEX_DTYPE, self.vec[1], (), tuple(range(self.vec[1])))
+            if e not in self.env:
+                raise ScheduleError(f"variable {e.name!r} is used outside its loop (check compute_at targets)")
+            return self.env[e]
+        if isinstance(e, te.BinOp):
+            return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
+        if isinstance(e, te.Call):
+            args = [self.ex(a, mask) for a in e.args]
+            if e.fn.startswith("cast:"):
+                return self.emit("CAST", e.dtype, self.lanes(args[0]), (args[0],), e.dtype)
+            return self.alu(e.fn, *args)
+        if isinstance(e, te.Select):
+            cond = self.ex(e.cond, mask)
+            has_a = any(isinstance(n, te.Load) for n in te.walk(e.a))
+            has_b = any(isinstance(n, te.Load) for n in te.walk(e.b))
+            mask_a = (cond if mask is None else self.alu("and", mask, cond)) if has_a else mask
+            not_cond = self.alu("not", cond) if has_b else None
+            mask_b = (not_cond if mask is None else self.alu("and", mask, not_cond)) if has_b else mask
+            return self.alu("where", cond, self.ex(e.a, mask_a), self.ex(e.b, mask_b))
+        if isinstance(e, te.Load):
+            return self.load(e, mask)
+        raise ScheduleError(f"cannot lower expression {e!r}")
+
+    def flat_index(self, name: str, indices) -> te.Expr:
+        _, offsets, strides, _ = self.buffers[name]
+        form: dict | None = {}
+        for idx, off, stride in zip(indices, offsets, strides, strict=False):
+            li, lo = linear(idx), linear(off)
+            if form is None or li is None or lo is None:
+                form = None
+                break
+            for v, c in li.items():
+                form[v] = form.get(v, 0) + c * stride
+            for v, c in lo.items():
+                form[v] = form.get(v, 0) - c * stride
+        if form is not None:
+            return from_linear({v: c for v, c in form.items() if c})
+        flat: te.Expr = te.const(0)
+        for idx, off, stride in zip(indices, offsets, strides, strict=False):
+            flat = flat + (idx - off) * stride
+        return flat
+
+    def _buffer(self, name: str):
+        if name not in self.buffers:
+            raise ScheduleError(f"tensor {name!r} is used where it is not computed (check compute_at)")
+        return self.buffers[name]
+
+    def load(self, e: te.Load, mask: int | None) -> int:
+        buf, _, _, size = self._buffer(e.tensor.name)
+        flat = self.flat_index(e.tensor.name, e.indices)
+        dtype = e.tensor.dtype
+
+        def scalar(index: te.Expr) -> int:
+            idx = self.ex(index)
+            if mask is not None:
+                idx = self.alu("min", self.alu("max", idx, self.const(0)), self.const(size - 1))
+            return self.emit("LOAD", dtype, 1, (buf, idx))
+
+        if self.vec is None or not contains(flat, self.vec[0]):
+            return scalar(flat)
+        var, lanes = self.vec
+        form = linear(flat)
+        if form is not None and form.get(var) == 1:
+            base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
+            src = (buf, base) if mask is None else (buf, base, self.broadcast(mask, lanes))
+            return self.emit("LOAD", dtype, lanes, src)
+        parts = [scalar(te.substitute(flat, {var: te.const(lane)})) for lane in range(lanes)]
+        return self.emit("VECTOR", dtype, lanes, tuple(parts))
+
+    def store(self, name: str, indices, value: int) -> None:
+        buf = self._buffer(name)[0]
+        flat = self.flat_index(name, indices)
+        if self.vec is None or not contains(flat, self.vec[0]):
+            if self.lanes(value) > 1:
+                raise ScheduleError(f"stage {name!r}: vectorized axis does not index the output")
+            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(flat), value))
+            return
+        var, lanes = self.vec
+        value = self.broadcast(value, lanes)
+        form = linear(flat)
+        if form is not None and form.get(var) == 1:
+            base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
+            self.emit("STORE", self.uops[value].dtype, lanes, (buf, base, value))
+            return
+        for lane in range(lanes):
+            part = self.emit("EXTRACT", self.uops[value].dtype, 1, (value,), lane)
+            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(te.substitute(flat, {var: te.const(lane)})), part))
+
+
+_FOLD = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min,
+    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "and": lambda a, b: bool(a and b),
+}
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(list(shape)):
+        strides.append(acc)
+        acc *= int(n)
+    return strides[::-1]
+
+
+def lower(s: Schedule, args: list[te.Tensor], name: str = "kernel") -> Program:
+    """Lower schedule ``s`` with kernel arguments ``args`` (inputs and outputs, in call order)."""
+    return _Lowering(s, args, name).run()

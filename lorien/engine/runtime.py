@@ -1,0 +1,207 @@
+"""The native runtime: a persistent thread pool for parallel loops and a timing loop.
+
+A few dozen lines of C compiled once with the system C compiler and cached in
+``~/.cache/lorien`` (keyed by the source hash). Worker threads spin briefly on a generation
+counter, then sleep on a futex, so launching a parallel loop costs a few microseconds.
+JIT-compiled kernels call ``lorien_parallel_for``; Python times kernels through
+``lorien_time`` so the timing loop runs without the interpreter (and without the GIL).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lorien.errors import LorienError
+
+C_SOURCE = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+typedef void (*body_fn)(void *, int64_t, int64_t);
+typedef void (*kernel_fn)(void **);
+
+#define MAX_THREADS 256
+#define SPIN_LIMIT 200000
+
+static int wanted_threads = 0, started_threads = 0;
+static atomic_uint generation;
+static atomic_int pending, sleepers;
+static body_fn job_fn;
+static void *job_ctx;
+static int64_t job_n;
+static int job_parts;
+static unsigned initial_generation[MAX_THREADS];
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+
+static void run_part(int part) {
+    int64_t chunk = (job_n + job_parts - 1) / job_parts;
+    int64_t begin = part * chunk, end = begin + chunk;
+    if (end > job_n) end = job_n;
+    if (begin < end) job_fn(job_ctx, begin, end);
+}
+
+static void *worker_main(void *arg) {
+    int part = (int)(intptr_t)arg;
+    unsigned seen = initial_generation[part];
+    for (;;) {
+        unsigned now;
+        int spins = 0;
+        while ((now = atomic_load_explicit(&generation, memory_order_acquire)) == seen) {
+            if (++spins < SPIN_LIMIT) {
+                cpu_relax();
+            } else {
+                atomic_fetch_add(&sleepers, 1);
+                syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+                atomic_fetch_sub(&sleepers, 1);
+                spins = 0;
+            }
+        }
+        seen = now;
+        if (part < job_parts) run_part(part);
+        atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+static void reset_after_fork(void) {
+    started_threads = 0;
+    pthread_mutex_init(&pool_lock, NULL);
+}
+
+static void start_pool(void) {
+    if (wanted_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        const char *env = getenv("LORIEN_NUM_THREADS");
+        if (env && atoi(env) > 0) n = atoi(env);
+        wanted_threads = n > MAX_THREADS ? MAX_THREADS : (int)n;
+    }
+    static int atfork_done = 0;
+    if (!atfork_done) { pthread_atfork(NULL, NULL, reset_after_fork); atfork_done = 1; }
+    while (started_threads < wanted_threads - 1) {
+        pthread_t thread;
+        initial_generation[started_threads + 1] = atomic_load(&generation);
+        pthread_create(&thread, NULL, worker_main, (void *)(intptr_t)(started_threads + 1));
+        pthread_detach(thread);
+        started_threads++;
+    }
+}
+
+int lorien_num_threads(void) {
+    if (wanted_threads <= 0) { pthread_mutex_lock(&pool_lock); start_pool(); pthread_mutex_unlock(&pool_lock); }
+    return wanted_threads;
+}
+
+void lorien_set_num_threads(int n) {
+    pthread_mutex_lock(&pool_lock);
+    wanted_threads = n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : n);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
+    if (n <= 0) return;
+    if (pthread_mutex_trylock(&pool_lock) != 0) { fn(ctx, 0, n); return; }
+    start_pool();
+    int parts = wanted_threads < n ? wanted_threads : (int)n;
+    if (parts <= 1 || started_threads == 0) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
+    if (parts > started_threads + 1) parts = started_threads + 1;
+    job_fn = fn; job_ctx = ctx; job_n = n; job_parts = parts;
+    atomic_store(&pending, started_threads);
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    run_part(0);
+    int spins = 0;
+    while (atomic_load_explicit(&pending, memory_order_acquire) > 0) {
+        if (++spins < SPIN_LIMIT) cpu_relax(); else sched_yield();
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+double lorien_time(kernel_fn fn, void **args, int64_t number) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int64_t i = 0; i < number; i++) fn(args);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+
+void *lorien_alloc(int64_t nbytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nbytes < 64 ? 64 : (size_t)nbytes) != 0) return NULL;
+    return p;
+}
+
+void lorien_free(void *p) { free(p); }
+"""
+
+EXPORTS = ("lorien_parallel_for", "lorien_time", "lorien_alloc", "lorien_free",
+           "lorien_num_threads", "lorien_set_num_threads")
+
+_LIB: ctypes.CDLL | None = None
+
+
+class RuntimeBuildError(LorienError, RuntimeError):
+    """The native runtime could not be compiled (no C compiler, or it failed)."""
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("LORIEN_CACHE_DIR", Path.home() / ".cache" / "lorien"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def library() -> ctypes.CDLL:
+    """The loaded runtime library, compiling it on first use."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    digest = hashlib.sha256(C_SOURCE.encode()).hexdigest()[:16]
+    so_path = cache_dir() / f"runtime-{digest}.so"
+    if not so_path.exists():
+        compiler = os.environ.get("CC", "gcc")
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "runtime.c"
+            src.write_text(C_SOURCE)
+            out = Path(tmp) / "runtime.so"
+            proc = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(out)],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeBuildError(f"compiling the runtime with {compiler!r} failed:\n{proc.stderr}")
+            os.replace(out, so_path.with_suffix(f".{os.getpid()}.tmp"))
+            os.replace(so_path.with_suffix(f".{os.getpid()}.tmp"), so_path)
+    lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_GLOBAL)
+    lib.lorien_time.restype = ctypes.c_double
+    lib.lorien_time.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.lorien_set_num_threads.argtypes = [ctypes.c_int]
+    lib.lorien_num_threads.restype = ctypes.c_int
+    _LIB = lib
+    return lib
+
+
+def symbol_addresses() -> dict[str, int]:
+    """Addresses of the runtime's exported functions, for the JIT's symbol table."""
+    lib = library()
+    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in EXPORTS}
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by parallel loops (the caller counts as one); call before the first launch."""
+    library().lorien_set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return int(library().lorien_num_threads())

@@ -1,0 +1,215 @@
+"""Schedules: a replayable sequence of primitive steps applied to the stages of a computation.
+
+Every primitive is recorded in ``Schedule.steps`` as a JSON-serializable dict that names its
+stage and axes, so ``te.replay(s.steps, outputs)`` rebuilds the same schedule. Axis names are
+unique inside a stage: ``split`` makes ``<axis>.outer``/``<axis>.inner``, ``fuse`` makes
+``<a>.<b>.fused``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from lorien.engine import te
+from lorien.errors import LorienError
+
+LOOP_KINDS = ("serial", "parallel", "unrolled", "vectorized")
+
+
+class ScheduleError(LorienError, ValueError):
+    """A primitive that cannot be applied (unknown axis, wrong order, bad factor...)."""
+
+
+class Stage:
+    """The loop structure of one compute op: leaf axes, split/fuse relations, annotations."""
+
+    def __init__(self, schedule: Schedule, tensor: te.Tensor, op: te.ComputeOp):
+        self.schedule, self.tensor, self.op, self.name = schedule, tensor, op, tensor.name
+        self.axes: dict[str, te.IterVar] = {}
+        self.leaf: list[str] = []
+        self.relations: list[tuple] = []
+        self.annotations: dict[str, str] = {}
+        self.attach: str | tuple[str, str] | None = None
+        self._reset_axes()
+
+    def _reset_axes(self) -> None:
+        self.axes = {iv.name: iv for iv in self.op.axis + self.op.reduce_axis}
+        if len(self.axes) != len(self.op.axis) + len(self.op.reduce_axis):
+            raise ScheduleError(f"stage {self.name!r}: axis names are not unique")
+        self.leaf = list(self.axes)
+
+    @property
+    def root_axes(self) -> list[te.IterVar]:
+        return self.op.axis + self.op.reduce_axis
+
+    def _name(self, axis: te.IterVar | str) -> str:
+        name = axis if isinstance(axis, str) else axis.name
+        if name not in self.leaf:
+            raise ScheduleError(f"stage {self.name!r}: {name!r} is not a leaf axis (leaves: {self.leaf})")
+        return name
+
+    def _new_axis(self, name: str, kind: str) -> te.IterVar:
+        if name in self.axes:
+            raise ScheduleError(f"stage {self.name!r}: axis name {name!r} already used")
+        self.axes[name] = te.IterVar(name, None, kind)
+        return self.axes[name]
+
+    # Public primitives: each records one step and applies it.
+    def split(self, axis: te.IterVar | str, factor: int | None = None, nparts: int | None = None):
+        """Split ``axis`` into (outer, inner) by inner ``factor`` or outer ``nparts``."""
+        step = {"kind": "split", "stage": self.name, "axis": self._name(axis)}
+        step.update({"factor": factor} if factor is not None else {"nparts": nparts})
+        return self.schedule.apply(step)
+
+    def reorder(self, *axes: te.IterVar | str) -> None:
+        """Put the named leaves in this order (in the positions they occupy now)."""
+        self.schedule.apply({"kind": "reorder", "stage": self.name, "axes": [self._name(a) for a in axes]})
+
+    def fuse(self, *axes: te.IterVar | str) -> te.IterVar:
+        """Fuse adjacent leaves (outermost first) into one axis."""
+        return self.schedule.apply({"kind": "fuse", "stage": self.name, "axes": [self._name(a) for a in axes]})
+
+    def vectorize(self, axis: te.IterVar | str) -> None:
+        self.schedule.apply({"kind": "annotate", "stage": self.name, "axis": self._name(axis), "ann": "vectorized"})
+
+    def unroll(self, axis: te.IterVar | str) -> None:
+        self.schedule.apply({"kind": "annotate", "stage": self.name, "axis": self._name(axis), "ann": "unrolled"})
+
+    def parallel(self, axis: te.IterVar | str) -> None:
+        self.schedule.apply({"kind": "annotate", "stage": self.name, "axis": self._name(axis), "ann": "parallel"})
+
+    def compute_at(self, parent: Stage, axis: te.IterVar | str) -> None:
+        """Compute this stage inside ``parent``'s loop ``axis`` (only the region needed there)."""
+        self.schedule.apply({"kind": "compute_at", "stage": self.name, "target": parent.name,
+                             "axis": parent._name(axis)})
+
+    def compute_inline(self) -> None:
+        """Substitute this stage's expression into its consumers."""
+        self.schedule.apply({"kind": "compute_inline", "stage": self.name})
+
+    def compute_root(self) -> None:
+        self.schedule.apply({"kind": "compute_root", "stage": self.name})
+
+    # Step implementations.
+    def _split(self, axis: str, factor: int | None, nparts: int | None):
+        if (factor is None) == (nparts is None) or int(factor or nparts) < 1:
+            raise ScheduleError(f"stage {self.name!r}: split of {axis!r} needs one positive factor or nparts, "
+                                f"got factor={factor} nparts={nparts}")
+        kind = self.axes[axis].kind
+        outer, inner = self._new_axis(f"{axis}.outer", kind), self._new_axis(f"{axis}.inner", kind)
+        pos = self.leaf.index(axis)
+        self.leaf[pos : pos + 1] = [outer.name, inner.name]
+        self.relations.append(("split", axis, outer.name, inner.name, factor, nparts))
+        return outer, inner
+
+    def _reorder(self, names: list[str]) -> None:
+        if len(set(names)) != len(names):
+            raise ScheduleError(f"stage {self.name!r}: reorder names an axis twice: {names}")
+        positions = sorted(self.leaf.index(n) for n in names)
+        for pos, name in zip(positions, names, strict=False):
+            self.leaf[pos] = name
+
+    def _fuse(self, names: list[str]) -> te.IterVar:
+        positions = [self.leaf.index(n) for n in names]
+        if positions != list(range(positions[0], positions[0] + len(names))):
+            raise ScheduleError(f"stage {self.name!r}: fuse needs adjacent leaves in order, got {names} in {self.leaf}")
+        kinds = {self.axes[n].kind for n in names}
+        if len(kinds) != 1:
+            raise ScheduleError(f"stage {self.name!r}: cannot fuse spatial with reduce axes {names}")
+        kind, fused = kinds.pop(), names[0]
+        for name in names[1:]:
+            new = self._new_axis(f"{fused}.{name}.fused", kind)
+            self.relations.append(("fuse", fused, name, new.name))
+            fused = new.name
+        self.leaf[positions[0] : positions[-1] + 1] = [fused]
+        return self.axes[fused]
+
+
+class Schedule:
+    """Stages of every compute op reachable from ``outputs`` plus the steps applied so far."""
+
+    def __init__(self, outputs: Sequence[te.Tensor]):
+        self.outputs = list(outputs)
+        self.stages: list[Stage] = [Stage(self, t, t.op) for t in te.topo_order(self.outputs)
+                                    if isinstance(t.op, te.ComputeOp)]
+        self.steps: list[dict] = []
+
+    def __getitem__(self, tensor: te.Tensor | str) -> Stage:
+        name = tensor if isinstance(tensor, str) else tensor.name
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise ScheduleError(f"no stage named {name!r} (stages: {[s.name for s in self.stages]})")
+
+    def cache_write(self, tensor: te.Tensor, scope: str = "local") -> te.Tensor:
+        """Compute ``tensor`` into a new cache stage; ``tensor``'s stage becomes a copy out of it."""
+        return self.apply({"kind": "cache_write", "stage": tensor.name, "scope": scope})
+
+    def apply(self, step: dict):
+        """Apply one serialized step (as found in ``steps``) and record it."""
+        kind = step.get("kind")
+        handler = getattr(self, f"_apply_{kind}", None)
+        if handler is None:
+            raise ScheduleError(f"unknown schedule step kind {kind!r} in {step}")
+        stage = self[step["stage"]]
+        for key in ("axis",):
+            if key in step and kind != "compute_at" and step[key] not in stage.leaf:
+                raise ScheduleError(f"step {step}: {step[key]!r} is not a leaf axis of {stage.name!r} ({stage.leaf})")
+        result = handler(stage, step)
+        self.steps.append(copy.deepcopy(step))
+        return result
+
+    def _apply_split(self, stage: Stage, step: dict):
+        return stage._split(step["axis"], step.get("factor"), step.get("nparts"))
+
+    def _apply_reorder(self, stage: Stage, step: dict):
+        for name in step["axes"]:
+            stage._name(name)
+        stage._reorder(list(step["axes"]))
+
+    def _apply_fuse(self, stage: Stage, step: dict):
+        for name in step["axes"]:
+            stage._name(name)
+        return stage._fuse(list(step["axes"]))
+
+    def _apply_annotate(self, stage: Stage, step: dict):
+        if step["ann"] not in LOOP_KINDS:
+            raise ScheduleError(f"unknown annotation {step['ann']!r}; expected one of {LOOP_KINDS}")
+        stage.annotations[step["axis"]] = step["ann"]
+
+    def _apply_compute_at(self, stage: Stage, step: dict):
+        target = self[step["target"]]
+        if step["axis"] not in target.leaf:
+            raise ScheduleError(f"compute_at: {step['axis']!r} is not a leaf of {target.name!r} ({target.leaf})")
+        if target is stage:
+            raise ScheduleError(f"compute_at: stage {stage.name!r} cannot be computed at itself")
+        stage.attach = (target.name, step["axis"])
+
+    def _apply_compute_inline(self, stage: Stage, step: dict):
+        if stage.op.reduce_axis:
+            raise ScheduleError(f"compute_inline: {stage.name!r} is a reduction and cannot be inlined")
+        if any(stage.tensor is out for out in self.outputs):
+            raise ScheduleError(f"compute_inline: {stage.name!r} is an output")
+        stage.attach = "inline"
+
+    def _apply_compute_root(self, stage: Stage, step: dict):
+        stage.attach = None
+
+    def _apply_cache_write(self, stage: Stage, step: dict) -> te.Tensor:
+        if stage.relations:
+            raise ScheduleError(f"cache_write: stage {stage.name!r} was already split/fused; cache_write first")
+        op = stage.op
+        fresh = {iv: te.IterVar(iv.name, iv.extent, iv.kind) for iv in op.axis + op.reduce_axis}
+        body = te.substitute(op.body, fresh)
+        if isinstance(body, te.Reduce):
+            body = te.Reduce(body.combiner, body.source, [fresh[a] for a in op.body.axes])
+        cache_name = f"{stage.name}.{step['scope']}"
+        cache_op = te.ComputeOp(cache_name, [fresh[a] for a in op.axis], body, op.tag, op.attrs)
+        cache = te.Tensor(stage.tensor.shape, stage.tensor.dtype, cache_name, cache_op)
+        copy_axes = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]
+        stage.op = te.ComputeOp(stage.name, copy_axes, cache[tuple(copy_axes)], op.tag, op.attrs)
+        stage._reset_axes()
+        cache_stage = Stage(self, cache, cache_op)
+        self.stages.insert(self.stages.index(stage), cache_stage)
+        return cache
