@@ -13,7 +13,6 @@ import hashlib
 import io
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import threading
@@ -193,13 +192,6 @@ class Decoder:
         payload = workload.id_prefix + orjson.dumps([config, costs, error_no, timestamp])[1:]
         record_id = hashlib.blake2b(payload, digest_size=16).hexdigest()
         return workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id
-
-
-def _cost_s(costs: list[float], error_no: int) -> float | None:
-    if error_no != 0 or not costs:
-        return None
-    value = sum(costs) / len(costs)
-    return value if math.isfinite(value) and value > 0 else None
 
 
 def record_from_fields(decoder: Decoder, fields: tuple) -> TuningRecord:
