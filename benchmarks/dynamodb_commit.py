@@ -9,8 +9,10 @@ work but writes without a condition. Configs lost = committed records missing fr
     python benchmarks/dynamodb_commit.py --quick
     python benchmarks/dynamodb_commit.py --endpoint http://127.0.0.1:5000
 
-``run(endpoint, committers=8, ...)`` is imported by benchmarks/scale.py. The last line printed
-is ``ddb_rps=.. ddb_lost=.. naive_lost=..``.
+``run(endpoint, committers=8, ...)`` is imported by benchmarks/scale.py; give it an endpoint
+from ``moto_server()`` here (one request at a time: moto's threaded server does not make
+conditional writes atomic, real DynamoDB does). The last line printed is
+``ddb_rps=.. ddb_lost=.. naive_lost=..``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -132,16 +133,27 @@ def run(endpoint: str, committers: int = 8, records_per_committer: int = 24, wor
     }
 
 
+#: moto's server in one thread. Its default threaded server checks a write's condition and then
+#: writes without a lock, so two conditional writes can both pass; real DynamoDB is atomic per
+#: item, and serving one request at a time gives moto the same guarantee.
+SERIAL_MOTO = (
+    "import sys; from werkzeug.serving import run_simple; "
+    "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app; "
+    "run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False)"
+)
+
+
 @contextmanager
 def moto_server() -> Iterator[str]:
-    """A moto server as a separate process on a free 127.0.0.1 port; yields its endpoint URL."""
+    """A one-thread moto server process on a free 127.0.0.1 port; yields its endpoint URL.
+
+    Use this endpoint (not moto's threaded default) for ``run``: see :data:`SERIAL_MOTO`.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    executable = shutil.which("moto_server")
-    command = ([executable] if executable else [sys.executable, "-m", "moto.server"]) + [
-        "-H", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", SERIAL_MOTO, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -321,6 +322,44 @@ def test_a_seed_committed_item_merges_without_losing_its_configs(store, client):
 
 # ---- concurrency: real processes ----------------------------------------------------------------
 
+#: moto's server in one thread. Its default threaded server checks a write's condition and then
+#: writes without a lock, so two conditional writes can both pass (real DynamoDB is atomic per
+#: item); serving one request at a time restores DynamoDB's per-item atomicity.
+SERIAL_MOTO = (
+    "import sys; from werkzeug.serving import run_simple; "
+    "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app; "
+    "run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False)"
+)
+
+
+@pytest.fixture(scope="module")
+def serial_moto_server(aws_credentials):
+    """A moto server process that serves one request at a time (atomic conditional writes)."""
+    from servers import _wait_until_answering, free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-c", SERIAL_MOTO, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait_until_answering(url, process, 60)
+        yield url
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def serial_store(serial_moto_server):
+    uri = store_uri(serial_moto_server, f"lorien-{uuid.uuid4().hex[:10]}", create="1")
+    with open_store(uri) as opened:
+        yield opened
+
+
+@pytest.fixture
+def serial_client(serial_moto_server):
+    return boto3.client("dynamodb", endpoint_url=serial_moto_server, region_name="us-west-2")
+
 
 def _conditional_committer(uri: str, worker: int, count: int) -> None:
     with open_store(uri) as store:
@@ -352,19 +391,21 @@ def _run_processes(target, argument_lists) -> None:
 
 
 @pytest.mark.slow
-def test_concurrent_committer_processes_lose_no_config(store, client):
+def test_concurrent_committer_processes_lose_no_config(serial_store, serial_client):
     workers, count = 6, 8
-    _run_processes(_conditional_committer, [(store.uri, worker, count) for worker in range(workers)])
-    configs = stored_item(client, store)[CONFIGS_ATTRIBUTE]["L"]
+    _run_processes(_conditional_committer, [(serial_store.uri, worker, count) for worker in range(workers)])
+    configs = stored_item(serial_client, serial_store)[CONFIGS_ATTRIBUTE]["L"]
     assert len(configs) == workers * count
     assert len({config["M"]["record_id"]["S"] for config in configs}) == workers * count
 
 
 @pytest.mark.slow
-def test_the_seed_read_modify_write_pattern_loses_configs_under_concurrency(store, client, moto_server):
+def test_the_seed_read_modify_write_pattern_loses_configs_under_concurrency(
+        serial_store, serial_client, serial_moto_server):
     workers, count = 6, 8
-    _run_processes(_naive_committer, [(moto_server, store.location.table, w, count) for w in range(workers)])
-    configs = stored_item(client, store)[CONFIGS_ATTRIBUTE]["L"]
+    _run_processes(_naive_committer, [(serial_moto_server, serial_store.location.table, w, count)
+                                      for w in range(workers)])
+    configs = stored_item(serial_client, serial_store)[CONFIGS_ATTRIBUTE]["L"]
     assert len(configs) < workers * count
 
 
