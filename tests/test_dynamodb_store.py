@@ -226,6 +226,16 @@ def test_archive_option_writes_the_full_log_and_links_it_from_each_config(moto_s
         assert config["log_path"] == log_file
 
 
+def test_an_s3_archive_uses_the_table_endpoint(moto_server, s3_bucket):
+    from lorien.warehouse.archive import read_text_uri
+
+    uri = store_uri(moto_server, f"lorien-{uuid.uuid4().hex[:10]}", create="1", archive=f"s3://{s3_bucket}/logs")
+    with open_store(uri) as store:
+        (log_uri,) = store.commit([make_record(1, 1e-3), make_record(2, 1e-3, error_no=4)]).files
+        assert log_uri.startswith(f"s3://{s3_bucket}/logs/")
+        assert len(read_text_uri(log_uri).splitlines()) == 2
+
+
 # ---- compatibility with tables the seed (awslabs/lorien) writes and reads -----------------------
 
 

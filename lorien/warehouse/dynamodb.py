@@ -2,7 +2,8 @@
 
 URI: ``dynamodb:TABLE?endpoint_url=http://127.0.0.1:PORT&region=us-west-2``; optional
 ``create=1`` (create the table when missing) and ``archive=URI`` (archive every committed
-record, failed ones included, as a full log in a local directory or ``s3://bucket/prefix``).
+record, failed ones included, as a full log in a local directory or ``s3://bucket/prefix``;
+an S3 archive uses the table's endpoint override unless it names its own).
 
 One item per (``Target``, ``PrimaryRangeKey`` = workload key), with the alternate target key in
 ``TargetIDKeys`` (global secondary index ``TargetIDKeysIndex``), task metadata (``OpName``,
@@ -672,6 +673,17 @@ def _matches(record: TuningRecord, filters: dict[str, Any]) -> bool:
     return True
 
 
+def archive_uri(location: DynamoDBLocation) -> str | None:
+    """The archive of a location; an S3 archive without its own endpoint uses the table's."""
+    archive = location.archive
+    if archive and archive.startswith("s3://") and location.endpoint_url and "endpoint_url=" not in archive:
+        options = [f"endpoint_url={location.endpoint_url}"]
+        if location.region and "region=" not in archive:
+            options.append(f"region={location.region}")
+        archive += ("&" if "?" in archive else "?") + "&".join(options)
+    return archive
+
+
 class DynamoDBStore(Store):
     """Serving view of the warehouse in a DynamoDB table with awslabs/lorien's schema."""
 
@@ -684,6 +696,7 @@ class DynamoDBStore(Store):
         self.conflict_timeout_s = conflict_timeout_s
         self.conflicts = 0
         self.page_size: int | None = None
+        self.archive = archive_uri(location)
         self.client = client if client is not None else make_client(location)
         if location.create:
             create_table(location)
@@ -707,10 +720,10 @@ class DynamoDBStore(Store):
         if not 1 <= nbest <= MAX_CONFIGS_PER_ITEM:
             raise StoreError(f"nbest={nbest} is outside 1..{MAX_CONFIGS_PER_ITEM} (DynamoDB item cap)")
         result = CommitResult(received=len(records))
-        if self.location.archive and records:
+        if self.archive and records:
             from lorien.warehouse.archive import archive_records
 
-            archived = archive_records(records, self.location.archive)
+            archived = archive_records(records, self.archive)
             result.files.extend(archived)
             log_path = log_path or (archived[0] if archived else None)
         by_key: dict[tuple[str, str], list[TuningRecord]] = {}
