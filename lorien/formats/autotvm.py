@@ -119,8 +119,8 @@ class Decoder:
         """
         if line.startswith(_INPUT_HEAD):
             p_config = line.find(_CONFIG_MARK, 10)
-            p_result = line.find(_RESULT_MARK, p_config)
-            p_version = line.find(_VERSION_MARK, p_result)
+            p_version = line.rfind(_VERSION_MARK)
+            p_result = line.rfind(_RESULT_MARK, p_config, p_version)
             if p_config > 0 and p_result > 0 and p_version > 0:
                 fast = self._decode_tvm_layout(line, p_config, p_result, p_version)
                 if fast is not None:
@@ -278,8 +278,8 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     for lineno, line in enumerate(lines, first_lineno):
         if line.startswith(_INPUT_HEAD):
             p_config = line.find(_CONFIG_MARK, 10)
-            p_result = line.find(_RESULT_MARK, p_config)
-            p_version = line.find(_VERSION_MARK, p_result)
+            p_version = line.rfind(_VERSION_MARK)
+            p_result = line.rfind(_RESULT_MARK, p_config, p_version)
             workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
             if workload is not None and p_result > 0 and p_version > 0:
                 extra_index = extra_index_of.get((workload.index, line[p_version:]))
