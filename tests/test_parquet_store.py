@@ -226,3 +226,29 @@ def test_a_bare_path_opens_a_parquet_store(root):
     store = open_store(str(root))
     store.commit(workload_records("dense#a", 1))
     assert os.path.isdir(root / "records")
+
+
+@pytest.mark.parametrize("query", [
+    {"workload_key": "conv#a", "k": 3},
+    {"workload_key": "conv#a", "k": 2, "layout": "NHWC"},
+    {"workload_key": "conv#a", "k": 2, "per_layout": True},
+    {"workload_key": "conv#", "k": 4, "prefix": True},
+    {"workload_key": "conv#a", "k": 3, "by_alternate_key": True},
+    {"workload_key": "conv#b", "k": 5, "prefix": True, "per_layout": True, "by_alternate_key": True},
+])
+def test_a_first_lookup_and_an_indexed_lookup_give_the_same_answer(root, query):
+    from test_store_contract import ZNVER
+
+    writer = open_store(f"parquet:{root}")
+    for index in range(3):
+        writer.commit(workload_records("conv#a", 4, layout="NCHW", first_index=4 * index) +
+                      workload_records("conv#a", 4, layout="NHWC", base_s=1.5e-3, first_index=4 * index) +
+                      workload_records("conv#b", 3, target=ZNVER, base_s=5e-4, first_index=3 * index) +
+                      workload_records("conv#bb", 3, layout="NHWC", base_s=7e-4, first_index=3 * index), nbest=5)
+    cold = open_store(f"parquet:{root}")
+    first = cold.best(target=SKYLAKE, **query)
+    assert not cold._indexes  # the first lookup did not build the index
+    second = cold.best(target=SKYLAKE, **query)
+    assert cold._indexes
+    assert first == second
+    assert first
