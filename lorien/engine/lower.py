@@ -194,6 +194,34 @@ class _Lowering:
             self._bodies[name] = te.substitute(self.stages[name].op.body, {}, load_fn)
         return self._bodies[name]
 
+    def simp(self, e: te.Expr) -> te.Expr:
+        """Rewrite ``(c*q + r) // c`` to ``q`` and ``% c`` to ``r`` when ``0 <= r < c`` over loop ranges."""
+        if isinstance(e, te.BinOp):
+            a, b = self.simp(e.a), self.simp(e.b)
+            if e.op in ("floordiv", "mod") and isinstance(b, te.Const) and isinstance(b.value, int) and b.value > 0:
+                form = linear(a)
+                if form is not None:
+                    c = b.value
+                    quot = {v: k // c for v, k in form.items() if k % c == 0 and k // c}
+                    rem = {v: k for v, k in form.items() if k % c != 0}
+                    if form.get(1, 0) % c == 0:
+                        quot[1] = form.get(1, 0) // c
+                    else:
+                        rem[1] = form.get(1, 0)
+                    rb = self.bounds(from_linear(rem)) if rem else (0, 0)
+                    if rb is not None and rb[0] >= 0 and rb[1] < c:
+                        return from_linear(quot) if e.op == "floordiv" else from_linear(rem)
+            return e if (a is e.a and b is e.b) else te.BinOp(e.op, a, b)
+        if isinstance(e, te.Load):
+            return te.Load(e.tensor, [self.simp(i) for i in e.indices])
+        if isinstance(e, te.Call):
+            return te.Call(e.fn, [self.simp(x) for x in e.args], e.dtype)
+        if isinstance(e, te.Select):
+            return te.Select(self.simp(e.cond), self.simp(e.a), self.simp(e.b))
+        if isinstance(e, te.Reduce):
+            return te.Reduce(e.combiner, self.simp(e.source), e.axes)
+        return e
+
     def bounds(self, expr: te.Expr) -> tuple[int, int] | None:
         form = linear(expr)
         if form is None or any(v != 1 and v not in self.var_ext for v in form):
@@ -288,7 +316,7 @@ class _Lowering:
         for iv in st.op.reduce_axis:
             rootvals[iv] = values[iv.name]
         guards = [(g, k) for g, k in guards if not self._provably_true(g)]
-        body = te.substitute(self.body_of(st.name), rootvals)
+        body = self.simp(te.substitute(self.body_of(st.name), rootvals))
         first_reduce = next((p for p, leaf in enumerate(st.leaf) if kinds[leaf] == "reduce"), -1)
         return _Nest(st, list(st.leaf), lvars, ext, guards, rootvals, body, first_reduce)
 
