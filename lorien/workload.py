@@ -320,7 +320,7 @@ def compute_flop(task_name: str, args: Sequence[Any]) -> float | None:
         return None
     try:
         return entry[1](args)
-    except (WorkloadError, TypeError, ValueError, IndexError) as exc:
+    except (WorkloadError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
         _warn_uncountable(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
         return None
 
@@ -360,7 +360,7 @@ def ansor_layout_and_flop(func_name: str, args: Sequence[Any]) -> tuple[str, flo
         return LAYOUT_NA, None
     try:
         return describe(args)
-    except (TypeError, ValueError, IndexError) as exc:
+    except (TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
         _warn_uncountable(func_name, f"arguments {list(args)!r} do not fit ({exc})")
         return LAYOUT_NA, None
 

@@ -159,6 +159,8 @@ def test_unknown_operator_has_unknown_flop_and_warns_once(caplog):
 
 def test_arguments_that_do_not_fit_the_formula_give_unknown_flop():
     assert compute_flop("conv2d_nchw.broken", [["TENSOR", [1, 2], "float32"], 7]) is None
+    zero_stride = [["TENSOR", [1, 3, 8, 8], "float32"], ["TENSOR", [4, 3, 3, 3], "float32"], [0, 0], [1, 1], [1, 1], "float32"]
+    assert compute_flop("conv2d_nchw.zero_stride", zero_stride) is None
 
 
 def test_named_auto_scheduler_workloads_are_counted_with_their_epilogues():
