@@ -424,11 +424,10 @@ def _rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
 class _ServingIndex:
     """Best rows of one target key, sorted by (workload, target, layout, cost); lookups in O(1)."""
 
-    def __init__(self, table: pa.Table, files: tuple[str, ...] = (), depth: int | None = None):
+    def __init__(self, table: pa.Table, files: tuple[str, ...] = ()):
         import pyarrow.compute as pc
 
         self.files = files
-        self.depth = depth
         table = _sort_for_serving(_dedupe(table)) if table.num_rows else table
         self.table = table
         rows = table.num_rows
@@ -520,9 +519,9 @@ class ParquetCommit:
 
     def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
         """Write one batch; returns the counts of this batch."""
-        table = _dedupe(_conform(records))
-        received = records.num_rows if isinstance(records, pa.Table) else None
-        batch = CommitResult(received=received if received is not None else table.num_rows)
+        table = _conform(records)
+        batch = CommitResult(received=table.num_rows)
+        table = _dedupe(table)
         ids = table.column("record_id").to_pylist()
         known, new_ids = self._known, self._new_ids
         fresh = np.fromiter((rid not in known and rid not in new_ids for rid in ids), dtype=bool, count=len(ids))
@@ -796,9 +795,8 @@ class ParquetStore(Store):
         for rel in [rel for rel in self._serving_tables if rel not in live and rel.startswith(
                 _serving_dir(target_key) + "/")]:
             del self._serving_tables[rel]
-        depth = min((_serving_depth(rel) for rel in files), default=None)
         table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
-        index = _ServingIndex(table, files, depth)
+        index = _ServingIndex(table, files)
         self._indexes[target_key] = index
         return index
 
