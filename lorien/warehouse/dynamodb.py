@@ -782,19 +782,22 @@ class DynamoDBStore(Store):
             try:
                 call(self.client, self.location, "put_item", TableName=self.location.table,
                      Item=new_item, ConditionExpression=condition,
+                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                      **({"ExpressionAttributeValues": values} if values else {}))
                 return outcome.added, outcome.duplicates
             except ClientError as exc:
                 if error_code(exc) != "ConditionalCheckFailedException":
                     raise translate_error(exc, self.location, "put_item") from None
+                current = exc.response.get("Item")
             self.conflicts += 1
             if time.monotonic() > deadline:
                 raise StoreError(
                     f"gave up committing {key[1]!r} on {key[0]!r} to table {self.location.table!r}: "
                     f"the item kept changing for {self.conflict_timeout_s:.0f} s")
-            time.sleep(backoff_s(attempt, base_s=0.01, cap_s=0.5))
+            time.sleep(backoff_s(attempt, base_s=0.005, cap_s=0.2))
             attempt = min(attempt + 1, 8)
-            item = self.get_item(key)
+            # The failed write returns the item that beat it; re-read only when it does not.
+            item = current if current is not None else self.get_item(key)
 
     def merged_item(self, key: tuple[str, str], records: list[TuningRecord], nbest: int,
                     log_path: str | None, item: dict[str, Any] | None
