@@ -40,6 +40,7 @@ class Kernel:
         self.program, self.address, self.ir_text, self.name = program, address, ir_text, fn_name
         self.args = program.args
         self._fn = KERNEL_FN(address)
+        self.last_number = 0
 
     def _pointers(self, arrays) -> ctypes.Array:
         if len(arrays) != len(self.args):
@@ -78,6 +79,7 @@ class Kernel:
                 scale = min_repeat_ms / max(elapsed * 1e3, 1e-3)
                 number = max(number + 1, int(math.ceil(number * scale * 1.2)))
             costs.append(elapsed / number)
+        self.last_number = number
         return costs
 
     def __repr__(self) -> str:

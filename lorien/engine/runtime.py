@@ -34,30 +34,43 @@ typedef void (*body_fn)(void *, int64_t, int64_t);
 typedef void (*kernel_fn)(void **);
 
 #define MAX_THREADS 256
-#define SPIN_LIMIT 200000
+#define SPIN_LIMIT 100000
 
 static int wanted_threads = 0, started_threads = 0;
 static atomic_uint generation;
-static atomic_int pending, sleepers;
+static atomic_int sleepers;
+static atomic_ulong next_part;   /* (job id << 32) | next unclaimed part */
+static atomic_int done_parts;
 static body_fn job_fn;
 static void *job_ctx;
 static int64_t job_n;
 static int job_parts;
+static unsigned job_id;
 static unsigned initial_generation[MAX_THREADS];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline void cpu_relax(void) { __builtin_ia32_pause(); }
 
-static void run_part(int part) {
-    int64_t chunk = (job_n + job_parts - 1) / job_parts;
-    int64_t begin = part * chunk, end = begin + chunk;
-    if (end > job_n) end = job_n;
-    if (begin < end) job_fn(job_ctx, begin, end);
+/* Claim and run parts of the current job until none is left. Parts are claimed with a CAS on
+   (job id, index), so a thread that wakes late never runs a part twice or of a later job. */
+static void run_parts(unsigned id) {
+    for (;;) {
+        unsigned long cur = atomic_load_explicit(&next_part, memory_order_acquire);
+        unsigned part = (unsigned)(cur & 0xffffffffu);
+        if ((unsigned)(cur >> 32) != id || part >= (unsigned)job_parts) return;
+        if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, cur + 1,
+                                                   memory_order_acq_rel, memory_order_acquire)) continue;
+        int64_t chunk = (job_n + job_parts - 1) / job_parts;
+        int64_t begin = (int64_t)part * chunk, end = begin + chunk;
+        if (end > job_n) end = job_n;
+        if (begin < end) job_fn(job_ctx, begin, end);
+        atomic_fetch_add_explicit(&done_parts, 1, memory_order_release);
+    }
 }
 
 static void *worker_main(void *arg) {
-    int part = (int)(intptr_t)arg;
-    unsigned seen = initial_generation[part];
+    int index = (int)(intptr_t)arg;
+    unsigned seen = initial_generation[index];
     for (;;) {
         unsigned now;
         int spins = 0;
@@ -72,8 +85,7 @@ static void *worker_main(void *arg) {
             }
         }
         seen = now;
-        if (part < job_parts) run_part(part);
-        atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+        run_parts(now);
     }
     return NULL;
 }
@@ -117,15 +129,17 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     if (pthread_mutex_trylock(&pool_lock) != 0) { fn(ctx, 0, n); return; }
     start_pool();
     int parts = wanted_threads < n ? wanted_threads : (int)n;
-    if (parts <= 1 || started_threads == 0) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
     if (parts > started_threads + 1) parts = started_threads + 1;
-    job_fn = fn; job_ctx = ctx; job_n = n; job_parts = parts;
-    atomic_store(&pending, started_threads);
-    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    if (parts <= 1) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
+    unsigned id = atomic_load(&generation) + 1;
+    job_fn = fn; job_ctx = ctx; job_n = n; job_parts = parts; job_id = id;
+    atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
+    atomic_store_explicit(&next_part, (unsigned long)id << 32, memory_order_release);
+    atomic_store_explicit(&generation, id, memory_order_release);
     if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-    run_part(0);
+    run_parts(id);
     int spins = 0;
-    while (atomic_load_explicit(&pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&done_parts, memory_order_acquire) < parts) {
         if (++spins < SPIN_LIMIT) cpu_relax(); else sched_yield();
     }
     pthread_mutex_unlock(&pool_lock);

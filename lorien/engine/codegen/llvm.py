@@ -337,16 +337,7 @@ def compile_ir(ir_text: str, fn_name: str) -> int:
         cache = _STATE["cache"]
         if key in cache:
             return cache[key]
-        tm = _target_machine()
-        mod = llvm.parse_assembly(ir_text)
-        mod.triple = llvm.get_process_triple()
-        mod.data_layout = str(tm.target_data)
-        mod.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
+        mod = _optimized_module(ir_text)
         engine.add_module(mod)
         engine.finalize_object()
         address = engine.get_function_address(fn_name)
@@ -362,3 +353,35 @@ def assembly(ir_text: str) -> str:
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return tm.emit_assembly(mod)
+
+
+def _optimized_module(ir_text: str):
+    tm = _target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = llvm.get_process_triple()
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def compile_object(ir_text: str) -> bytes:
+    """O3 + host object code for ``ir_text`` (what a builder process ships to a runner)."""
+    return _target_machine().emit_object(_optimized_module(ir_text))
+
+
+def load_object(obj: bytes, fn_name: str) -> int:
+    """Link an object made by ``compile_object`` into this process; returns ``fn_name``'s address."""
+    key = hashlib.sha256(obj).hexdigest()
+    with _LOCK:
+        engine = _engine()
+        cache = _STATE["cache"]
+        if key not in cache:
+            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            engine.finalize_object()
+            cache[key] = engine.get_function_address(fn_name)
+        return cache[key]

@@ -1,0 +1,367 @@
+"""Measurement with TVM's semantics, candidates isolated in reusable worker processes.
+
+``Builder.create("local")`` lowers and compiles candidates to object code in a pool of
+worker processes (``build_timeout_s`` each); ``Runner.create("local")`` links the object in
+a runner process, checks the output against the NumPy reference and times it
+(``number``, ``repeat``, ``min_repeat_ms``, ``flush_cache``, ``run_timeout_s``). A worker
+that crashes or hangs is killed and replaced; the candidate gets the matching ``ErrorNo``:
+
+    INSTANTIATION_ERROR (1) invalid schedule    COMPILE_HOST (2)  code generation failed
+    RUNTIME_DEVICE (4)      kernel crashed      WRONG_ANSWER (5)  output != NumPy reference
+    BUILD_TIMEOUT (6)       build took too long RUN_TIMEOUT (7)   run took too long
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import multiprocessing
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lorien.errors import LorienError
+from lorien.record import FAILED_COST_S, ErrorNo
+
+
+@dataclass
+class MeasureOption:
+    """How to build and time candidates (TVM's meaning for each field)."""
+
+    number: int = 1
+    repeat: int = 3
+    min_repeat_ms: float = 0
+    flush_cache: bool = False
+    build_timeout_s: float = 10
+    run_timeout_s: float = 10
+    check_correctness: bool = True
+    rtol: float = 1e-3
+    atol: float = 1e-3
+    seed: int = 0
+
+
+@dataclass
+class MeasureInput:
+    """One candidate: ``builder()`` returns ``(schedule, args)``; ``reference(*inputs)`` the expected outputs.
+
+    Both must pickle (module-level functions, ``functools.partial`` of them, or picklable
+    callable objects): they run in worker processes.
+    """
+
+    builder: Callable
+    reference: Callable | None = None
+    name: str = ""
+
+
+@dataclass
+class BuildResult:
+    artifact: dict | None
+    error_no: int = ErrorNo.NO_ERROR
+    error_msg: str = ""
+    time_cost_s: float = 0.0
+
+
+@dataclass
+class MeasureResult:
+    """Seconds per run for each repeat (``costs``), error code and message, wall time, timestamp."""
+
+    costs: list[float]
+    error_no: int
+    all_cost: float
+    timestamp: float
+    error_msg: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_no == ErrorNo.NO_ERROR
+
+    @property
+    def mean_cost_s(self) -> float:
+        return float(np.mean(self.costs)) if self.ok and self.costs else FAILED_COST_S
+
+
+class MeasureError(LorienError):
+    """Raised inside a worker with the error code the candidate gets."""
+
+    def __init__(self, error_no: ErrorNo, message: str):
+        super().__init__(message)
+        self.error_no = error_no
+
+
+# ---------------------------------------------------------------- worker side
+
+def _task_build(payload: bytes) -> dict:
+    from lorien.engine.codegen import llvm as llvm_codegen
+    from lorien.engine.lower import lower
+
+    try:
+        candidate = pickle.loads(payload)
+        schedule, args = candidate.builder()
+        program = lower(schedule, list(args), "kernel")
+    except (LorienError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise MeasureError(ErrorNo.INSTANTIATION_ERROR, f"{type(err).__name__}: {err}") from err
+    import hashlib
+
+    fn_name = f"kernel_{hashlib.sha256(str(program).encode()).hexdigest()[:16]}"
+    try:
+        ir_text = llvm_codegen.render(program, fn_name)
+        obj = llvm_codegen.compile_object(ir_text)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise MeasureError(ErrorNo.COMPILE_HOST, f"{type(err).__name__}: {err}") from err
+    return {"object": obj, "fn_name": fn_name, "program": program}
+
+
+def _random_array(spec, rng: np.random.Generator) -> np.ndarray:
+    if spec.dtype in ("float32", "float64"):
+        return rng.uniform(-1, 1, spec.shape).astype(spec.dtype)
+    return rng.integers(0, 4, spec.shape).astype(spec.dtype)
+
+
+def _task_run(payload: tuple) -> list[float]:
+    from lorien.engine.build import Kernel
+    from lorien.engine.codegen import llvm as llvm_codegen
+
+    artifact, reference, option = payload
+    program = artifact["program"]
+    address = llvm_codegen.load_object(artifact["object"], artifact["fn_name"])
+    kernel = Kernel(program, address, "", artifact["fn_name"])
+    rng = np.random.default_rng(option.seed)
+    arrays = [np.zeros(a.shape, a.dtype) if a.is_output else _random_array(a, rng) for a in program.args]
+    kernel(*arrays)
+    if option.check_correctness and reference is not None:
+        inputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if not spec.is_output]
+        outputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if spec.is_output]
+        expected = reference(*inputs)
+        expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+        if len(expected) != len(outputs):
+            raise MeasureError(ErrorNo.WRONG_ANSWER, f"reference returned {len(expected)} outputs, kernel has {len(outputs)}")
+        for spec, got, want in zip([a for a in program.args if a.is_output], outputs, expected, strict=True):
+            if not np.allclose(got, want, rtol=option.rtol, atol=option.atol):
+                worst = float(np.max(np.abs(got.astype(np.float64) - np.asarray(want, np.float64))))
+                raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
+                                                         f"(max abs error {worst:.3g})")
+    return kernel.time(*arrays, number=option.number, repeat=option.repeat,
+                       min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache)
+
+
+_TASKS = {"build": _task_build, "run": _task_run}
+
+
+def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import lorien.engine.codegen.llvm  # noqa: F401  (import cost paid before the first task)
+
+    conn.send(("ready", None))
+    while True:
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", _TASKS[kind](payload)))
+        except MeasureError as err:
+            conn.send(("error", int(err.error_no), str(err)))
+
+
+# ---------------------------------------------------------------- parent side
+
+class _Worker:
+    """One worker process; killed and replaced after a crash or timeout."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(60):
+            self.kill()
+            raise LorienError("measurement worker did not start within 60 s")
+        self.conn.recv()
+
+    def call(self, kind: str, payload, timeout_s: float) -> tuple:
+        self.conn.send((kind, payload))
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            return ("timeout",)
+        try:
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            self.proc.join(5)
+            return ("died", self.proc.exitcode)
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+class WorkerPool:
+    """A fixed number of reusable worker processes; dead ones are replaced on next use."""
+
+    def __init__(self, size: int):
+        self.size = max(1, int(size))
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.alive():
+                    return worker
+        return _Worker()
+
+    def _give(self, worker: _Worker) -> None:
+        if worker.alive():
+            with self._lock:
+                self._idle.append(worker)
+
+    def call(self, kind: str, payload, timeout_s: float) -> tuple:
+        worker = self._take()
+        try:
+            return worker.call(kind, payload, timeout_s)
+        finally:
+            self._give(worker)
+
+    def map(self, kind: str, payloads: Sequence, timeout_s: float) -> list[tuple]:
+        if self.size == 1 or len(payloads) <= 1:
+            return [self.call(kind, p, timeout_s) for p in payloads]
+        with ThreadPoolExecutor(self.size) as executor:
+            return list(executor.map(lambda p: self.call(kind, p, timeout_s), payloads))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for worker in self._idle:
+                worker.kill()
+            self._idle.clear()
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class Builder(abc.ABC):
+    """Turns measure inputs into loadable artifacts."""
+
+    @abc.abstractmethod
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
+        """One BuildResult per input, in order; failures carry an error code and message."""
+
+    @staticmethod
+    def create(kind: str = "local", **kwargs) -> Builder:
+        if kind == "local":
+            return LocalBuilder(**kwargs)
+        raise LorienError(f"unknown builder kind {kind!r}; available: 'local'")
+
+
+class Runner(abc.ABC):
+    """Runs built artifacts, checks them and times them."""
+
+    @abc.abstractmethod
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
+            option: MeasureOption) -> list[MeasureResult]:
+        """One MeasureResult per input, in order."""
+
+    @staticmethod
+    def create(kind: str = "local", **kwargs) -> Runner:
+        if kind == "local":
+            return LocalRunner(**kwargs)
+        raise LorienError(f"unknown runner kind {kind!r}; available: 'local'")
+
+
+class LocalBuilder(Builder):
+    """Builds in ``n_parallel`` worker processes (default: number of CPUs)."""
+
+    def __init__(self, n_parallel: int | None = None):
+        self.pool = WorkerPool(n_parallel or multiprocessing.cpu_count())
+
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
+        payloads, results = [], [None] * len(inputs)
+        for i, inp in enumerate(inputs):
+            try:
+                payloads.append((i, pickle.dumps(inp)))
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                results[i] = BuildResult(None, ErrorNo.INSTANTIATION_ERROR, f"candidate does not pickle: {err}")
+        started = time.perf_counter()
+        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s)
+        elapsed = (time.perf_counter() - started) / max(1, len(payloads))
+        for (i, _), reply in zip(payloads, replies, strict=True):
+            if reply[0] == "ok":
+                results[i] = BuildResult(reply[1], ErrorNo.NO_ERROR, "", elapsed)
+            elif reply[0] == "error":
+                results[i] = BuildResult(None, reply[1], reply[2], elapsed)
+            elif reply[0] == "timeout":
+                results[i] = BuildResult(None, ErrorNo.BUILD_TIMEOUT,
+                                         f"build exceeded build_timeout_s={option.build_timeout_s}", elapsed)
+            else:
+                results[i] = BuildResult(None, ErrorNo.COMPILE_HOST,
+                                         f"build worker died ({_signal_name(reply[1])})", elapsed)
+        return results
+
+
+class LocalRunner(Runner):
+    """Runs candidates one at a time in a reusable runner process (so timings do not overlap)."""
+
+    def __init__(self) -> None:
+        self.pool = WorkerPool(1)
+
+    def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
+            option: MeasureOption) -> list[MeasureResult]:
+        results = []
+        for inp, built in zip(inputs, builds, strict=True):
+            started = time.perf_counter()
+            if built.error_no != ErrorNo.NO_ERROR:
+                results.append(MeasureResult([FAILED_COST_S], int(built.error_no), built.time_cost_s, time.time(),
+                                             built.error_msg))
+                continue
+            reply = self.pool.call("run", (built.artifact, inp.reference, option), option.run_timeout_s)
+            all_cost = built.time_cost_s + time.perf_counter() - started
+            if reply[0] == "ok":
+                results.append(MeasureResult(list(reply[1]), int(ErrorNo.NO_ERROR), all_cost, time.time()))
+            elif reply[0] == "error":
+                results.append(MeasureResult([FAILED_COST_S], reply[1], all_cost, time.time(), reply[2]))
+            elif reply[0] == "timeout":
+                results.append(MeasureResult([FAILED_COST_S], int(ErrorNo.RUN_TIMEOUT), all_cost, time.time(),
+                                             f"run exceeded run_timeout_s={option.run_timeout_s}"))
+            else:
+                results.append(MeasureResult([FAILED_COST_S], int(ErrorNo.RUNTIME_DEVICE), all_cost, time.time(),
+                                             f"kernel crashed the runner ({_signal_name(reply[1])})"))
+        return results
+
+
+_DEFAULT: dict = {}
+
+
+def _shutdown_default() -> None:
+    for part in _DEFAULT.values():
+        part.pool.shutdown()
+
+
+def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
+                  builder: Builder | None = None, runner: Runner | None = None) -> list[MeasureResult]:
+    """Build all candidates (in parallel), then run them one by one; one result per input."""
+    option = option or MeasureOption()
+    if builder is None or runner is None:
+        if not _DEFAULT:
+            _DEFAULT["builder"], _DEFAULT["runner"] = Builder.create("local"), Runner.create("local")
+            atexit.register(_shutdown_default)
+        builder = builder or _DEFAULT["builder"]
+        runner = runner or _DEFAULT["runner"]
+    return runner.run(inputs, builder.build(inputs, option), option)

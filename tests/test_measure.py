@@ -1,0 +1,132 @@
+"""Measurement: every candidate becomes a result with TVM's error code, with real JIT-compiled kernels."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pytest
+
+from lorien.engine import ops, reference, te
+from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
+from lorien.errors import LorienError
+from lorien.record import ErrorNo
+
+
+def dense_candidate(n: int, tile: int):
+    data, weight = te.placeholder((n, n), name="data"), te.placeholder((n, n), name="weight")
+    out = ops.dense(data, weight)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    jo, ji = s[out].split(j, factor=tile)
+    s[out].vectorize(ji)
+    s[out].parallel(i)
+    return s, [data, weight, out]
+
+
+def invalid_split_candidate():
+    s, args = dense_candidate(16, 4)
+    s[args[-1]].split("no_such_axis", factor=2)
+    return s, args
+
+
+def out_of_bounds_candidate():
+    a = te.placeholder((16,), name="a")
+    out = te.compute((16,), lambda i: a[i * (1 << 40)] + 1.0, name="out")
+    return te.create_schedule(out), [a, out]
+
+
+def endless_candidate():
+    a = te.placeholder((4,), name="a")
+    k = te.reduce_axis(1 << 40, name="k")
+    out = te.compute((4,), lambda i: te.sum(a[i] * 1.0, axis=k), name="out")
+    return te.create_schedule(out), [a, out]
+
+
+def int_exp_candidate():
+    a = te.placeholder((4,), "int64", name="a")
+    out = te.compute((4,), lambda i: te.exp(a[i]), name="out")
+    return te.create_schedule(out), [a, out]
+
+
+def slow_builder():
+    time.sleep(30)
+    return dense_candidate(8, 4)
+
+
+def wrong_reference(data, weight):
+    return reference.dense(data, weight) + 1.0
+
+
+@pytest.fixture(scope="module")
+def measure_parts():
+    builder, runner = Builder.create("local", n_parallel=2), Runner.create("local")
+    yield builder, runner
+    builder.pool.shutdown()
+    runner.pool.shutdown()
+
+
+def _measure(parts, candidates, **option):
+    builder, runner = parts
+    opts = MeasureOption(build_timeout_s=option.pop("build_timeout_s", 20), run_timeout_s=option.pop("run_timeout_s", 5),
+                         **option)
+    return measure_batch(candidates, opts, builder, runner)
+
+
+def test_valid_candidate_is_checked_and_timed(measure_parts):
+    inp = MeasureInput(functools.partial(dense_candidate, 32, 8), reference.dense)
+    (result,) = _measure(measure_parts, [inp], repeat=3)
+    assert result.error_no == ErrorNo.NO_ERROR, result.error_msg
+    assert len(result.costs) == 3 and all(0 < c < 1 for c in result.costs)
+    assert result.all_cost > 0 and result.timestamp > 0
+
+
+def test_invalid_schedule_is_an_instantiation_error(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(invalid_split_candidate)])
+    assert result.error_no == ErrorNo.INSTANTIATION_ERROR
+    assert "no_such_axis" in result.error_msg
+
+
+def test_codegen_failure_is_a_compile_host_error(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(int_exp_candidate)])
+    assert result.error_no == ErrorNo.COMPILE_HOST
+    assert "exp" in result.error_msg
+
+
+def test_build_that_hangs_is_a_build_timeout(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(slow_builder)], build_timeout_s=1)
+    assert result.error_no == ErrorNo.BUILD_TIMEOUT
+
+
+def test_kernel_that_segfaults_is_a_runtime_device_error_and_the_runner_recovers(measure_parts):
+    good = MeasureInput(functools.partial(dense_candidate, 16, 8), reference.dense)
+    results = _measure(measure_parts, [MeasureInput(out_of_bounds_candidate), good])
+    assert results[0].error_no == ErrorNo.RUNTIME_DEVICE
+    assert "SIGSEGV" in results[0].error_msg
+    assert results[1].ok
+
+
+def test_kernel_that_hangs_is_a_run_timeout(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(endless_candidate)], run_timeout_s=1)
+    assert result.error_no == ErrorNo.RUN_TIMEOUT
+
+
+def test_output_that_differs_from_numpy_is_a_wrong_answer(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(functools.partial(dense_candidate, 16, 8), wrong_reference)])
+    assert result.error_no == ErrorNo.WRONG_ANSWER
+    assert "'dense'" in result.error_msg
+
+
+def test_unknown_builder_kind_is_rejected():
+    with pytest.raises(LorienError, match="unknown builder kind 'rpc'"):
+        Builder.create("rpc")
+
+
+def test_results_come_back_in_input_order(measure_parts):
+    inputs = [MeasureInput(invalid_split_candidate),
+              MeasureInput(functools.partial(dense_candidate, 16, 4), reference.dense),
+              MeasureInput(functools.partial(dense_candidate, 16, 8), wrong_reference)]
+    codes = [r.error_no for r in _measure(measure_parts, inputs)]
+    assert codes == [ErrorNo.INSTANTIATION_ERROR, ErrorNo.NO_ERROR, ErrorNo.WRONG_ANSWER]
+    assert np.isfinite([r.all_cost for r in _measure(measure_parts, inputs[1:2])]).all()
