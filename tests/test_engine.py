@@ -1,0 +1,209 @@
+"""Schedule primitives, replay, lowering and the JIT: each checked against NumPy on small shapes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lorien.engine import ScheduleError, build, lower, ops, reference, runtime, te
+
+RNG = np.random.default_rng(1)
+
+
+def _dense(m=13, n=20, k=7, pack_nr=None):
+    data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
+    return data, weight, ops.dense(data, weight, pack_nr=pack_nr)
+
+
+def _check_dense(s, data, weight, out):
+    a = RNG.standard_normal(data.shape).astype("float32")
+    b = RNG.standard_normal(weight.shape).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, out])(a, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_split_by_factor_that_does_not_divide_is_guarded():
+    data, weight, out = _dense()
+    s = te.create_schedule(out)
+    s[out].split(out.op.axis[0], factor=4)
+    s[out].split(out.op.axis[1], factor=6)
+    _check_dense(s, data, weight, out)
+
+
+def test_split_by_nparts():
+    data, weight, out = _dense()
+    s = te.create_schedule(out)
+    outer, inner = s[out].split(out.op.axis[1], nparts=3)
+    assert (outer.name, inner.name) == ("j.outer", "j.inner")
+    _check_dense(s, data, weight, out)
+
+
+def test_reorder_puts_reduction_outermost():
+    data, weight, out = _dense()
+    s = te.create_schedule(out)
+    i, j = out.op.axis
+    (k,) = out.op.reduce_axis
+    s[out].reorder(k, j, i)
+    assert s[out].leaf == ["k", "j", "i"]
+    _check_dense(s, data, weight, out)
+
+
+def test_fuse_and_parallel_over_the_fused_axis():
+    data, weight, out = _dense(m=16, n=24)
+    s = te.create_schedule(out)
+    fused = s[out].fuse(*out.op.axis)
+    s[out].parallel(fused)
+    assert "'parallel'" in str(lower(s, [data, weight, out]))
+    _check_dense(s, data, weight, out)
+
+
+def test_vectorize_makes_vector_ops_and_unroll_expands_copies():
+    data, weight, out = _dense(m=8, n=32)
+    s = te.create_schedule(out)
+    i, j = out.op.axis
+    (k,) = out.op.reduce_axis
+    io, ii = s[out].split(i, factor=2)
+    jo, ji = s[out].split(j, factor=16)
+    s[out].reorder(io, jo, k, ii, ji)
+    s[out].unroll(ii)
+    s[out].vectorize(ji)
+    text = str(lower(s, [data, weight, out]))
+    assert "float32x16" in text and "fma" in text
+    assert text.count("ALU float32x16") == 2  # one fma per unrolled row
+    _check_dense(s, data, weight, out)
+
+
+def test_register_tile_with_cache_write_and_compute_at_over_packed_weight():
+    data, weight, out = _dense(m=12, n=32, k=9, pack_nr=16)
+    s = te.create_schedule(out)
+    local = s.cache_write(out, "local")
+    i, j = s[out].op.axis
+    io, ii = s[out].split(i, factor=4)
+    jo, ji = s[out].split(j, factor=16)
+    s[out].reorder(io, jo, ii, ji)
+    s[out].vectorize(ji)
+    s[out].parallel(io)
+    s[local].compute_at(s[out], jo)
+    li, lj = s[local].op.axis
+    (lk,) = s[local].op.reduce_axis
+    s[local].reorder(lk, li, lj)
+    s[local].unroll(li)
+    s[local].vectorize(lj)
+    pack = s["dense.weight_pack"]
+    pack.parallel(pack.op.axis[0])
+    pack.vectorize(pack.op.axis[2])
+    text = str(lower(s, [data, weight, out]))
+    assert "('dense.local', 64, 'local')" in text  # a 4x16 accumulator tile
+    _check_dense(s, data, weight, out)
+
+
+def test_compute_inline_removes_the_padding_stage():
+    data, kern = te.placeholder((1, 2, 5, 5), name="data"), te.placeholder((3, 2, 3, 3), name="kernel")
+    out = ops.conv2d_nchw(data, kern, 1, 1)
+    s = te.create_schedule(out)
+    s["conv2d.pad"].compute_inline()
+    assert "conv2d.pad" not in str(lower(s, [data, kern, out]))
+    a, k = RNG.standard_normal((1, 2, 5, 5)).astype("float32"), RNG.standard_normal((3, 2, 3, 3)).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, kern, out])(a, k, c)
+    np.testing.assert_allclose(c, reference.conv2d_nchw(a, k, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_padding_computed_at_an_output_row_allocates_only_the_window():
+    data, kern = te.placeholder((1, 2, 6, 6), name="data"), te.placeholder((2, 2, 3, 3), name="kernel")
+    out = ops.conv2d_nchw(data, kern, 1, 1)
+    s = te.create_schedule(out)
+    s["conv2d.pad"].compute_at(s[out], out.op.axis[2])
+    assert "('conv2d.pad', 48, 'local')" in str(lower(s, [data, kern, out]))  # 2 channels x 3 rows x 8 cols
+    a, k = RNG.standard_normal((1, 2, 6, 6)).astype("float32"), RNG.standard_normal((2, 2, 3, 3)).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, kern, out])(a, k, c)
+    np.testing.assert_allclose(c, reference.conv2d_nchw(a, k, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_epilogue_stage_computes_bias_and_relu():
+    data, weight, bias = te.placeholder((4, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
+    out = ops.dense(data, weight, bias=bias, relu=True)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    s[out].vectorize(j)
+    s["dense.acc"].compute_at(s[out], i)
+    a, w, b = (RNG.standard_normal(t.shape).astype("float32") for t in (data, weight, bias))
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, bias, out])(a, w, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, w, b, relu=True), rtol=1e-4, atol=1e-4)
+
+
+def test_steps_serialize_to_json_and_replay_to_the_same_program():
+    data, weight, out = _dense(m=8, n=32)
+    s = te.create_schedule(out)
+    local = s.cache_write(out, "local")
+    jo, ji = s[out].split(s[out].op.axis[1], factor=16)
+    s[out].vectorize(ji)
+    s[local].compute_at(s[out], jo)
+    steps = json.loads(json.dumps(s.steps))
+    replayed = te.replay(steps, out)
+    assert replayed.steps == s.steps
+    assert str(lower(replayed, [data, weight, out])) == str(lower(s, [data, weight, out]))
+    _check_dense(replayed, data, weight, out)
+
+
+def test_unknown_axis_is_a_schedule_error_naming_it():
+    _, _, out = _dense()
+    s = te.create_schedule(out)
+    with pytest.raises(ScheduleError, match="'nope'"):
+        s[out].split("nope", factor=2)
+
+
+def test_reduction_cannot_be_inlined():
+    _, _, out = _dense()
+    with pytest.raises(ScheduleError, match="reduction"):
+        te.replay([{"kind": "compute_inline", "stage": "dense"}], out)
+
+
+def test_printed_ir_shows_loops_loads_and_stores():
+    data, weight, out = _dense(m=4, n=4, k=4)
+    text = str(lower(te.create_schedule(out), [data, weight, out]))
+    assert text.splitlines()[0].startswith("kernel kernel(data: float32[4, 4]")
+    for kind in ("LOOP", "ENDLOOP", "LOAD", "STORE", "ALU"):
+        assert kind in text
+
+
+def test_parallel_loop_uses_every_thread_and_gives_the_same_answer():
+    a = te.placeholder((4096,), name="a")
+    out = te.compute((4096,), lambda i: a[i] * 2.0 + 1.0, name="out")
+    s = te.create_schedule(out)
+    o, inner = s[out].split(out.op.axis[0], factor=64)
+    s[out].parallel(o)
+    s[out].vectorize(inner)
+    x = RNG.standard_normal(4096).astype("float32")
+    y = np.zeros(4096, "float32")
+    build(s, [a, out])(x, y)
+    np.testing.assert_allclose(y, x * 2 + 1, rtol=1e-6)
+    assert runtime.num_threads() >= 1
+
+
+def test_kernel_time_grows_number_until_a_repeat_lasts_min_repeat_ms():
+    data, weight, out = _dense(m=8, n=8, k=8)
+    kernel = build(te.create_schedule(out), [data, weight, out])
+    arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
+    (cost,) = kernel.time(*arrays, number=1, repeat=1, min_repeat_ms=5)
+    assert kernel.last_number > 1
+    assert cost * kernel.last_number >= 0.005
+
+
+def test_kernel_rejects_arrays_of_the_wrong_shape():
+    data, weight, out = _dense(m=4, n=4, k=4)
+    kernel = build(te.create_schedule(out), [data, weight, out])
+    with pytest.raises(ValueError, match="'weight'"):
+        kernel(np.ones((4, 4), "float32"), np.ones((3, 4), "float32"), np.ones((4, 4), "float32"))
+
+
+def test_same_program_is_compiled_once():
+    data, weight, out = _dense(m=4, n=4, k=4)
+    first = build(te.create_schedule(out), [data, weight, out])
+    second = build(te.create_schedule(out), [data, weight, out])
+    assert first.address == second.address
