@@ -9,6 +9,7 @@ and the result are parsed per line; any other layout goes through a full JSON pa
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import itertools
@@ -268,59 +269,77 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                   ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     """The ingest hot path: a line whose workload and version tail were seen before costs two
     small JSON parses, one dump and one hash; any other line goes through :meth:`Decoder.decode`,
-    which produces the same values and reports what is wrong."""
+    which produces the same values and reports what is wrong.
+
+    The cyclic garbage collector is paused while a batch is decoded (its rows hold no cycles,
+    and collections passing over a growing batch cost more than the decoding itself); it is
+    resumed whenever a table is handed to the caller.
+    """
     source = decoder.source
     batch = _Columns()
     errors: list[RecordParseError] = []
     by_raw_input, extra_index_of = decoder._by_raw_input, decoder._extra_index
     rows, append = batch.rows, batch.rows.append
     loads, dumps, blake2b, decode_error = orjson.loads, orjson.dumps, hashlib.blake2b, orjson.JSONDecodeError
-    for lineno, line in enumerate(lines, first_lineno):
-        if line.startswith(_INPUT_HEAD):
-            p_config = line.find(_CONFIG_MARK, 10)
-            p_version = line.rfind(_VERSION_MARK)
-            p_result = line.rfind(_RESULT_MARK, p_config, p_version)
-            workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
-            if workload is not None and p_result > 0 and p_version > 0:
-                extra_index = extra_index_of.get((workload.index, line[p_version:]))
-                if extra_index is not None:
-                    try:
-                        config = loads(line[p_config + 12:p_result])
-                        costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
-                        costs = [cost + 0.0 for cost in costs]
-                        all_cost += 0.0
-                        timestamp += 0.0
-                    except (decode_error, TypeError, ValueError):
-                        pass  # the full decoder below reports what is wrong
-                    else:
-                        if type(config) is dict and type(error_no) is int:
-                            config_text = dumps(config).decode()
-                            append((workload.index, extra_index, config_text, costs, error_no, all_cost,
-                                    timestamp, blake2b(workload.id_prefix + dumps(
-                                        [config_text, costs, error_no, timestamp])[1:],
-                                        digest_size=16).hexdigest()))
-                            if len(rows) >= batch_size:
-                                yield batch.table(decoder), errors
-                                batch, errors = _Columns(), []
-                                rows, append = batch.rows, batch.rows.append
-                            continue
-        elif is_skipped(line):
-            continue
-        try:
-            fields = decoder.decode(line)
-        except (RecordParseError, decode_error, ValueError, TypeError) as exc:
-            error = parse_error(exc, source, lineno)
-            if strict:
-                raise error from exc
-            errors.append(error)
-            continue
-        batch.add(fields)
-        if batch.size >= batch_size:
-            yield batch.table(decoder), errors
-            batch, errors = _Columns(), []
-            rows, append = batch.rows, batch.rows.append
-    if batch.size or errors:
-        yield batch.table(decoder), errors
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for lineno, line in enumerate(lines, first_lineno):
+            if line.startswith(_INPUT_HEAD):
+                p_config = line.find(_CONFIG_MARK, 10)
+                p_version = line.rfind(_VERSION_MARK)
+                p_result = line.rfind(_RESULT_MARK, p_config, p_version)
+                workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
+                if workload is not None and p_result > 0 and p_version > 0:
+                    extra_index = extra_index_of.get((workload.index, line[p_version:]))
+                    if extra_index is not None:
+                        try:
+                            config = loads(line[p_config + 12:p_result])
+                            costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
+                            costs = [cost + 0.0 for cost in costs]
+                            all_cost += 0.0
+                            timestamp += 0.0
+                        except (decode_error, TypeError, ValueError):
+                            pass  # the full decoder below reports what is wrong
+                        else:
+                            if type(config) is dict and type(error_no) is int:
+                                config_text = dumps(config).decode()
+                                append((workload.index, extra_index, config_text, costs, error_no, all_cost,
+                                        timestamp, blake2b(workload.id_prefix + dumps(
+                                            [config_text, costs, error_no, timestamp])[1:],
+                                            digest_size=16).hexdigest()))
+                                if len(rows) < batch_size:
+                                    continue
+                                line = b""  # the batch is full: hand it over below
+            elif is_skipped(line):
+                continue
+            if line:
+                try:
+                    batch.add(decoder.decode(line))
+                except (RecordParseError, decode_error, ValueError, TypeError) as exc:
+                    error = parse_error(exc, source, lineno)
+                    if strict:
+                        raise error from exc
+                    errors.append(error)
+                    continue
+            if batch.size >= batch_size:
+                table = batch.table(decoder)
+                if collecting:
+                    gc.enable()
+                yield table, errors
+                collecting = gc.isenabled()
+                gc.disable()
+                batch, errors = _Columns(), []
+                rows, append = batch.rows, batch.rows.append
+        if batch.size or errors:
+            table = batch.table(decoder)
+            if collecting:
+                gc.enable()
+            collecting = False
+            yield table, errors
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _chunk_bounds(path: str | Path, chunk_bytes: int) -> list[tuple[int, int]]:
