@@ -1,0 +1,44 @@
+"""The autotvm Dialect object the core finds through the ``lorien.dialects`` entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dialects.autotvm import features, workloads
+from lorien.dialect import Dialect
+from lorien.record import TuningRecord
+
+
+class AutoTVMDialect(Dialect):
+    """AutoTVM: knob config spaces, templates by task name, AutoTVM JSON-line records."""
+
+    name = "autotvm"
+
+    def record_formats(self) -> list[str]:
+        return ["autotvm"]
+
+    def featurize(self, record: TuningRecord) -> dict[str, Any]:
+        return features.featurize(record)
+
+    def template_of(self, record: TuningRecord) -> str:
+        return record.task_name
+
+    def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+        """(task_name, args) of a tuning-YAML op shorthand (``dense: {M:.., N:.., K:..}``)."""
+        return workloads.expand_workload(op, params)
+
+    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
+        """Tune one job; each measured batch is committed to ``store_uri`` as it completes.
+
+        Options: ``log_path`` (AutoTVM log to append to), ``on_batch(progress, records)``,
+        ``source`` (tag of the records), ``commit`` (default True).
+        """
+        from dialects.autotvm.tuning import tune_job
+
+        log_path = options.get("log_path")
+        progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
+                            on_batch=options.get("on_batch"), source=options.get("source"),
+                            commit=options.get("commit", True))
+        return progress.records

@@ -1,0 +1,231 @@
+"""Tune one AutoTVM job: propose configs, build and measure them, stream records out.
+
+Every batch of measured candidates becomes TuningRecords that are committed to the store
+(and appended to the AutoTVM log) before the next batch starts, so an interrupted run keeps
+everything it measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dialects.autotvm.records import encode, make_record
+from dialects.autotvm.space import ConfigEntity, entity_features
+from dialects.autotvm.templates import Task, instantiate
+from lorien.errors import ConfigError
+from lorien.record import TuningRecord
+from lorien.search import Tuner, create, result_cost
+
+
+@functools.lru_cache(maxsize=32)
+def cached_task(task_name: str, args_json: str) -> Task:
+    """Tasks are rebuilt in measurement workers from (task_name, args JSON); cache them."""
+    return instantiate(task_name, orjson.loads(args_json))
+
+
+@dataclass(frozen=True)
+class ConfigBuilder:
+    """Picklable ``() -> (schedule, tensors)`` of one config of one task."""
+
+    task_name: str
+    args_json: str
+    entity_json: str
+
+    def config(self) -> ConfigEntity:
+        return cached_task(self.task_name, self.args_json).space.from_json_entity(orjson.loads(self.entity_json))
+
+    def __call__(self) -> tuple[Any, list[Any]]:
+        return cached_task(self.task_name, self.args_json).instantiate(self.config())
+
+
+@dataclass(frozen=True)
+class ConfigReference:
+    """Picklable NumPy reference: expected outputs of the kernel of one config."""
+
+    task_name: str
+    args_json: str
+    entity_json: str
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        task = cached_task(self.task_name, self.args_json)
+        config = task.space.from_json_entity(orjson.loads(self.entity_json))
+        return task.reference(config, *inputs)
+
+
+def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity]) -> list[Any]:
+    """Engine measure inputs of configs."""
+    from lorien.engine.measure import MeasureInput
+
+    args_json = orjson.dumps(list(args)).decode()
+    inputs = []
+    for config in configs:
+        entity_json = orjson.dumps(config.to_json_entity()).decode()
+        inputs.append(MeasureInput(builder=ConfigBuilder(task_name, args_json, entity_json),
+                                   reference=ConfigReference(task_name, args_json, entity_json)))
+    return inputs
+
+
+def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
+                    measure: dict[str, Any] | None = None) -> list[Any]:
+    """Build and measure configs in isolated workers; one MeasureResult per config."""
+    from lorien.engine.measure import MeasureOption, measure_batch
+
+    try:
+        option = MeasureOption(**(measure or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad measure options {measure}: {exc}") from exc
+    return measure_batch(measure_inputs(task_name, args, configs), option)
+
+
+@dataclass
+class TuneProgress:
+    """What a tuning run has done so far (handed to the per-batch callback)."""
+
+    total: int
+    trials: int = 0
+    errors: int = 0
+    best_cost_s: float = math.inf
+    best_config: ConfigEntity | None = None
+    committed: int = 0
+    records: list[TuningRecord] = field(default_factory=list)
+
+
+BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
+
+
+def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
+    """(features, normalized throughput) of valid warehouse records of the same template.
+
+    Throughput is normalized per workload (best = 1), so workloads of different sizes teach
+    the model which knob values are good relative to each other.
+    """
+    table = store.scan(filters={"task_name": task.name, "target_key": target_key},
+                       columns=["workload_key", "config", "costs", "error_no"])
+    rows = table.to_pylist()[-limit:]
+    names = list(task.space.space_map)
+    per_workload: dict[str, list[tuple[list[float], float]]] = {}
+    for row in rows:
+        if row["error_no"] != 0 or not row["costs"]:
+            continue
+        try:
+            entity = {item[0]: item for item in orjson.loads(row["config"])["entity"]}
+            features = []
+            for name in names:
+                _, kind, value = entity[name]
+                features += _knob_feature(task, name, kind, value)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if len(features) != len(task.space.features_of(task.space.get(0))):
+            continue
+        per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
+    xs, ys = [], []
+    for items in per_workload.values():
+        best = max(throughput for _, throughput in items)
+        for features, throughput in items:
+            xs.append(features)
+            ys.append(throughput / best)
+    return np.array(xs, dtype=float).reshape(len(xs), -1), np.array(ys, dtype=float)
+
+
+def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
+    from dialects.autotvm.space import OtherOptionSpace, entity_from_json
+
+    space = task.space.space_map[name]
+    entity = entity_from_json(kind, value)
+    if isinstance(space, OtherOptionSpace) and not all(isinstance(e.val, (bool, int, float)) for e in space):
+        return [float(space.index_of(entity))]
+    return entity_features(entity)
+
+
+def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
+    options = dict(job.get("tuner_options") or {})
+    return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
+
+
+def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
+             on_batch: BatchCallback | None = None, source: str | None = None,
+             commit: bool = True) -> TuneProgress:
+    """Tune one job dict (team schema); commit each measured batch to ``store_uri``."""
+    from lorien.target import parse_target
+
+    for key in ("task_name", "args"):
+        if key not in job:
+            raise ConfigError(f"autotvm job needs {key!r}: {job!r:.200}")
+    task_name, args = job["task_name"], list(job["args"])
+    target = parse_target(job.get("target") or "llvm")
+    task = cached_task(task_name, orjson.dumps(args).decode())
+    tuner = make_tuner(job, task)
+    trials = min(int(job.get("trials", 16)), len(task.space))
+    batch_size = int(job.get("batch_size", 8))
+    early_stopping = job.get("early_stopping")
+    nbest = job.get("commit_nbest", 20)
+    source = source or job.get("source") or _job_source(job)
+
+    store = None
+    if store_uri is not None and commit:
+        from lorien.warehouse import open_store
+
+        store = open_store(store_uri)
+    if job.get("transfer") and store is not None and job.get("tuner") == "xgb":
+        features, scores = transfer_history(task, store, target.alternate_key)
+        tuner.load_history(features, scores)  # type: ignore[attr-defined]
+
+    progress = TuneProgress(total=trials)
+    last_improvement = 0
+    log_file = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "a")  # noqa: SIM115
+    try:
+        while progress.trials < trials and tuner.has_next():
+            indices = tuner.next_batch(min(batch_size, trials - progress.trials))
+            if not indices:
+                break
+            configs = [task.config(i) for i in indices]
+            results = measure_configs(task_name, args, configs, job.get("measure"))
+            records = [make_record(target.canonical, task_name, args, config, list(result.costs),
+                                   int(result.error_no), float(result.all_cost), float(result.timestamp),
+                                   source=source)
+                       for config, result in zip(configs, results, strict=True)]
+            if store is not None:
+                store.commit(records, nbest=nbest)
+                progress.committed += len(records)
+            if log_file is not None:
+                log_file.write("".join(encode(record) + "\n" for record in records))
+                log_file.flush()
+            tuner.update(indices, results)
+            for config, result in zip(configs, results, strict=True):
+                progress.trials += 1
+                cost = result_cost(result)
+                if math.isinf(cost):
+                    progress.errors += 1
+                elif cost < progress.best_cost_s:
+                    progress.best_cost_s, progress.best_config = cost, config
+                    last_improvement = progress.trials
+            progress.records.extend(records)
+            if on_batch is not None:
+                on_batch(progress, records)
+            if early_stopping and progress.trials - last_improvement >= early_stopping:
+                break
+    finally:
+        if log_file is not None:
+            log_file.close()
+        if store is not None:
+            store.close()
+    return progress
+
+
+def _job_source(job: dict[str, Any]) -> str:
+    """The source tag the orchestration layer uses for a job's records, so resume finds them."""
+    from lorien.tune.jobspec import job_id_of
+    from lorien.tune.managers.base import source_tag
+
+    return source_tag(job_id_of(job))

@@ -1,0 +1,81 @@
+"""Op shorthands of the tuning YAML -> AutoTVM (task_name, args), as TVM would write them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lorien.errors import DialectError
+
+#: Template used for each shorthand (conv2d by layout).
+SHORTHAND_TEMPLATES = {
+    "dense": "dense_pack.x86",
+    "batch_matmul": "batch_matmul.x86",
+    "conv2d": {"NCHWc": "conv2d_NCHWc.x86", "NCHW": "conv2d_nchw.x86", "NHWC": "conv2d_nhwc.x86"},
+    "depthwise_conv2d": "depthwise_conv2d_nchw.x86",
+}
+
+
+def _tensor(shape: list[int], dtype: str) -> list[Any]:
+    return ["TENSOR", [int(d) for d in shape], dtype]
+
+
+def _pair(value: Any, name: str) -> list[int]:
+    if isinstance(value, int):
+        return [value, value]
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return list(value)
+    raise DialectError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def _take(params: dict[str, Any], op: str, required: tuple[str, ...], optional: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(params) - set(required) - set(optional)
+    missing = [key for key in required if key not in params]
+    if unknown or missing:
+        raise DialectError(f"{op}: missing {missing}, unknown {sorted(unknown)} "
+                           f"(takes {list(required)} and optionally {sorted(optional)})")
+    values = {**optional, **params}
+    for key in required:
+        if not isinstance(values[key], int) or values[key] < 1:
+            raise DialectError(f"{op}: {key} must be a positive integer, got {values[key]!r}")
+    return values
+
+
+def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    """(task_name, args) of a shorthand such as ``dense: {M: 64, N: 64, K: 64}``."""
+    if op == "dense":
+        p = _take(params, op, ("M", "N", "K"), {"bias": False, "dtype": "float32", "template": "dense_pack.x86"})
+        bias = _tensor([p["N"]], p["dtype"]) if p["bias"] else None
+        return p["template"], [_tensor([p["M"], p["K"]], p["dtype"]), _tensor([p["N"], p["K"]], p["dtype"]),
+                               bias, p["dtype"]]
+    if op == "batch_matmul":
+        p = _take(params, op, ("B", "M", "N", "K"), {"dtype": "float32"})
+        return "batch_matmul.x86", [_tensor([p["B"], p["M"], p["K"]], p["dtype"]),
+                                    _tensor([p["B"], p["N"], p["K"]], p["dtype"]), None]
+    if op == "conv2d":
+        p = _take(params, op, ("C", "H", "W", "K"), {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1,
+                                                     "layout": "NCHWc", "dtype": "float32"})
+        kh, kw = _pair(p["kernel"], "kernel")
+        stride, dilation = _pair(p["stride"], "stride"), _pair(p["dilation"], "dilation")
+        ph, pw = _pair(p["padding"], "padding")
+        padding = [ph, pw, ph, pw]
+        layout, dtype = p["layout"], p["dtype"]
+        templates = SHORTHAND_TEMPLATES["conv2d"]
+        if layout not in templates:
+            raise DialectError(f"conv2d: layout must be one of {sorted(templates)}, got {layout!r}")
+        if layout == "NHWC":
+            data, kernel = _tensor([p["N"], p["H"], p["W"], p["C"]], dtype), _tensor([kh, kw, p["C"], p["K"]], dtype)
+        else:
+            data, kernel = _tensor([p["N"], p["C"], p["H"], p["W"]], dtype), _tensor([p["K"], p["C"], kh, kw], dtype)
+        if layout == "NCHWc":
+            return templates[layout], [data, kernel, stride, padding, dilation, "NCHW", "NCHW", dtype]
+        return templates[layout], [data, kernel, stride, padding, dilation, dtype]
+    if op == "depthwise_conv2d":
+        p = _take(params, op, ("C", "H", "W"), {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1,
+                                               "multiplier": 1, "dtype": "float32"})
+        kh, kw = _pair(p["kernel"], "kernel")
+        ph, pw = _pair(p["padding"], "padding")
+        dtype = p["dtype"]
+        return SHORTHAND_TEMPLATES["depthwise_conv2d"], [
+            _tensor([p["N"], p["C"], p["H"], p["W"]], dtype), _tensor([p["C"], p["multiplier"], kh, kw], dtype),
+            _pair(p["stride"], "stride"), [ph, pw, ph, pw], _pair(p["dilation"], "dilation"), dtype]
+    raise DialectError(f"unknown op shorthand {op!r} (known: {', '.join(sorted(SHORTHAND_TEMPLATES))})")

@@ -1,0 +1,148 @@
+"""The ``lorien tune`` YAML: workloads to tune, the tuner, budgets, measurement, the store.
+
+Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is optional)::
+
+    store: parquet:./lorien-warehouse   # default: $LORIEN_STORE or ./lorien-warehouse
+    log_dir: ./tuning-logs               # default: <store dir>/logs for a local store
+    target: llvm                         # default: the host CPU (llvm -mcpu=<host>)
+    dialect: autotvm
+    tuner: xgb                           # grid | random | ga | xgb, or {kind: ga, pop_size: 32, ...}
+    trials: 64                           # measured candidates per workload (at most)
+    batch_size: 8                        # candidates built and measured per batch
+    early_stopping: 32                   # stop a workload after this many trials without improvement
+    seed: 0
+    commit_nbest: 20                     # best records per workload kept in the serving view
+    measure: {number: 1, repeat: 3, min_repeat_ms: 0, flush_cache: false,
+              build_timeout_s: 10, run_timeout_s: 10, check_correctness: true}
+    workloads:
+      - dense: {M: 64, N: 64, K: 64}               # op shorthand (dense, batch_matmul, conv2d, depthwise_conv2d)
+      - conv2d: {N: 1, C: 64, H: 56, W: 56, K: 64, kernel: 3, stride: 1, padding: 1, layout: NCHWc}
+      - task_name: conv2d_NCHWc.x86               # or a template name and its AutoTVM args
+        args: [["TENSOR", [1, 64, 56, 56], "float32"], ...]
+        trials: 128                                # per-workload overrides: tuner, trials, seed, name, ...
+
+Each workload becomes one job dict (the team's job schema), handed to
+``get_dialect(job["dialect"]).tune(job, store_uri, ...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lorien.errors import ConfigError, DialectError
+
+TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
+                  "seed", "commit_nbest", "measure", "workloads", "transfer"}
+#: Keys a workload entry may override.
+JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
+            "name", "dialect", "transfer"}
+MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
+                "check_correctness", "n_parallel"}
+DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
+                            "seed": 0, "commit_nbest": 20, "measure": {}}
+
+
+@dataclass
+class TuneConfig:
+    """A parsed tuning configuration: the jobs, where records go, where logs go."""
+
+    jobs: list[dict[str, Any]]
+    store_uri: str | None = None
+    log_dir: str | None = None
+    source: str = "<config>"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def load_tune_config(path: str | Path) -> TuneConfig:
+    """Read and validate a tuning YAML file; errors name the file and the offending entry."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read tuning config {path}: {exc}") from exc
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from exc
+    return parse_tune_config(document, source=str(path))
+
+
+def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
+    """Validate a parsed YAML document and expand its workloads into job dicts."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source}: a tuning config is a mapping with a 'workloads' list, got {document!r:.80}")
+    unknown = set(document) - TOP_LEVEL_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys {sorted(unknown)} (known: {sorted(TOP_LEVEL_KEYS)})")
+    workloads = document.get("workloads")
+    if not isinstance(workloads, list) or not workloads:
+        raise ConfigError(f"{source}: 'workloads' must be a non-empty list")
+    settings = {**DEFAULTS, **{k: v for k, v in document.items() if k in JOB_KEYS}}
+    jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
+    store_uri = document.get("store")
+    log_dir = document.get("log_dir")
+    return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings)
+
+
+def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target, parse_target
+
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: a workload is a mapping, got {entry!r:.80}")
+    overrides = {k: v for k, v in entry.items() if k in JOB_KEYS}
+    job = {**settings, **overrides}
+    workload = {k: v for k, v in entry.items() if k not in JOB_KEYS}
+    if "task_name" in workload or "args" in workload:
+        if set(workload) != {"task_name", "args"} or not isinstance(workload["args"], list):
+            raise ConfigError(f"{where}: give 'task_name' and an 'args' list (AutoTVM task arguments), got {entry!r:.200}")
+        task_name, args = workload["task_name"], workload["args"]
+    elif len(workload) == 1:
+        (op, params), = workload.items()
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}: '{op}' needs a mapping of parameters, got {params!r:.80}")
+        dialect = get_dialect(job["dialect"])
+        expand = getattr(dialect, "expand_workload", None)
+        if expand is None:
+            raise ConfigError(f"{where}: dialect {job['dialect']!r} has no op shorthands; give task_name and args")
+        try:
+            task_name, args = expand(op, params)
+        except DialectError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    else:
+        raise ConfigError(f"{where}: expected one op shorthand (dense: {{M:.., N:.., K:..}}) or task_name + args,"
+                          f" got keys {sorted(workload)}")
+    job["task_name"], job["args"] = task_name, args
+    _check_job(job, where)
+    target = job.get("target") or host_target().canonical
+    job["target"] = parse_target(target).canonical
+    return job
+
+
+def _check_job(job: dict[str, Any], where: str) -> None:
+    tuner = job["tuner"]
+    if isinstance(tuner, dict):
+        if "kind" not in tuner:
+            raise ConfigError(f"{where}: a tuner mapping needs 'kind', got {tuner!r}")
+        job["tuner_options"] = {k: v for k, v in tuner.items() if k != "kind"}
+        job["tuner"] = tuner["kind"]
+    from lorien.search import available_tuners
+
+    if job["tuner"] not in available_tuners():
+        raise ConfigError(f"{where}: unknown tuner {job['tuner']!r} (known: {', '.join(available_tuners())})")
+    for key in ("trials", "batch_size", "commit_nbest"):
+        value = job.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
+        raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
+    measure = job.get("measure") or {}
+    if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
+        raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")
+    job["measure"] = dict(measure)

@@ -1,0 +1,166 @@
+"""``lorien tune CONFIG.yaml`` on one machine: workloads one after another, a progress bar
+each, records committed batch by batch, full AutoTVM-style logs beside the warehouse, and a
+summary table at the end (also when interrupted)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from lorien.tune.config import TuneConfig
+
+
+@dataclass
+class WorkloadSummary:
+    """The outcome of tuning one workload."""
+
+    name: str
+    task_name: str
+    trials: int = 0
+    errors: int = 0
+    best_cost_s: float | None = None
+    best_gflops: float | None = None
+    committed: int = 0
+    elapsed_s: float = 0.0
+    log_path: str = ""
+    interrupted: bool = False
+    best_config: list[Any] | None = None
+
+    @property
+    def trials_per_s(self) -> float:
+        return self.trials / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def workload_name(job: dict[str, Any]) -> str:
+    """A short readable name: the job's ``name`` or the task and its tensor shapes."""
+    if job.get("name"):
+        return str(job["name"])
+    shapes = ["x".join(str(d) for d in arg[1]) for arg in job.get("args", [])
+              if isinstance(arg, list) and arg and arg[0] == "TENSOR"]
+    return f"{job.get('task_name', '?')} {' '.join(shapes)}".strip()
+
+
+def default_log_dir(store_uri: str | None) -> Path:
+    """``<store dir>/logs`` for a local parquet store, ``./lorien-logs`` otherwise."""
+    from lorien.warehouse import default_store_uri
+
+    uri = store_uri or default_store_uri()
+    scheme, sep, rest = uri.partition(":")
+    path = rest if sep and scheme == "parquet" else uri if not sep or len(scheme) == 1 else None
+    if path is not None and "://" not in path:
+        return Path(path) / "logs"
+    return Path("lorien-logs")
+
+
+def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
+    """One AutoTVM log per workload and target: ``<task>.<hash>.log``."""
+    from lorien.tune.jobspec import canonical_json
+
+    digest = hashlib.blake2b(canonical_json([job.get("task_name"), job.get("args"), job.get("target")]).encode(),
+                             digest_size=6).hexdigest()
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("task_name", "job")))
+    return log_dir / f"{stem}.{digest}.log"
+
+
+def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: str | Path | None = None,
+                  progress: bool = True, stream: TextIO | None = None) -> WorkloadSummary:
+    """Tune one job through its dialect, with a progress bar; returns its summary.
+
+    A KeyboardInterrupt stops the workload after committing what was measured; the summary
+    (marked ``interrupted``) is attached to the exception as ``exc.summary`` and re-raised.
+    """
+    from lorien.dialect import get_dialect
+
+    name = workload_name(job)
+    directory = Path(log_dir) if log_dir is not None else default_log_dir(store_uri)
+    summary = WorkloadSummary(name=name, task_name=str(job.get("task_name")),
+                              log_path=str(log_path_for(directory, job)))
+    flop = _flop(job)
+    bar = _progress_bar(name, int(job.get("trials", 0)), progress, stream)
+    started = time.monotonic()
+
+    def on_batch(state: Any, records: list[Any]) -> None:
+        summary.trials, summary.errors, summary.committed = state.trials, state.errors, state.committed
+        if math.isfinite(state.best_cost_s):
+            summary.best_cost_s = state.best_cost_s
+            summary.best_gflops = flop / state.best_cost_s / 1e9 if flop else None
+            summary.best_config = state.best_config.to_json_entity() if state.best_config is not None else None
+        if bar is not None:
+            bar.total = state.total
+            bar.update(len(records))
+            if summary.best_gflops is not None:
+                bar.set_postfix_str(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}")
+
+    try:
+        get_dialect(job.get("dialect", "autotvm")).tune(job, store_uri, log_path=summary.log_path, on_batch=on_batch)
+    except KeyboardInterrupt as exc:
+        summary.interrupted = True
+        summary.elapsed_s = time.monotonic() - started
+        exc.summary = summary  # type: ignore[attr-defined]
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    summary.elapsed_s = time.monotonic() - started
+    return summary
+
+
+def _flop(job: dict[str, Any]) -> float | None:
+    from lorien.workload import compute_flop
+
+    try:
+        return compute_flop(str(job.get("task_name")), job.get("args") or [])
+    except ValueError:
+        return None
+
+
+def _progress_bar(name: str, total: int, enabled: bool, stream: TextIO | None):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=name[:48], unit="trial", file=stream or sys.stderr, leave=True,
+                dynamic_ncols=True)
+
+
+def tune_config(config: TuneConfig, progress: bool = True, stream: TextIO | None = None,
+                log_dir: str | Path | None = None, store_uri: str | None = None) -> list[WorkloadSummary]:
+    """Tune every workload of a config in order. On KeyboardInterrupt the summaries so far
+    (the interrupted one included) are attached to the exception as ``exc.summaries``."""
+    store = store_uri or config.store_uri
+    logs = log_dir or config.log_dir
+    summaries: list[WorkloadSummary] = []
+    for job in config.jobs:
+        try:
+            summaries.append(tune_workload(job, store, logs, progress=progress, stream=stream))
+        except KeyboardInterrupt as exc:
+            summaries.append(exc.summary)  # type: ignore[attr-defined]
+            exc.summaries = summaries  # type: ignore[attr-defined]
+            raise
+    return summaries
+
+
+def format_summary(summaries: list[WorkloadSummary]) -> str:
+    """A plain-text table: workload, best GFLOPS, latency, trials, errors, trials/s."""
+    header = ("workload", "best GFLOPS", "latency (ms)", "trials", "errors", "trials/s")
+    rows = []
+    for s in summaries:
+        rows.append((
+            s.name + (" (interrupted)" if s.interrupted else ""),
+            f"{s.best_gflops:.2f}" if s.best_gflops is not None else "-",
+            f"{s.best_cost_s * 1e3:.4f}" if s.best_cost_s is not None else "-",
+            str(s.trials), str(s.errors), f"{s.trials_per_s:.2f}",
+        ))
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths, strict=True)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
