@@ -1,7 +1,8 @@
 """DynamoDB commit throughput with concurrent committer processes, and configs lost.
 
 Each of ``committers`` processes commits records one at a time (the way tuning workers stream
-results) into the same few items. Lorien's store merges with conditional writes; the seed's
+results), round-robin over the same ``workloads`` items, so every item has all committers
+racing on it. Lorien's store merges with conditional writes; the seed's
 pattern (read the item, merge in Python, ``SET BestConfigs`` unconditionally) does the same merge
 work but writes without a condition. Configs lost = committed records missing from the table.
 
@@ -112,7 +113,7 @@ def _run_mode(mode: str, endpoint: str, committers: int, count: int, workloads: 
             "lost": len(expected - stored), "conflicts": conflicts}
 
 
-def run(endpoint: str, committers: int = 8, records_per_committer: int = 24, workloads: int = 2) -> dict:
+def run(endpoint: str, committers: int = 8, records_per_committer: int = 24, workloads: int = 8) -> dict:
     """Commit throughput and lost configs, conditional (Lorien) vs naive (seed) read-modify-write.
 
     ``committers * records_per_committer / workloads`` must stay within the 100 configs an item
@@ -177,13 +178,16 @@ def main() -> None:
     parser.add_argument("--endpoint", help="an existing DynamoDB-compatible endpoint (default: start moto)")
     parser.add_argument("--committers", type=int, default=8)
     parser.add_argument("--records", type=int, default=24, help="records per committer")
+    parser.add_argument("--workloads", type=int, default=8, help="items the records spread over")
     args = parser.parse_args()
     committers, records = (4, 10) if args.quick else (args.committers, args.records)
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         os.environ.setdefault(name, value)
     with moto_server() if args.endpoint is None else _given(args.endpoint) as endpoint:
-        result = run(endpoint, committers=committers, records_per_committer=records)
-    print(f"{result['committers']} committer processes, {result['records']} records, one commit each")
+        result = run(endpoint, committers=committers, records_per_committer=records,
+                     workloads=args.workloads)
+    print(f"{result['committers']} committer processes, {result['records']} records over "
+          f"{args.workloads} items, one commit each")
     print(f"  conditional (Lorien): {result['ddb_rps']} records/s, {result['ddb_lost']} configs lost")
     print(f"  naive (seed pattern): {result['naive_rps']} records/s, {result['naive_lost']} configs lost")
     print(f"ddb_rps={result['ddb_rps']} ddb_lost={result['ddb_lost']} naive_lost={result['naive_lost']}")

@@ -319,6 +319,18 @@ def test_a_seed_reader_reads_our_items(store, client, shared_data):
         assert config["framework_build_config"] is not None
 
 
+def test_auto_scheduler_records_round_trip_with_their_native_ansor_line(store, client, shared_data):
+    from lorien.formats import read_log
+
+    records = [r for r in read_log(shared_data / "ansor" / "matmul.json").records if r.is_valid][:5]
+    store.commit(records)
+    best = store.best(records[0].workload_key, records[0].target, k=10)
+    assert sorted(r.record_id for r in best) == sorted(r.record_id for r in records)
+    item = stored_item(client, store, records[0].target, records[0].workload_key)
+    line = orjson.loads(_seed_read(item["BestConfigs"])[0]["config"])
+    assert set(line) >= {"i", "r", "v"}
+
+
 def test_a_seed_committed_item_merges_without_losing_its_configs(store, client):
     seed_config = {"config": orjson.dumps({"trace": "seed"}).decode(), "log_path": " ",
                    "framework_build_config": "unknown", "latency": 5e-3}
