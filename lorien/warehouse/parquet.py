@@ -105,8 +105,9 @@ class _LocalFiles:
 
     is_local = True
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, fsync: bool = False):
         self.root = os.path.abspath(os.path.expanduser(root))
+        self.fsync = fsync
 
     def _path(self, rel: str) -> str:
         return os.path.join(self.root, *rel.split("/"))
@@ -151,9 +152,10 @@ class _LocalFiles:
         rel = f"{STAGING_DIR}/{uuid.uuid4().hex}.parquet.tmp"
         path = self._path(rel)
         try:
-            pq.write_table(table, path, row_group_size=row_group_size)
-            with open(path, "rb+") as handle:
-                os.fsync(handle.fileno())
+            _write_parquet(table, path, row_group_size)
+            if self.fsync:
+                with open(path, "rb+") as handle:
+                    os.fsync(handle.fileno())
         except OSError as exc:
             raise StoreError(f"cannot write {path!r}: {exc}") from exc
         return rel
@@ -263,7 +265,7 @@ class _S3Files:
         import botocore.exceptions
 
         buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer, row_group_size=row_group_size)
+        _write_parquet(table, buffer, row_group_size)
         key = f"{self.root}/{rel}".split("/", 1)[1]
         try:
             self._client().put_object(Bucket=self.bucket, Key=key, Body=buffer.getvalue().to_pybytes())
@@ -311,12 +313,28 @@ def _open_files(location: str) -> _LocalFiles | _S3Files:
             raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} "
                              "(known: endpoint_url, region)")
         return _S3Files(parts.netloc, parts.path, query.get("endpoint_url"), query.get("region"))
-    if not location:
+    path, _, query_text = location.partition("?")
+    if not path:
         raise StoreError("empty parquet store path")
-    return _LocalFiles(location)
+    query = {name: values[-1] for name, values in parse_qs(query_text).items()}
+    unknown = set(query) - {"fsync"}
+    if unknown:
+        raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync)")
+    return _LocalFiles(path, fsync=query.get("fsync", "false").lower() in ("1", "true", "yes"))
 
 
 # ---- table helpers --------------------------------------------------------------------------
+
+#: Columns with few distinct values, dictionary-encoded in files; the rest (configs, ids,
+#: costs) are nearly unique, and trying to dictionary-encode them only costs time.
+DICTIONARY_COLUMNS = ["dialect", "target", "target_key", "target_raw", "workload_key", "task_name", "args",
+                      "layout", "build", "extra", "source"]
+
+
+def _write_parquet(table: pa.Table, where: Any, row_group_size: int | None) -> None:
+    dictionary = [name for name in DICTIONARY_COLUMNS if name in table.column_names]
+    pq.write_table(table, where, row_group_size=row_group_size, use_dictionary=dictionary)
+
 
 def _constant(value: str, length: int) -> pa.Array:
     return pa.array([value], pa.string()).take(np.zeros(length, dtype=np.int32))
@@ -512,7 +530,7 @@ class ParquetCommit:
         self.result = CommitResult()
         self._pending_records: list[_PendingFile] = []
         self._pending_serving: list[_PendingFile] = []
-        self._new_ids: set[str] = set()
+        self._unpublished_ids: set[str] = set()
         self._known = store._known_record_ids()
         # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
         self._direct = publish_each_batch and not store._files.is_local
@@ -523,12 +541,13 @@ class ParquetCommit:
         batch = CommitResult(received=table.num_rows)
         table = _dedupe(table)
         ids = table.column("record_id").to_pylist()
-        known, new_ids = self._known, self._new_ids
-        fresh = np.fromiter((rid not in known and rid not in new_ids for rid in ids), dtype=bool, count=len(ids))
+        known, unpublished = self._known, self._unpublished_ids
+        fresh = np.fromiter((rid not in known and rid not in unpublished for rid in ids), dtype=bool,
+                            count=len(ids))
         if not fresh.all():
             table = table.filter(pa.array(fresh))
             ids = [rid for rid, keep in zip(ids, fresh, strict=True) if keep]
-        new_ids.update(ids)
+        unpublished.update(ids)
         batch.stored = table.num_rows
         batch.duplicates = batch.received - batch.stored
         if table.num_rows:
@@ -565,7 +584,8 @@ class ParquetCommit:
             self.store._files.publish(pending.staged, pending.final)
         self._pending_records.clear()
         self._pending_serving.clear()
-        self.store._known_ids.update(self._new_ids)
+        self.store._known_ids.update(self._unpublished_ids)
+        self._unpublished_ids.clear()
         self.store._invalidate()
 
     def finish(self) -> CommitResult:
