@@ -252,3 +252,15 @@ def test_a_first_lookup_and_an_indexed_lookup_give_the_same_answer(root, query):
     assert cold._indexes
     assert first == second
     assert first
+
+
+def test_a_local_store_uri_takes_an_fsync_option(root):
+    store = open_store(f"parquet:{root}?fsync=true")
+    store.commit(workload_records("dense#a", 2))
+    assert store._files.fsync
+    assert len(parquet_files(root)) == 1
+
+
+def test_an_unknown_local_store_option_is_refused(root):
+    with pytest.raises(StoreError, match="fsnyc"):
+        open_store(f"parquet:{root}?fsnyc=true")
