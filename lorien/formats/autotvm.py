@@ -279,7 +279,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     batch = _Columns()
     errors: list[RecordParseError] = []
     by_raw_input, extra_index_of = decoder._by_raw_input, decoder._extra_index
-    rows, append = batch.rows, batch.rows.append
+    add_workload, add_extra, add_config, add_costs, add_error, add_all_cost, add_time, add_id = batch.appenders()
     loads, dumps, blake2b, decode_error = orjson.loads, orjson.dumps, hashlib.blake2b, orjson.JSONDecodeError
     collecting = gc.isenabled()
     gc.disable()
@@ -304,11 +304,16 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                         else:
                             if type(config) is dict and type(error_no) is int:
                                 config_text = dumps(config).decode()
-                                append((workload.index, extra_index, config_text, costs, error_no, all_cost,
-                                        timestamp, blake2b(workload.id_prefix + dumps(
-                                            [config_text, costs, error_no, timestamp])[1:],
-                                            digest_size=16).hexdigest()))
-                                if len(rows) < batch_size:
+                                add_workload(workload.index)
+                                add_extra(extra_index)
+                                add_config(config_text)
+                                add_costs(costs)
+                                add_error(error_no)
+                                add_all_cost(all_cost)
+                                add_time(timestamp)
+                                add_id(blake2b(workload.id_prefix + dumps([config_text, costs, error_no, timestamp])[1:],
+                                               digest_size=16).hexdigest())
+                                if len(batch.record_id) < batch_size:
                                     continue
                                 line = b""  # the batch is full: hand it over below
             elif is_skipped(line):
@@ -330,7 +335,8 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                 collecting = gc.isenabled()
                 gc.disable()
                 batch, errors = _Columns(), []
-                rows, append = batch.rows, batch.rows.append
+                (add_workload, add_extra, add_config, add_costs, add_error, add_all_cost, add_time,
+                 add_id) = batch.appenders()
         if batch.size or errors:
             table = batch.table(decoder)
             if collecting:
@@ -419,27 +425,35 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
 
 
 class _Columns:
-    """Rows of one batch: (workload index, extra index, config, costs, error_no, all_cost,
-    timestamp, record_id); per-workload columns are gathered by index when the table is built."""
+    """Column values of one batch; per-workload columns are gathered by index when the table is built."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple] = []
+        self.workload_index: list[int] = []
+        self.extra_index: list[int] = []
+        self.config: list[str] = []
+        self.costs: list[list[float]] = []
+        self.error_no: list[int] = []
+        self.all_cost: list[float] = []
+        self.timestamp: list[float] = []
+        self.record_id: list[str] = []
+
+    def appenders(self) -> tuple:
+        """Bound ``append`` of every column, in :meth:`add` order, for the hot loop."""
+        return (self.workload_index.append, self.extra_index.append, self.config.append, self.costs.append,
+                self.error_no.append, self.all_cost.append, self.timestamp.append, self.record_id.append)
 
     @property
     def size(self) -> int:
-        return len(self.rows)
+        return len(self.record_id)
 
     def add(self, fields: tuple) -> None:
-        workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id = fields
-        self.rows.append((workload.index, extra_index, config, costs, error_no, all_cost, timestamp, record_id))
+        workload, *values = fields
+        for append, value in zip(self.appenders(), (workload.index, *values), strict=True):
+            append(value)
 
     def table(self, decoder: Decoder) -> pa.Table:
         n = self.size
-        if n:
-            wl_list, extra_list, config, costs, error_no, all_cost, timestamp, record_id = zip(*self.rows, strict=True)
-        else:
-            wl_list = extra_list = config = costs = error_no = all_cost = timestamp = record_id = ()
-        wl_index = pa.array(np.asarray(wl_list, dtype=np.int32))
+        wl_index = pa.array(np.asarray(self.workload_index, dtype=np.int32))
         zeros = pa.array(np.zeros(n, dtype=np.int32))
         workloads = decoder.workloads
 
@@ -449,10 +463,10 @@ class _Columns:
         def constant(value: str) -> pa.Array:
             return pa.array([value], type=pa.string()).take(zeros)
 
-        costs_array = pa.array(costs, type=pa.list_(pa.float64()))
-        error_array = np.asarray(error_no, dtype=np.int32)
+        costs_array = pa.array(self.costs, type=pa.list_(pa.float64()))
+        error_array = np.asarray(self.error_no, dtype=np.int32)
         columns = {
-            "record_id": pa.array(record_id, type=pa.string()),
+            "record_id": pa.array(self.record_id, type=pa.string()),
             "dialect": constant(DIALECT),
             "target": per_workload("target", pa.string()),
             "target_key": per_workload("target_key", pa.string()),
@@ -461,16 +475,16 @@ class _Columns:
             "task_name": per_workload("task_name", pa.string()),
             "args": per_workload("args", pa.string()),
             "layout": per_workload("layout", pa.string()),
-            "config": pa.array(config, type=pa.string()),
+            "config": pa.array(self.config, type=pa.string()),
             "costs": costs_array,
             "cost_s": mean_costs(costs_array, error_array),
             "error_no": pa.array(error_array),
-            "all_cost": pa.array(np.asarray(all_cost, dtype=np.float64)),
-            "timestamp": pa.array(np.asarray(timestamp, dtype=np.float64)),
+            "all_cost": pa.array(np.asarray(self.all_cost, dtype=np.float64)),
+            "timestamp": pa.array(np.asarray(self.timestamp, dtype=np.float64)),
             "flop": per_workload("flop", pa.float64()),
             "build": constant("{}"),
             "extra": pa.array(decoder.extras, type=pa.string()).take(
-                pa.array(np.asarray(extra_list, dtype=np.int32))),
+                pa.array(np.asarray(self.extra_index, dtype=np.int32))),
             "source": constant(decoder.source),
         }
         return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
