@@ -18,6 +18,9 @@ import orjson
 
 from lorien.errors import DialectError, LorienError
 
+#: Configs parsed into Python objects at once (bounds phase-1 memory).
+PARSE_CHUNK = 8192
+
 #: Features of one record, in column order (``thrpt`` is added by the pipeline).
 Features = dict[str, Any]
 
@@ -133,20 +136,40 @@ def config_columns(configs: list[str]) -> tuple[list[tuple[list[int], dict[str, 
     ``(positions, columns)`` pair per layout and ``(position, reason)`` for every row that
     could not be featurized.
     """
-    try:
-        parsed = orjson.loads("[" + ",".join(configs) + "]")
-        if len(parsed) != len(configs):
-            raise FeatureError("config text is not one JSON value per record")
-    except (orjson.JSONDecodeError, FeatureError):
-        parsed = []
-        for text in configs:
-            try:
-                parsed.append(orjson.loads(text))
-            except orjson.JSONDecodeError:
-                parsed.append(None)
     layouts: dict[tuple[str, ...], tuple[list[str], list[int], list[list[Any]]]] = {}
     failed: list[tuple[int, str]] = []
-    for position, config in enumerate(parsed):
+    for offset in range(0, len(configs), PARSE_CHUNK):
+        _config_chunk(configs, offset, layouts, failed)
+    groups = []
+    for feature_names, positions, rows in layouts.values():
+        transposed = list(zip(*rows, strict=True))
+        groups.append((positions, {name: list(values) for name, values in zip(feature_names, transposed, strict=False)}))
+    return groups, failed
+
+
+def _parse_chunk(configs: list[str]) -> list[Any]:
+    """Parse many JSON texts at once (one orjson call); one by one if some text is bad."""
+    try:
+        parsed = orjson.loads("[" + ",".join(configs) + "]")
+        if len(parsed) == len(configs):
+            return parsed
+    except orjson.JSONDecodeError:
+        pass
+    parsed = []
+    for text in configs:
+        try:
+            parsed.append(orjson.loads(text))
+        except orjson.JSONDecodeError:
+            parsed.append(None)
+    return parsed
+
+
+def _config_chunk(configs: list[str], offset: int, layouts: dict[tuple[str, ...], Any],
+                  failed: list[tuple[int, str]]) -> None:
+    """Featurize ``configs[offset:offset + PARSE_CHUNK]`` into ``layouts`` (parsed objects of
+    only one chunk are alive at a time: they take far more memory than the values)."""
+    parsed = _parse_chunk(configs[offset:offset + PARSE_CHUNK])
+    for position, config in enumerate(parsed, offset):
         try:
             entity = config["entity"] if type(config) is dict else config
             names: list[str] | tuple[str, ...] = []
@@ -176,11 +199,6 @@ def config_columns(configs: list[str]) -> tuple[list[tuple[list[int], dict[str, 
             continue
         layout[1].append(position)
         layout[2].append(values)
-    groups = []
-    for feature_names, positions, rows in layouts.values():
-        transposed = list(zip(*rows, strict=True))
-        groups.append((positions, {name: list(values) for name, values in zip(feature_names, transposed, strict=False)}))
-    return groups, failed
 
 
 @cache

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import multiprocessing
 import os
 import re
 import shutil
@@ -45,6 +46,8 @@ from lorien.features.meta import ID_COLUMNS, TARGET_COLUMN, FeatureColumn, Featu
 from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_batches
 
 SPILL_DIR = "_phase1"
+#: Phase-1 batches a worker process handles before it is replaced.
+WORKER_BATCHES = 8
 MANIFEST = "manifest.json"
 
 
@@ -343,15 +346,29 @@ def _dialect_features(extractor: Any, rows: list[dict[str, Any]]) -> tuple[list[
 
 def _phase1_task(table: pa.Table, spill_dir: str, batch_index: int, extractor: str) -> dict[str, Any]:
     outputs, counts = featurize_table(table, extractor=extractor)
+    rows_of = {template: features.num_rows for template, features in outputs.items()}
     for template, features in outputs.items():
         folder = Path(spill_dir) / safe_name(template)
         folder.mkdir(parents=True, exist_ok=True)
         with ipc.new_file(str(folder / f"part-{batch_index:06d}.arrow"), features.schema) as writer:
             writer.write_table(features)
-    counts["templates"] = {template: features.num_rows for template, features in outputs.items()}
+    del outputs
+    pa.default_memory_pool().release_unused()  # return freed batch buffers to the OS
+    counts["templates"] = rows_of
     counts["dropped"] = dict(counts["dropped"])
     counts["zeroed"] = dict(counts["zeroed"])
     return counts
+
+
+def _phase1_file_task(batch_path: str, spill_dir: str, batch_index: int, extractor: str) -> dict[str, Any]:
+    """:func:`_phase1_task` of a batch the reader wrote to ``batch_path`` (deleted after)."""
+    with pa.memory_map(batch_path) as source:
+        table = ipc.open_file(source).read_all()
+    try:
+        return _phase1_task(table, spill_dir, batch_index, extractor)
+    finally:
+        del table
+        os.unlink(batch_path)
 
 
 # ---- phase 2 ----------------------------------------------------------------------------
@@ -545,11 +562,20 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
                 last_report = time.perf_counter()
                 _progress(f"phase 1: {report.records_read} records", progress)
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        inbox = spill / "_batches"
+        inbox.mkdir()
+        # Workers are replaced every few batches: their allocators keep what a batch freed.
+        context = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, max_tasks_per_child=WORKER_BATCHES) as pool:
             pending: list[Future] = []
             for index, batch in enumerate(batches):
-                pending.append(pool.submit(_phase1_task, batch, str(spill), index, extractor))
-                while len(pending) >= 2 * jobs:
+                # Hand the batch over as a file: pickling it would hold two more copies in memory.
+                batch_path = inbox / f"batch-{index:06d}.arrow"
+                with ipc.new_file(str(batch_path), batch.schema) as writer:
+                    writer.write_table(batch)
+                del batch
+                pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, extractor))
+                while len(pending) >= jobs + 1:
                     absorb(pending.pop(0).result())
                 if time.perf_counter() - last_report > 2:
                     last_report = time.perf_counter()
@@ -580,7 +606,9 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
     if jobs == 1 or len(names) == 1:
         results = [_phase2_task(name, str(spill / safe_name(name)), str(out)) for name in names]
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(names))) as pool:
+        context = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=context,
+                                 max_tasks_per_child=1) as pool:
             futures = [pool.submit(_phase2_task, name, str(spill / safe_name(name)), str(out)) for name in names]
             results = []
             for done, future in enumerate(futures, 1):

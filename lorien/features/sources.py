@@ -142,20 +142,19 @@ def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: 
         values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
         condition = ds.field(column).isin([str(v) for v in values])
         expression = condition if expression is None else expression & condition
-    scanner = dataset.scanner(columns=["record_id", *NEEDED_COLUMNS], filter=expression, batch_size=batch_size)
-    seen: set[int] = set()
+    scanner = dataset.scanner(columns=["record_id", *NEEDED_COLUMNS], filter=expression, batch_size=batch_size,
+                              batch_readahead=1, fragment_readahead=1)
+    seen = np.zeros(0, dtype=np.uint64)  # sorted 64-bit prefixes of record ids read so far
     duplicates = 0
-    for batch in scanner.to_batches():
-        if batch.num_rows == 0:
-            continue
-        table = pa.Table.from_batches([batch])
-        ids = [int(rid[:16], 16) for rid in table["record_id"].to_pylist()]
-        fresh = np.ones(len(ids), dtype=bool)
-        for i, rid in enumerate(ids):
-            if rid in seen:
-                fresh[i] = False
-            else:
-                seen.add(rid)
+    for table in _rebatch(scanner.to_batches(), batch_size):
+        ids = np.fromiter((int(rid[:16], 16) for rid in table["record_id"].to_pylist()), dtype=np.uint64,
+                          count=table.num_rows)
+        unique_ids, first = np.unique(ids, return_index=True)
+        fresh = np.zeros(len(ids), dtype=bool)
+        fresh[first] = True
+        if seen.size:
+            fresh &= seen[np.minimum(np.searchsorted(seen, ids), seen.size - 1)] != ids
+        seen = np.union1d(seen, unique_ids)
         if not fresh.all():
             duplicates += int((~fresh).sum())
             table = table.filter(pa.array(fresh))
@@ -164,6 +163,22 @@ def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: 
                                      pc.fill_null(table[name], ""))
         yield table.drop_columns(["record_id"])
     info.description["duplicates_dropped"] = duplicates
+
+
+def _rebatch(batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[pa.Table]:
+    """Tables of about ``batch_size`` rows from a stream of (often small) record batches."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= batch_size:
+            yield pa.Table.from_batches(pending).combine_chunks()
+            pending, rows = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending).combine_chunks()
 
 
 def _jsonable(value: Any) -> Any:

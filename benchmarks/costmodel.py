@@ -1,0 +1,241 @@
+"""Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning.
+
+    python benchmarks/costmodel.py            # full: 500k records timed, 2M for memory, 3 held-out workloads
+    python benchmarks/costmodel.py --quick    # small: 100k / 300k records, 1 held-out workload, fewer trials
+
+Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
+logs (each base record varied in batch size, config index, cost and timestamp). Peak memory
+is the largest summed RSS of the featurizing process and its workers, sampled with psutil.
+
+Zero-shot: a training set is tuned with the random tuner on this machine (dense workloads),
+featurized and used to train an XGBoost ranking model; for each held-out workload the model's
+top-5 proposals are measured and compared with the same workload tuned with 300 trials (xgb
+tuner), and with 5 random configs of its space. Ratios are throughput / tuned throughput.
+The last line is the key=value summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("LORIEN_SHARED_DATA", REPO.parent / "shared" / "data"))
+sys.path.insert(0, str(REPO))
+
+TRAIN_SHAPES = [(m, n, k) for m in (1, 16, 64) for n in (128, 256, 512) for k in (128, 512)]
+HELD_OUT = [(32, 384, 256), (8, 256, 384), (48, 512, 192)]
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+# ---- featurization -------------------------------------------------------------------------
+
+def synthetic_store(path: Path, n_records: int, base_records: int = 100_000) -> str:
+    """A parquet store of ``n_records`` synthetic records (copies of a TopHub-based base set
+    with distinct timestamps and record ids)."""
+    from lorien.formats import iter_log_tables
+    from lorien.formats.synthetic import make_autotvm_log
+    from lorien.warehouse import open_store
+
+    uri = f"parquet:{path}"
+    base_log = path.parent / f"base-{base_records}.log"
+    if not base_log.exists():
+        make_autotvm_log(sorted((SHARED / "tophub").glob("*.log")), base_log, base_records)
+    base = pa.concat_tables([table for table, _ in iter_log_tables(base_log)]).combine_chunks()
+    store = open_store(uri)
+    written, copy = 0, 0
+    while written < n_records:
+        take = min(base.num_rows, n_records - written)
+        part = base.slice(0, take)
+        if copy:
+            ids = [hashlib.blake2b(f"{rid}/{copy}".encode(), digest_size=16).hexdigest()
+                   for rid in part["record_id"].to_pylist()]
+            part = part.set_column(part.schema.get_field_index("record_id"), "record_id", pa.array(ids))
+            shifted = pa.array(part["timestamp"].to_numpy() + copy * 1e7)
+            part = part.set_column(part.schema.get_field_index("timestamp"), "timestamp", shifted)
+        store.commit(part)
+        written += take
+        copy += 1
+    store.close()
+    return uri
+
+
+def featurize_speed(uri: str, out: Path, jobs: int) -> tuple[float, float]:
+    """(records per second of wall time, records per CPU second) of one featurization."""
+    from lorien.features import featurize
+
+    before = psutil.Process().cpu_times()
+    start = time.perf_counter()
+    report = featurize(out, store=uri, jobs=jobs, progress=False)
+    wall = time.perf_counter() - start
+    after = psutil.Process().cpu_times()
+    cpu = (after.user - before.user + after.system - before.system
+           + after.children_user - before.children_user + after.children_system - before.children_system)
+    log(f"featurize: {report.records_read} records, {len(report.templates)} templates, {wall:.2f}s wall, "
+        f"{cpu:.2f}s CPU (jobs={jobs}, load average {os.getloadavg()[0]:.1f})")
+    return report.records_read / wall, report.records_read / max(cpu, 1e-9)
+
+
+def peak_memory_mib(uri: str, out: Path, jobs: int) -> float:
+    """Largest summed RSS (MiB) of a featurization subprocess and its workers."""
+    code = ("import sys; from lorien.features import featurize; "
+            f"r = featurize({str(out)!r}, store={uri!r}, jobs={jobs}, progress=False); "
+            "print(r.records_read)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=str(REPO))
+    process = psutil.Process(child.pid)
+    peak = 0
+    while child.poll() is None:
+        try:
+            tree = [process, *process.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.02)
+    records = child.stdout.read().decode().strip() if child.stdout else ""
+    if child.returncode != 0:
+        raise SystemExit(f"featurization subprocess failed with code {child.returncode}")
+    log(f"featurize peak memory: {peak / 2**20:.0f} MiB for {records} records (jobs={jobs})")
+    return peak / 2**20
+
+
+# ---- zero-shot -----------------------------------------------------------------------------
+
+def dense_job(m: int, n: int, k: int, tuner: str, trials: int, seed: int) -> dict:
+    from lorien.dialect import get_dialect
+
+    task_name, args = get_dialect("autotvm").expand_workload("dense", {"M": m, "N": n, "K": k})
+    return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": "llvm", "tuner": tuner,
+            "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+
+
+def best_gflops(records: list) -> float:
+    values = [r.gflops for r in records if r.gflops is not None]
+    return max(values) if values else 0.0
+
+
+def zero_shot(work: Path, train_trials: int, tune_trials: int, held_out: list, train_shapes: list) -> dict:
+    from lorien.costmodel import load_cost_model, train_cost_model
+    from lorien.costmodel.zeroshot import measure_proposals, propose, sample_indices
+    from lorien.dialect import get_dialect
+    from lorien.features import featurize
+    from lorien.tune.local import tune_workload
+
+    train_uri = f"parquet:{work / 'train-store'}"
+    start = time.perf_counter()
+    for i, shape in enumerate(train_shapes):
+        tune_workload(dense_job(*shape, "random", train_trials, i), train_uri, log_dir=work / "logs", progress=False)
+    log(f"zero-shot: training set of {len(train_shapes)} workloads x {train_trials} trials "
+        f"in {time.perf_counter() - start:.0f}s")
+    featurize(work / "features", store=train_uri, jobs=2, progress=False)
+    train_cost_model(work / "features", work / "model", kind="xgb-rank", folds=3, baseline=None, plots=False,
+                     progress=False)
+    model = load_cost_model(work / "model")
+    dialect = get_dialect("autotvm")
+    results = []
+    for i, shape in enumerate(held_out):
+        job = dense_job(*shape, "xgb", tune_trials, 100 + i)
+        started = time.perf_counter()
+        tuned = tune_workload(job, f"parquet:{work / 'tuned-store'}", log_dir=work / "logs", progress=False)
+        tune_s = time.perf_counter() - started
+        tuned_gflops = tuned.best_gflops or 0.0
+
+        started = time.perf_counter()
+        proposals = propose(model, task_name=job["task_name"], args=job["args"], topk=5)
+        records = measure_proposals(proposals, model.name, job["task_name"], job["args"],
+                                    store_uri=f"parquet:{work / 'zeroshot-store'}")
+        zero_shot_s = time.perf_counter() - started
+
+        from lorien.costmodel.zeroshot import _dialect_part
+
+        space = _dialect_part(dialect, "task", "templates", "instantiate")(job["task_name"], job["args"]).space
+        picks = sample_indices(len(space), 5, seed=7 + i)
+        random_props = [type(proposals[0])(rank=r + 1, score=0.0, entity=space.get(int(idx)).to_json_entity())
+                        for r, idx in enumerate(picks)]
+        random_records = measure_proposals(random_props, "random", job["task_name"], job["args"], commit=False)
+
+        entry = {"shape": shape, "tuned_gflops": tuned_gflops, "tune_s": tune_s, "zero_shot_s": zero_shot_s,
+                 "top1_gflops": records[0].gflops or 0.0, "best5_gflops": best_gflops(records),
+                 "random_best5_gflops": best_gflops(random_records)}
+        results.append(entry)
+        log(f"zero-shot {shape}: tuned({tune_trials} trials) {tuned_gflops:.2f} GFLOPS in {tune_s:.0f}s; "
+            f"top-1 {entry['top1_gflops']:.2f}, best of 5 {entry['best5_gflops']:.2f} in {zero_shot_s:.1f}s; "
+            f"random best of 5 {entry['random_best5_gflops']:.2f}")
+
+    def mean_ratio(key: str) -> float:
+        ratios = [r[key] / r["tuned_gflops"] for r in results if r["tuned_gflops"] > 0]
+        return float(np.mean(ratios)) if ratios else float("nan")
+
+    return {"zeroshot_top1": mean_ratio("top1_gflops"), "zeroshot_best5": mean_ratio("best5_gflops"),
+            "random_best5": mean_ratio("random_best5_gflops"),
+            "time_ratio": sum(r["tune_s"] for r in results) / max(sum(r["zero_shot_s"] for r in results), 1e-9),
+            "workloads": results}
+
+
+def engine_available() -> str | None:
+    """None when the engine can measure; else why not."""
+    try:
+        import lorien.engine.measure  # noqa: F401
+
+        from lorien.tune.local import tune_workload  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes")
+    parser.add_argument("--jobs", type=int, default=2, help="featurization workers")
+    parser.add_argument("--skip-zeroshot", action="store_true", help="only featurization")
+    parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
+    args = parser.parse_args()
+
+    speed_records = 100_000 if args.quick else 500_000
+    memory_records = 300_000 if args.quick else 2_000_000
+    with tempfile.TemporaryDirectory(prefix="lorien-bench-") as tmp:
+        work = Path(args.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
+        speed_uri = synthetic_store(work / "speed-store", speed_records)
+        rps, rps_cpu = featurize_speed(speed_uri, work / "speed-features", args.jobs)
+        log(f"featurize: {rps:.0f} records/s wall, {rps_cpu:.0f} records per CPU-second")
+        memory_uri = synthetic_store(work / "memory-store", memory_records)
+        peak = peak_memory_mib(memory_uri, work / "memory-features", args.jobs)
+
+        values = {"zeroshot_top1": math.nan, "zeroshot_best5": math.nan, "time_ratio": math.nan,
+                  "random_best5": math.nan}
+        missing = engine_available()
+        if args.skip_zeroshot:
+            log("zero-shot: skipped (--skip-zeroshot)")
+        elif missing:
+            log(f"zero-shot: skipped, the engine cannot measure here ({missing})")
+        else:
+            held_out = HELD_OUT[:1] if args.quick else HELD_OUT
+            train_shapes = TRAIN_SHAPES[::3] if args.quick else TRAIN_SHAPES
+            result = zero_shot(work, train_trials=16 if args.quick else 48, tune_trials=48 if args.quick else 300,
+                               held_out=held_out, train_shapes=train_shapes)
+            (work / "zeroshot.json").write_text(json.dumps(result, indent=2))
+            values.update({k: result[k] for k in values})
+    log(f"featurize_rps={rps:.0f} peak_mib_2m={peak:.0f} zeroshot_top1={values['zeroshot_top1']:.3f} "
+        f"zeroshot_best5={values['zeroshot_best5']:.3f} time_ratio={values['time_ratio']:.1f} "
+        f"random_best5={values['random_best5']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
