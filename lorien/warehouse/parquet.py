@@ -143,6 +143,18 @@ class _LocalFiles:
                     found[f"{rel}/{entry.name}"] = entry.stat().st_size
         return found
 
+    def names(self, sub: str) -> list[str]:
+        """Published parquet files directly in ``sub`` (one listing, no stat per file)."""
+        try:
+            entries = os.listdir(self._path(sub))
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            self.check_readable()
+            raise
+        return [f"{sub}/{name}" for name in entries
+                if name.endswith(".parquet") and not name.startswith((".", "_"))]
+
     def open(self, rel: str) -> pq.ParquetFile:
         return pq.ParquetFile(self._path(rel), memory_map=True)
 
@@ -242,6 +254,9 @@ class _S3Files:
                 continue
             found[rel] = info.size
         return found
+
+    def names(self, sub: str) -> list[str]:
+        return list(self.list(sub))
 
     def open(self, rel: str) -> pq.ParquetFile:
         try:
@@ -621,6 +636,7 @@ class ParquetStore(Store):
         self._serving_tables: dict[str, pa.Table] = {}
         self._listed: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._lookups: dict[str, int] = {}
+        self._targets: dict[str, tuple[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"ParquetStore({self.location!r})"
@@ -749,12 +765,20 @@ class ParquetStore(Store):
 
     # -- best ---------------------------------------------------------------------------------
 
+    def _target_names(self, target: str) -> tuple[str, str]:
+        """(alternate key, canonical string) of a target, parsed once per spelling."""
+        names = self._targets.get(target)
+        if names is None:
+            parsed = parse_target(target)
+            names = self._targets[target] = (parsed.alternate_key, parsed.canonical)
+        return names
+
     def _serving_files(self, target_key: str) -> tuple[str, ...]:
         now = time.monotonic()
         cached = self._listed.get(target_key)
         if cached is not None and not self._files.is_local and now - cached[0] < S3_REFRESH_INTERVAL_S:
             return cached[1]
-        files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+        files = tuple(sorted(self._files.names(_serving_dir(target_key))))
         self._listed[target_key] = (now, files)
         return files
 
@@ -806,7 +830,7 @@ class ParquetStore(Store):
             try:
                 tables = [self._read_serving(rel, target_key) for rel in files]
             except FileNotFoundError:
-                files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+                files = tuple(sorted(self._files.names(_serving_dir(target_key))))
                 continue
             break
         else:
@@ -825,8 +849,7 @@ class ParquetStore(Store):
              per_layout: bool = False) -> list[TuningRecord]:
         if k < 1:
             raise StoreError(f"k must be a positive number of records, got {k!r}")
-        parsed = parse_target(target)
-        target_key, canonical = parsed.alternate_key, parsed.canonical
+        target_key, canonical = self._target_names(target)
         files = self._serving_files(target_key)
         depth = min((_serving_depth(rel) for rel in files), default=None)
         if depth is not None and k > depth:
@@ -839,7 +862,7 @@ class ParquetStore(Store):
                 return self._best_cold(files, target_key, workload_key, canonical, k, layout,
                                        by_alternate_key, prefix, per_layout)
             except FileNotFoundError:
-                files = tuple(sorted(self._files.list(_serving_dir(target_key))))
+                files = tuple(sorted(self._files.names(_serving_dir(target_key))))
         index = self._index(target_key, files)
         return index.best(workload_key, canonical, k, layout, by_alternate_key, prefix, per_layout)
 
