@@ -48,10 +48,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     # ---- tune -------------------------------------------------------------------------
-    # (section owned by the engine/tune work)
+    tune = _parser(sub, "tune", "tune the workloads of a YAML config on this machine, streaming records "
+                   "into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse")
+    tune.add_argument("config", help="tuning YAML (see docs/tuning.md and configs/samples/)")
+    tune.add_argument("--store", help=STORE_HELP + " (overrides the config's store)")
+    tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
+    tune.add_argument("--trials", type=int, help="override the trials of every workload")
+    tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
-    # (section owned by the engine/autotvm work)
+    apply = _parser(sub, "apply", "build and measure one AutoTVM config on this machine (e.g. a TopHub line)",
+                    "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12")
+    apply.add_argument("--log", help="an AutoTVM log; with --line, the record to apply")
+    apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
+    apply.add_argument("--workload-key", help="an AutoTVM workload key (task#arg#...), with --config")
+    apply.add_argument("--config", help="with --workload-key: a config index, entity list or config object (JSON)")
+    apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
+    apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
+    apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
+    apply.add_argument("--commit", action="store_true", help="commit the measured record to --store")
+    apply.set_defaults(run=_run_apply)
 
     # ---- query ------------------------------------------------------------------------
     query = _parser(sub, "query", "best stored records of a workload on a target",
@@ -74,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--topk", type=int, default=5, help="with --predict: number of proposals (default 5)")
     query.add_argument("--measure", type=int, default=0, metavar="K",
                        help="with --predict: measure the best K proposals on the engine and commit them")
+    query.add_argument("--build", action="store_true",
+                       help="also compile the best record into a kernel (lorien.compile); without records, "
+                            "build a default schedule and say so")
     query.set_defaults(run=_run_query)
 
     # ---- ingest -----------------------------------------------------------------------
@@ -221,7 +242,55 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- run functions: tune -----------------------------------------------------------------
 
+def _run_tune(args: argparse.Namespace) -> int:
+    from lorien.tune.config import load_tune_config
+    from lorien.tune.local import format_summary, tune_config
+
+    config = load_tune_config(args.config)
+    for job in config.jobs:
+        job.update({k: v for k, v in (("trials", args.trials), ("tuner", args.tuner)) if v is not None})
+    try:
+        summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=args.store)
+    except KeyboardInterrupt as exc:
+        print(format_summary(getattr(exc, "summaries", [])))
+        print("interrupted: the records measured so far are in the warehouse", file=sys.stderr)
+        raise
+    print(format_summary(summaries))
+    return 0
+
+
 # ---- run functions: apply ----------------------------------------------------------------
+
+def _run_apply(args: argparse.Namespace) -> int:
+    import json
+
+    from dialects.autotvm.apply import apply_config, apply_log_line
+    from lorien.errors import ConfigError
+
+    try:
+        measure = json.loads(args.measure)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--measure is not JSON: {args.measure!r}") from exc
+    options = {"target": args.target, "measure": measure, "store_uri": args.store if args.commit else None}
+    if args.log and args.line:
+        applied = apply_log_line(args.log, args.line, **options)
+    elif args.workload_key and args.config:
+        from lorien.workload import parse_autotvm_workload_key
+
+        task_name, task_args = parse_autotvm_workload_key(args.workload_key)
+        applied = apply_config(task_name, task_args, args.config, **options)
+    else:
+        raise ConfigError("give --log FILE --line N, or --workload-key KEY --config JSON")
+    record = applied.record
+    print(f"workload  {record.workload_key}")
+    print(f"config    {json.dumps(applied.config.to_json_entity())} (index {applied.config.index})")
+    if record.is_valid:
+        print(f"latency   {record.cost_s * 1e3:.4f} ms")
+        print(f"GFLOPS    {record.gflops:.2f}" if record.gflops is not None else "GFLOPS    -")
+        return 0
+    print(f"error     {record.error_no} {applied.error_msg}")
+    return 1
+
 
 # ---- run functions: query ----------------------------------------------------------------
 
@@ -265,12 +334,29 @@ def _run_query(args: argparse.Namespace) -> int:
 
         return run_predict_query(args)
     records = _query_records(args)
+    if args.build:
+        _build_queried(args, bool(records))
     if not records:
         print(f"lorien query: no valid record of workload {args.workload_key!r} on target "
               f"{args.target!r}", file=sys.stderr)
         return 1
     _print_records(records, args.format)
     return 0
+
+
+def _build_queried(args: argparse.Namespace, found: bool) -> None:
+    """`query --build`: compile the workload from the warehouse (default schedule without records)."""
+    import warnings
+
+    from lorien.build import FallbackScheduleWarning, compile_from_warehouse
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackScheduleWarning)
+        kernel = compile_from_warehouse(args.workload_key, args.target, store=args.store)
+    source = "best stored config" if kernel.from_warehouse else f"DEFAULT schedule ({kernel.fallback_reason})"
+    arrays = ", ".join(f"{a.name}:{a.dtype}{list(a.shape)}" for a in kernel.args)
+    print(f"built kernel {kernel.name} from the {source}; call it with numpy arrays ({arrays})",
+          file=sys.stderr if not found else sys.stdout)
 
 # ---- run functions: ingest ---------------------------------------------------------------
 

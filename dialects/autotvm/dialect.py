@@ -29,6 +29,18 @@ class AutoTVMDialect(Dialect):
         """(task_name, args) of a tuning-YAML op shorthand (``dense: {M:.., N:.., K:..}``)."""
         return workloads.expand_workload(op, params)
 
+    def compile_record(self, record: TuningRecord, target: str | None = None):
+        """A kernel built with the config of a stored record."""
+        from dialects.autotvm.compile import compile_record
+
+        return compile_record(record, target=target)
+
+    def compile_default(self, workload_key: str, target: str | None = None):
+        """A kernel built with a default (untuned) config."""
+        from dialects.autotvm.compile import compile_default
+
+        return compile_default(workload_key, target=target)
+
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job; each measured batch is committed to ``store_uri`` as it completes.
 

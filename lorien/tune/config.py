@@ -41,7 +41,7 @@ TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "b
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
             "name", "dialect", "transfer"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
-                "check_correctness", "n_parallel"}
+                "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
                             "seed": 0, "commit_nbest": 20, "measure": {}}
 

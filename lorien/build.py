@@ -1,0 +1,64 @@
+"""Compile from the warehouse: the best stored config of a workload, built into a kernel.
+
+``lorien.compile(workload_key, target)`` answers a query with something runnable. When the
+warehouse has no valid record, the kernel is built with a default schedule, a warning says
+so, and ``kernel.from_warehouse`` is False.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from lorien.errors import DialectError
+from lorien.record import TuningRecord
+from lorien.warehouse import Store, open_store
+
+logger = logging.getLogger(__name__)
+
+
+class FallbackScheduleWarning(UserWarning):
+    """A kernel was built with a default schedule because the warehouse had no record."""
+
+
+def best_record(workload_key: str, target: str, store: Store | str | None = None) -> TuningRecord | None:
+    """The fastest valid record on ``target``, else on a target of the same family, else None."""
+    owned = not isinstance(store, Store)
+    opened = open_store(store) if owned else store
+    try:
+        for by_alternate_key in (False, True):
+            records = opened.best(workload_key, target, k=1, by_alternate_key=by_alternate_key)
+            if records:
+                return records[0]
+        return None
+    finally:
+        if owned:
+            opened.close()
+
+
+def compile_from_warehouse(workload_key: str, target: str, store: Store | str | None = None,
+                           dialect: str = "autotvm", **options: Any):
+    """A callable kernel of ``workload_key`` built with the best stored config.
+
+    The kernel carries ``from_warehouse`` (bool), ``record`` (the TuningRecord used, or None),
+    ``config`` (the dialect config applied) and ``fallback_reason`` (why a default schedule
+    was used, or "").
+    """
+    from lorien.dialect import get_dialect
+
+    record = best_record(workload_key, target, store)
+    name = record.dialect if record is not None else dialect
+    builder = getattr(get_dialect(name), "compile_record", None)
+    if builder is None:
+        raise DialectError(f"dialect {name!r} cannot compile kernels from records")
+    if record is not None:
+        kernel = builder(record, target=target)
+        kernel.from_warehouse, kernel.record, kernel.fallback_reason = True, record, ""
+        return kernel
+    reason = f"no valid record of {workload_key!r} for target {target!r} in the warehouse; built a default schedule"
+    warnings.warn(reason, FallbackScheduleWarning, stacklevel=2)
+    logger.warning(reason)
+    kernel = get_dialect(name).compile_default(workload_key, target=target)
+    kernel.from_warehouse, kernel.record, kernel.fallback_reason = False, None, reason
+    return kernel
