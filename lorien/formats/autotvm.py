@@ -207,21 +207,26 @@ def record_from_fields(decoder: Decoder, fields: tuple) -> TuningRecord:
 
 
 _DECODERS: dict[str, Decoder] = {}
+_DECODERS_LOCK = threading.Lock()
 
 
 def decode_line(line: str | bytes, path: str | None = None, lineno: int | None = None) -> TuningRecord:
-    """One AutoTVM log line as a TuningRecord; RecordParseError names the file and line."""
+    """One AutoTVM log line as a TuningRecord; RecordParseError names the file and line.
+
+    Safe to call from several threads: decoders and their caches are shared under a lock.
+    """
     source = "" if path is None else str(path)
-    decoder = _DECODERS.get(source)
-    if decoder is None:
-        if len(_DECODERS) > 64:
-            _DECODERS.clear()
-        decoder = _DECODERS[source] = Decoder(source)
     raw = line.encode() if isinstance(line, str) else line
-    try:
-        return record_from_fields(decoder, decoder.decode(raw.strip()))
-    except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
-        raise parse_error(exc, path, lineno) from exc
+    with _DECODERS_LOCK:
+        decoder = _DECODERS.get(source)
+        if decoder is None:
+            if len(_DECODERS) > 64:
+                _DECODERS.clear()
+            decoder = _DECODERS[source] = Decoder(source)
+        try:
+            return record_from_fields(decoder, decoder.decode(raw.strip()))
+        except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+            raise parse_error(exc, path, lineno) from exc
 
 
 def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecord | RecordParseError]:
