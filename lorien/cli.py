@@ -361,10 +361,15 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 # ---- run functions: ingest ---------------------------------------------------------------
 
 def _run_ingest(args: argparse.Namespace) -> int:
+    from lorien.errors import RecordParseError
     from lorien.ingest import ingest_paths
 
-    report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
-                          format=args.format)
+    try:
+        report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
+                              format=args.format)
+    except RecordParseError as exc:
+        print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
+        return 1
     for file_report in report.files:
         print(file_report.summary())
         for error in file_report.errors:

@@ -85,7 +85,7 @@ def test_strict_ingest_of_a_malformed_line_commits_nothing(capsys, llvm_log, tmp
     broken.write_text("\n".join([lines[2], lines[3], lines[4][:50]]) + "\n")
     code, _, err = run_cli(capsys, "ingest", str(llvm_log), str(broken), "--strict", "--store", store_uri)
     assert code == 1
-    assert f"{broken}:3:" in err
+    assert f"{broken}:3:" in err and "nothing was committed" in err
     assert open_store(store_uri).stats()["records"] == 0
 
 
