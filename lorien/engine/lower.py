@@ -65,21 +65,39 @@ class Program:
 
 # ---------------------------------------------------------------- affine analysis
 
+class Atom:
+    """A non-affine sub-expression (``f // 14``, ``f % 14``...) treated as one opaque variable."""
+
+    def __init__(self, expr: te.Expr):
+        self.expr, self.key = expr, repr(expr)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Atom) and other.key == self.key
+
+
 def linear(expr: te.Expr) -> dict | None:
-    """``{Var: coeff, 1: const}`` when ``expr`` is affine in integer variables, else None."""
+    """``{Var or Atom: coeff, 1: const}``: ``expr`` as an affine form over variables and opaque atoms.
+
+    Integer sub-expressions that are not affine become atoms; None for float expressions.
+    """
     if isinstance(expr, te.Const):
         return {1: expr.value} if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
     if isinstance(expr, te.Var):
         return {expr: 1}
+    if expr.dtype != te.INDEX_DTYPE:
+        return None
     if isinstance(expr, te.BinOp) and expr.op in ("add", "sub", "mul"):
         a, b = linear(expr.a), linear(expr.b)
         if a is None or b is None:
-            return None
+            return {Atom(expr): 1}
         if expr.op == "mul":
             if set(a) <= {1}:
                 a, b = b, a
             if not set(b) <= {1}:
-                return None
+                return {Atom(expr): 1}
             k = b.get(1, 0)
             return {v: c * k for v, c in a.items() if c * k}
         sign = 1 if expr.op == "add" else -1
@@ -87,18 +105,26 @@ def linear(expr: te.Expr) -> dict | None:
         for v, c in b.items():
             out[v] = out.get(v, 0) + sign * c
         return {v: c for v, c in out.items() if c}
-    return None
+    return {Atom(expr): 1}
 
 
 def from_linear(form: dict) -> te.Expr:
     expr: te.Expr | None = None
-    for var in sorted((v for v in form if v != 1), key=lambda v: v.uid):
-        term = var if form[var] == 1 else var * form[var]
+    terms = [v for v in form if v != 1]
+    terms.sort(key=lambda v: (0, v.uid, "") if isinstance(v, te.Var) else (1, 0, v.key))
+    for var in terms:
+        base = var if isinstance(var, te.Var) else var.expr
+        term = base if form[var] == 1 else base * form[var]
         expr = term if expr is None else expr + term
     c = form.get(1, 0)
     if expr is None:
         return te.const(c)
     return expr + c if c else expr
+
+
+def depends(form: dict, var: te.Var) -> bool:
+    """Whether an affine form involves ``var``, directly or inside an atom."""
+    return any(k is var or (isinstance(k, Atom) and contains(k.expr, var)) for k in form)
 
 
 def contains(expr: te.Expr, var: te.Var) -> bool:
@@ -223,15 +249,35 @@ class _Lowering:
         return e
 
     def bounds(self, expr: te.Expr) -> tuple[int, int] | None:
+        """Integer interval of ``expr`` over the loop ranges, or None when unknown."""
+        if isinstance(expr, te.Const):
+            return (expr.value, expr.value) if isinstance(expr.value, int) else None
+        if isinstance(expr, te.Var):
+            ext = self.var_ext.get(expr)
+            return None if ext is None else (0, ext - 1)
         form = linear(expr)
-        if form is None or any(v != 1 and v not in self.var_ext for v in form):
-            return None
-        lo = hi = form.get(1, 0)
-        for v, c in form.items():
-            if v != 1:
-                lo += min(0, c * (self.var_ext[v] - 1))
-                hi += max(0, c * (self.var_ext[v] - 1))
-        return lo, hi
+        if form is not None and not (len(form) == 1 and isinstance(next(iter(form)), Atom)):
+            lo = hi = form.get(1, 0)
+            for v, c in form.items():
+                if v == 1:
+                    continue
+                b = self.bounds(v if isinstance(v, te.Var) else v.expr)
+                if b is None:
+                    return None
+                lo, hi = lo + min(c * b[0], c * b[1]), hi + max(c * b[0], c * b[1])
+            return lo, hi
+        if isinstance(expr, te.BinOp) and expr.op in ("floordiv", "mod") and isinstance(expr.b, te.Const):
+            a, c = self.bounds(expr.a), expr.b.value
+            if a is None or a[0] < 0 or not isinstance(c, int) or c <= 0:
+                return None
+            return (a[0] // c, a[1] // c) if expr.op == "floordiv" else (0, min(c - 1, a[1]))
+        if isinstance(expr, te.BinOp) and expr.op == "mul":
+            a, b = self.bounds(expr.a), self.bounds(expr.b)
+            if a is None or b is None:
+                return None
+            products = [x * y for x in a for y in b]
+            return min(products), max(products)
+        return None
 
     # ---------------------------------------------------------------- main
     def run(self) -> Program:
@@ -378,7 +424,8 @@ class _Lowering:
         region = []
         for d, size in enumerate(child.tensor.shape):
             forms = [linear(ld.indices[d]) for ld in loads]
-            if not forms or any(f is None for f in forms):
+            if not forms or any(f is None or any(isinstance(k, Atom) and any(contains(k.expr, v) for v in inner_vars)
+                                                 for k in f) for f in forms):
                 region.append((te.const(0), size))
                 continue
             outers, los, his = [], [], []
@@ -520,7 +567,7 @@ class _Lowering:
             return scalar(flat)
         var, lanes = self.vec
         form = linear(flat)
-        if form is not None and form.get(var) == 1:
+        if form is not None and form.get(var) == 1 and not depends({k: c for k, c in form.items() if k is not var}, var):
             base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
             src = (buf, base) if mask is None else (buf, base, self.broadcast(mask, lanes))
             return self.emit("LOAD", dtype, lanes, src)
@@ -538,7 +585,7 @@ class _Lowering:
         var, lanes = self.vec
         value = self.broadcast(value, lanes)
         form = linear(flat)
-        if form is not None and form.get(var) == 1:
+        if form is not None and form.get(var) == 1 and not depends({k: c for k, c in form.items() if k is not var}, var):
             base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
             self.emit("STORE", self.uops[value].dtype, lanes, (buf, base, value))
             return

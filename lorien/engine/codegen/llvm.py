@@ -361,9 +361,10 @@ def _optimized_module(ir_text: str):
     mod.triple = llvm.get_process_triple()
     mod.data_layout = str(tm.target_data)
     mod.verify()
+    # Schedules vectorize explicitly; LLVM's own vectorizers only double the compile time.
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
+    pto.loop_vectorization = False
+    pto.slp_vectorization = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod

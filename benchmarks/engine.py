@@ -1,0 +1,210 @@
+"""Engine benchmark: dense vs NumPy/OpenBLAS, ResNet-18 3x3 convs vs PyTorch, tuning throughput,
+parallel launch overhead. All on the host CPU with every core (2 threads here), same run.
+
+    python benchmarks/engine.py            # full run
+    python benchmarks/engine.py --quick    # small grid, fewer layers
+
+Last line: dense512_vs_numpy= dense1024_vs_numpy= conv3x3_vs_torch_min= conv3x3_vs_torch_geomean=
+trials_per_s= launch_us=
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import time
+
+import numpy as np
+
+from lorien.engine import build, reference, runtime, te
+from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
+from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate
+from lorien.record import TuningRecord
+
+# ResNet-18 3x3 conv2d layers, batch 1: (in channels, input size, out channels, stride)
+RESNET18_3X3 = [(64, 56, 64, 1), (64, 56, 128, 2), (128, 28, 128, 1), (128, 28, 256, 2),
+                (256, 14, 256, 1), (256, 14, 512, 2), (512, 7, 512, 1)]
+
+
+def best_time_s(fn, repeat: int = 5, min_repeat_s: float = 0.1) -> float:
+    """Smallest mean seconds per call over ``repeat`` repeats lasting at least ``min_repeat_s``."""
+    fn()
+    best = math.inf
+    for _ in range(repeat):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_repeat_s:
+                break
+        best = min(best, elapsed / calls)
+    return best
+
+
+def kernel_time_s(kernel, arrays, repeat: int = 5, min_repeat_ms: float = 100) -> float:
+    return min(kernel.time(*arrays, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms))
+
+
+def bench_dense(n: int, grid: list[tuple[int, int, str]]) -> float:
+    rng = np.random.default_rng(0)
+    data = rng.uniform(-1, 1, (n, n)).astype("float32")
+    weight = rng.uniform(-1, 1, (n, n)).astype("float32")
+    expected = reference.dense(data, weight)
+    flop = 2.0 * n ** 3
+    numpy_s = best_time_s(lambda: data @ weight.T)
+    best_s, best_cfg = math.inf, None
+    for mr, nr, order in grid:
+        s, args = dense_candidate(n, n, n, mr, nr, order)
+        kernel = build(s, args)
+        out = np.zeros((n, n), "float32")
+        kernel(data, weight, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
+        cost = kernel_time_s(kernel, [data, weight, out], repeat=3, min_repeat_ms=60)
+        print(f"  dense {n}: mr={mr} nr={nr} order={order}: {flop / cost / 1e9:7.1f} GFLOPS")
+        if cost < best_s:
+            best_s, best_cfg = cost, (mr, nr, order)
+    s, args = dense_candidate(n, n, n, *best_cfg)
+    kernel = build(s, args)
+    out = np.zeros((n, n), "float32")
+    best_s = min(best_s, kernel_time_s(kernel, [data, weight, out]))
+    numpy_s = min(numpy_s, best_time_s(lambda: data @ weight.T))
+    ratio = numpy_s / best_s
+    print(f"dense {n}^3: lorien {flop / best_s / 1e9:.1f} GFLOPS {best_cfg}, numpy {flop / numpy_s / 1e9:.1f} GFLOPS, "
+          f"ratio {ratio:.2f}")
+    return ratio
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, limit + 1) if n % d == 0]
+
+
+def bench_conv(layers, quick: bool) -> list[float]:
+    import torch
+
+    torch.set_num_threads(runtime.num_threads())
+    ratios = []
+    rng = np.random.default_rng(0)
+    for channels, size, out_channels, stride in layers:
+        out_size = (size + 2 - 3) // stride + 1
+        data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+        kernel_oihw = rng.uniform(-1, 1, (out_channels, channels, 3, 3)).astype("float32")
+        t_data, t_kernel = torch.from_numpy(data), torch.from_numpy(kernel_oihw)
+        expected = torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1).numpy()
+        with torch.no_grad():
+            torch_s = best_time_s(lambda: torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1))
+        tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
+        tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
+        grid = [(16, 16, t, kw) for t in tiles for kw in ((True,) if quick else (True, False))]
+        flop = 2.0 * out_channels * out_size * out_size * channels * 9
+        best_s, best_cfg = math.inf, None
+        for ic_bn, oc_bn, tile_ow, unroll_kw in grid:
+            s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw)
+            kern = build(s, args)
+            packed = [reference.pack_nchwc(data, ic_bn), reference.pack_kernel_oihwio(kernel_oihw, ic_bn, oc_bn)]
+            out = np.zeros(args[-1].shape, "float32")
+            kern(*packed, out)
+            np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
+            cost = kernel_time_s(kern, [*packed, out], repeat=3, min_repeat_ms=40)
+            if cost < best_s:
+                best_s, best_cfg = cost, (ic_bn, oc_bn, tile_ow, unroll_kw)
+        with torch.no_grad():
+            torch_s = min(torch_s, best_time_s(lambda: torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1)))
+        ratio = torch_s / best_s
+        ratios.append(ratio)
+        print(f"conv3x3 {channels}x{size}x{size}->{out_channels} s{stride}: lorien {flop / best_s / 1e9:.1f} GFLOPS "
+              f"(ic_bn,oc_bn,tile_ow,unroll_kw)={best_cfg}, torch {flop / torch_s / 1e9:.1f} GFLOPS, ratio {ratio:.2f}")
+    return ratios
+
+
+def _record(n: int, cfg: tuple, result) -> TuningRecord:
+    return TuningRecord(dialect="engine", target="llvm", target_key="llvm_cpu", workload_key=f"dense#{n}#{n}#{n}",
+                        task_name="dense", args=f"[{n},{n},{n}]", layout="", config=str(list(cfg)),
+                        costs=list(result.costs), error_no=int(result.error_no), all_cost=result.all_cost,
+                        timestamp=result.timestamp, flop=2.0 * n ** 3)
+
+
+def bench_trials(n_trials: int, n: int = 256) -> float:
+    """Measured candidates per second for dense n^3: build, check, time and record, end to end."""
+    grid = [(mr, nr, order) for mr in (2, 4, 6, 8, 12) for nr in (16, 32, 64) for order in ("mn", "nm")]
+    rng = np.random.default_rng(0)
+    configs = [grid[i] for i in rng.permutation(len(grid))][:n_trials]
+    builder, runner = Builder.create("local"), Runner.create("local")
+    option = MeasureOption(number=1, repeat=3, min_repeat_ms=0)
+    warm = [MeasureInput(functools.partial(dense_candidate, 64, 64, 64, mr, 16), reference.dense) for mr in (2, 4)]
+    measure_batch(warm, option, builder, runner)
+    start = time.perf_counter()
+    records = []
+    batch = max(2, os.cpu_count() or 2)
+    for i in range(0, len(configs), batch):
+        chunk = configs[i : i + batch]
+        inputs = [MeasureInput(functools.partial(dense_candidate, n, n, n, *cfg), reference.dense) for cfg in chunk]
+        results = measure_batch(inputs, option, builder, runner)
+        records += [_record(n, cfg, r) for cfg, r in zip(chunk, results, strict=True)]
+    elapsed = time.perf_counter() - start
+    builder.pool.shutdown()
+    runner.pool.shutdown()
+    valid = [r for r in records if r.is_valid]
+    best = max((r.gflops for r in valid), default=0.0)
+    print(f"tuning throughput dense {n}^3: {len(records)} candidates in {elapsed:.2f} s "
+          f"({len(valid)} valid, best {best:.1f} GFLOPS)")
+    return len(records) / elapsed
+
+
+def _rows_kernel(rows: int, width: int, parallel: bool):
+    a = te.placeholder((rows, width), name="a")
+    out = te.compute((rows, width), lambda r, i: a[r, i] * 2.0 + 1.0, name="out")
+    s = te.create_schedule(out)
+    r, i = s[out].op.axis
+    io, ii = s[out].split(i, factor=16)
+    s[out].vectorize(ii)
+    if parallel:
+        s[out].parallel(r)
+    return build(s, [a, out]), [np.ones((rows, width), "float32"), np.zeros((rows, width), "float32")]
+
+
+def bench_launch() -> float:
+    """Fork-join cost of a 2-thread parallel loop, in microseconds.
+
+    An empty 2-iteration parallel loop can finish on the calling thread alone, so the cost is
+    measured where both threads must work: a parallel loop of 2 rows (one per thread) minus one
+    row run serially. Both kernels are timed in the same way, interleaved, best of 7.
+    """
+    empty, empty_arrays = _rows_kernel(2, 16, True)
+    empty_us = min(empty.time(*empty_arrays, number=20000, repeat=5)) * 1e6
+    width = 1 << 15
+    par, par_arrays = _rows_kernel(2, width, True)
+    one, one_arrays = _rows_kernel(1, width, False)
+    overheads = []
+    for _ in range(7):
+        t_par = min(par.time(*par_arrays, number=2000, repeat=1))
+        t_one = min(one.time(*one_arrays, number=2000, repeat=1))
+        overheads.append((t_par - t_one) * 1e6)
+    us = max(0.0, min(overheads))
+    print(f"parallel launch: empty 2-iteration parallel loop {empty_us:.2f} us per call; fork-join overhead with both "
+          f"threads working {us:.2f} us (row of {width} floats: {t_one * 1e6:.1f} us), {runtime.num_threads()} threads")
+    return us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small grids, 2 conv layers, 8 trials")
+    opts = parser.parse_args()
+    quick = opts.quick
+    dense_grid = [(8, 32, "mn"), (12, 32, "mn")] if quick else \
+        [(mr, nr, order) for mr, nr in ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) for order in ("mn", "nm")]
+    launch_us = bench_launch()
+    dense512 = bench_dense(512, dense_grid)
+    dense1024 = bench_dense(1024, dense_grid)
+    ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick)
+    trials = bench_trials(8 if quick else 30)
+    geomean = float(np.exp(np.mean(np.log(ratios))))
+    print(f"dense512_vs_numpy={dense512:.2f} dense1024_vs_numpy={dense1024:.2f} "
+          f"conv3x3_vs_torch_min={min(ratios):.2f} conv3x3_vs_torch_geomean={geomean:.2f} "
+          f"trials_per_s={trials:.2f} launch_us={launch_us:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Hand-written x86 schedules (register tiles, packing, parallel outer loops).
+
+These are the engine's own fast schedules, used by the engine benchmark and as defaults;
+tuners search the same knobs (tile sizes, unroll) through their own templates.
+"""
+
+from __future__ import annotations
+
+from lorien.engine import te
+from lorien.engine.schedule import Schedule, Stage
+
+
+def vector_lanes() -> int:
+    """float32 lanes of the widest vector register on the host (16 with AVX-512, 8 with AVX2)."""
+    from lorien.engine.codegen.llvm import host_cpu_features
+
+    return 16 if "+avx512f" in host_cpu_features() else 8
+
+
+def _reduce_stage(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage | None]:
+    """(stage holding the reduction, epilogue stage or None) for an ops.* output."""
+    acc_name = f"{out.name}.acc"
+    if any(st.name == acc_name for st in s.stages):
+        return s[acc_name], s[out]
+    return s[out], None
+
+
+def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order: str = "mn") -> Schedule:
+    """Register-tiled dense for ``ops.dense(..., pack_nr=nr)``: an ``mr x nr`` accumulator tile in
+    vector registers (k innermost outside the tile), parallel over the outer M (or N) blocks."""
+    lanes = min(vector_lanes(), nr)
+    acc, epilogue = _reduce_stage(s, out)
+    if epilogue is None:
+        local = s.cache_write(out, "local")
+        top, tile = s[out], s[local]
+    else:
+        top, tile = epilogue, acc
+    i, j = top.op.axis
+    mo, mi = top.split(i, factor=mr)
+    no, ni = top.split(j, factor=nr)
+    if order == "mn":
+        top.reorder(mo, no, mi, ni)
+        top.parallel(mo)
+    else:
+        top.reorder(no, mo, mi, ni)
+        top.parallel(no)
+    nio, nii = top.split(ni, factor=lanes)
+    top.unroll(mi)
+    top.unroll(nio)
+    top.vectorize(nii)
+    tile.compute_at(top, no if order == "mn" else mo)
+    ti, tj = tile.op.axis
+    (tk,) = tile.op.reduce_axis
+    tjo, tji = tile.split(tj, factor=lanes)
+    tile.reorder(tk, ti, tjo, tji)
+    tile.unroll(ti)
+    tile.unroll(tjo)
+    tile.vectorize(tji)
+    pack_name = f"{out.name}.weight_pack"
+    if any(st.name == pack_name for st in s.stages):
+        pack = s[pack_name]
+        po, _, pi = pack.op.axis
+        pack.parallel(po)
+        pack.vectorize(pi)
+    return s
+
+
+def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_kw: bool = True,
+                          pad_inline: bool = False) -> Schedule:
+    """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_ow x oc_bn`` register tile (ow unrolled,
+    oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over (n, oc_chunk, oh)."""
+    acc, epilogue = _reduce_stage(s, out)
+    if epilogue is None:
+        local = s.cache_write(out, "local")
+        top, tile = s[out], s[local]
+    else:
+        top, tile = epilogue, acc
+    pad_name = f"{out.name}.pad"
+    if any(st.name == pad_name for st in s.stages):
+        pad = s[pad_name]
+        if pad_inline:
+            pad.compute_inline()
+        else:
+            n, cc, h, _, cb = pad.op.axis
+            pad.parallel(pad.fuse(n, cc, h))
+            pad.vectorize(cb)
+    n, oc, oh, ow, ob = top.op.axis
+    owo, owi = top.split(ow, factor=tile_ow)
+    top.reorder(n, oc, oh, owo, owi, ob)
+    top.parallel(top.fuse(n, oc, oh))
+    top.unroll(owi)
+    top.vectorize(ob)
+    tile.compute_at(top, owo)
+    _, _, _, tow, tob = tile.op.axis
+    ic, kh, kw = tile.op.reduce_axis
+    data_shape = next(t for t in s[acc.name].op.input_tensors() if t.ndim == 5).shape
+    ico, ici = tile.split(ic, factor=data_shape[4])
+    if unroll_kw:
+        tile.reorder(ico, kh, ici, kw, tow, tob)
+        tile.unroll(kw)
+    else:
+        tile.reorder(ico, kh, kw, ici, tow, tob)
+    tile.unroll(tow)
+    tile.vectorize(tob)
+    return s
+
+
+def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn"):
+    """(schedule, args) of a register-tiled dense; a picklable builder for ``MeasureInput``."""
+    from lorien.engine import ops
+
+    data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
+    out = ops.dense(data, weight, pack_nr=nr)
+    s = te.create_schedule(out)
+    schedule_dense(s, out, mr, nr, order)
+    return s, [data, weight, out]
+
+
+def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
+                           oc_bn: int = 16, tile_ow: int = 8, unroll_kw: bool = True, kernel: int = 3,
+                           pad: int = 1):
+    """(schedule, args) of a scheduled 3x3 NCHW[x]c conv2d (batch 1, square input)."""
+    from lorien.engine import ops
+
+    data = te.placeholder((1, channels // ic_bn, size, size, ic_bn), name="data")
+    weight = te.placeholder((out_channels // oc_bn, channels // ic_bn, kernel, kernel, ic_bn, oc_bn), name="kernel")
+    out = ops.conv2d_NCHWc(data, weight, stride, pad)
+    s = te.create_schedule(out)
+    schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw)
+    return s, [data, weight, out]
