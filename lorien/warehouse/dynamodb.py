@@ -23,6 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -63,6 +64,8 @@ MAX_CONFIGS_PER_ITEM = 100
 ITEM_SIZE_LIMIT_BYTES = 400 * 1024
 ITEM_SIZE_TARGET_BYTES = 380 * 1024
 DEFAULT_REGION = "us-west-2"
+#: Items one commit writes at once (each item's read-merge-write stays sequential).
+WRITE_THREADS = 8
 #: Failed records are not served; up to this many of their ids per item are kept for counting.
 MAX_FAILED_IDS_PER_ITEM = 1000
 
@@ -730,8 +733,16 @@ class DynamoDBStore(Store):
         for record in records:
             by_key.setdefault((record.target, record.workload_key), []).append(record)
         stored = self._read_items(list(by_key))
-        for key, key_records in by_key.items():
-            added, duplicates = self._merge_into_item(key, key_records, nbest, log_path, stored.get(key))
+
+        def merge(key: tuple[str, str]) -> tuple[int, int]:
+            return self._merge_into_item(key, by_key[key], nbest, log_path, stored.get(key))
+
+        if len(by_key) == 1:
+            outcomes = [merge(key) for key in by_key]
+        else:
+            with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(by_key))) as pool:
+                outcomes = list(pool.map(merge, by_key))
+        for added, duplicates in outcomes:
             result.stored += added
             result.duplicates += duplicates
         return result
