@@ -1,0 +1,180 @@
+"""`lorien tune` on one machine: records stream into the store, logs are kept, a summary is
+printed, an interrupted run keeps what it measured; the YAML is validated; compile from the
+warehouse uses the best record or says it fell back."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lorien.errors import ConfigError
+from lorien.formats import read_log
+from lorien.tune.config import load_tune_config, parse_tune_config
+from lorien.warehouse import open_store
+
+TINY_DENSE = {"dense": {"M": 16, "N": 16, "K": 16}}
+MEASURE = {"repeat": 2, "build_timeout_s": 60, "run_timeout_s": 20}
+
+
+def write_config(tmp_path: Path, trials: int, batch_size: int = 4, **extra) -> Path:
+    document = {"tuner": "random", "trials": trials, "batch_size": batch_size, "measure": MEASURE,
+                "workloads": [TINY_DENSE], **extra}
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def lorien_cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lorien.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_lorien_tune_commits_records_keeps_logs_and_prints_a_summary(tmp_path, store_uri):
+    config = write_config(tmp_path, trials=8)
+    proc = lorien_cli("tune", str(config), "--store", store_uri, "--no-progress")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "best GFLOPS" in stdout and "dense_pack.x86 16x16 16x16" in stdout
+    with open_store(store_uri) as store:
+        table = store.scan()
+    assert table.num_rows == 8
+    assert set(table.column("dialect").to_pylist()) == {"autotvm"}
+    logs = list((Path(store_uri.split(":", 1)[1]) / "logs").glob("*.log"))
+    assert len(logs) == 1
+    log = read_log(logs[0])
+    assert len(log.records) == 8 and not log.errors
+    assert {r.record_id for r in log.records} == set(table.column("record_id").to_pylist())
+
+
+def test_interrupted_tune_keeps_every_record_it_measured(tmp_path, store_uri):
+    config = write_config(tmp_path, trials=400, batch_size=2)
+    log_dir = tmp_path / "logs"
+    proc = lorien_cli("tune", str(config), "--store", store_uri, "--log-dir", str(log_dir), "--no-progress")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        logs = list(log_dir.glob("*.log"))
+        if logs and len(logs[0].read_text().splitlines()) >= 4:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("no batch was measured in time")
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "(interrupted)" in stdout
+    logged = {r.record_id for r in read_log(next(log_dir.glob("*.log"))).records}
+    with open_store(store_uri) as store:
+        stored = set(store.scan().column("record_id").to_pylist())
+    assert len(logged) >= 4
+    assert logged <= stored
+    assert len(stored) < 400
+
+
+def test_dialect_tune_runs_a_team_job_dict_and_commits_each_batch(store_uri):
+    from lorien.dialect import get_dialect
+
+    job = {"dialect": "autotvm", "task_name": "dense_pack.x86",
+           "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+           "target": "llvm", "tuner": "ga", "trials": 6, "measure": MEASURE, "commit_nbest": 2, "seed": 1,
+           "batch_size": 3}
+    batches = []
+    records = list(get_dialect("autotvm").tune(job, store_uri, on_batch=lambda p, r: batches.append(len(r))))
+    assert batches == [3, 3]
+    assert len(records) == 6 and all(r.target_key == "llvm_cpu" for r in records)
+    with open_store(store_uri) as store:
+        assert store.scan().num_rows == 6
+        best = store.best(records[0].workload_key, records[0].target, k=5)
+    assert best[0].cost_s == min(r.cost_s for r in records if r.is_valid)
+
+
+def test_yaml_shorthands_expand_to_autotvm_tasks(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"trials": 4, "tuner": {"kind": "ga", "pop_size": 8}, "workloads": [
+        {"dense": {"M": 4, "N": 8, "K": 16}},
+        {"conv2d": {"C": 3, "H": 8, "W": 8, "K": 4, "kernel": 3, "padding": 1, "layout": "NHWC"}, "trials": 2},
+        {"task_name": "batch_matmul.x86", "args": [["TENSOR", [2, 4, 4], "float32"],
+                                                     ["TENSOR", [2, 4, 4], "float32"], None]},
+    ]}))
+    config = load_tune_config(path)
+    dense, conv, bmm = config.jobs
+    assert dense["task_name"] == "dense_pack.x86" and dense["args"][1] == ["TENSOR", [8, 16], "float32"]
+    assert dense["tuner"] == "ga" and dense["tuner_options"] == {"pop_size": 8}
+    assert conv["task_name"] == "conv2d_nhwc.x86" and conv["trials"] == 2
+    assert conv["args"][1] == ["TENSOR", [3, 3, 3, 4], "float32"]
+    assert bmm["task_name"] == "batch_matmul.x86"
+    assert all(job["target"].startswith("llvm") for job in config.jobs)
+
+
+@pytest.mark.parametrize("document, message", [
+    ({"workloads": [TINY_DENSE], "trails": 3}, "trails"),
+    ({"workloads": [TINY_DENSE], "tuner": "annealing"}, "annealing"),
+    ({"workloads": [{"dense": {"M": 4, "N": 4}}]}, "K"),
+    ({"workloads": [{"gemm": {"M": 4}}]}, "gemm"),
+    ({"workloads": []}, "workloads"),
+    ({"workloads": [TINY_DENSE], "measure": {"repeats": 2}}, "repeats"),
+])
+def test_invalid_configs_are_rejected_naming_the_problem(document, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_tune_config(document, source="t.yaml")
+
+
+def test_yaml_python_tags_are_never_loaded(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("workloads: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError, match="evil.yaml"):
+        load_tune_config(path)
+
+
+def test_sample_configs_parse():
+    root = Path(__file__).resolve().parent.parent / "configs" / "samples"
+    counts = {name: len(load_tune_config(root / f"{name}.yaml").jobs) for name in ("quick", "resnet18", "matmul")}
+    assert counts == {"quick": 4, "resnet18": 12, "matmul": 4}
+
+
+def test_compile_from_warehouse_uses_the_best_record(store_uri):
+    import lorien
+    from lorien.dialect import get_dialect
+
+    job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
+           "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [12, 16], "float32"], None, "float32"],
+           "target": "llvm", "tuner": "random", "trials": 4, "measure": MEASURE, "batch_size": 4}
+    records = list(get_dialect("autotvm").tune(job, store_uri))
+    best = min((r for r in records if r.is_valid), key=lambda r: r.cost_s)
+    kernel = lorien.compile(best.workload_key, "llvm", store=store_uri)
+    assert kernel.from_warehouse and kernel.record.record_id == best.record_id
+    data = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    weight = np.random.default_rng(1).standard_normal((12, 16)).astype("float32")
+    out = np.zeros((8, 12), "float32")
+    kernel(data, weight, out)
+    np.testing.assert_allclose(out, data @ weight.T, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_without_records_falls_back_and_says_so(store_uri):
+    import lorien
+    from lorien.build import FallbackScheduleWarning
+
+    key = "batch_matmul.x86#_TENSOR__2_4_8__float32_#_TENSOR__2_4_8__float32_#None"
+    with pytest.warns(FallbackScheduleWarning, match="default schedule"):
+        kernel = lorien.compile(key, "llvm", store=store_uri)
+    assert kernel.from_warehouse is False and "no valid record" in kernel.fallback_reason
+    x = np.ones((2, 4, 8), "float32")
+    out = np.zeros((2, 4, 4), "float32")
+    kernel(x, x, out)
+    np.testing.assert_allclose(out, np.full((2, 4, 4), 8.0))
+
+
+def test_query_build_flag_builds_the_default_schedule_when_the_store_is_empty(store_uri):
+    key = "dense_pack.x86#_TENSOR__4_8__float32_#_TENSOR__8_8__float32_#None#float32"
+    proc = lorien_cli("query", "--workload-key", key, "--target", "llvm", "--store", store_uri, "--build")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "DEFAULT schedule" in stderr
