@@ -328,3 +328,20 @@ def test_worker_processes_in_strict_mode_raise_the_first_bad_line(shared_data, t
     path = mixed_log(shared_data, tmp_path)
     with pytest.raises(RecordParseError, match=r"mixed\.log:101: "):
         list(_iter_tables_parallel(path, True, 200, 2, 16384))
+
+
+def test_an_explicit_format_on_a_missing_path_is_refused(tmp_path):
+    with pytest.raises(UnknownFormatError, match="gone.log"):
+        read_log(tmp_path / "gone.log", format="autotvm")
+    with pytest.raises(UnknownFormatError, match="gone.log"):
+        list(iter_log_tables(tmp_path / "gone.log", format="autotvm"))
+
+
+def test_a_record_is_written_only_in_its_own_dialect_format(shared_data, tmp_path):
+    from lorien.errors import DialectError
+
+    record = read_log(shared_data / "ansor" / "matmul.json").records[0]
+    with pytest.raises(DialectError, match="'auto_scheduler' cannot be written as 'autotvm'"):
+        encode_record(record, "autotvm")
+    with pytest.raises(DialectError, match="cannot be written as 'meta_schedule'"):
+        write_log([record], "meta_schedule", tmp_path / "db")

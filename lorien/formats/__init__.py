@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
-from lorien.errors import RecordParseError, UnknownFormatError
+from lorien.errors import DialectError, RecordParseError, UnknownFormatError
 from lorien.formats import ansor, autotvm, meta_schedule
 from lorien.formats.base import DIALECT_OF_FORMAT, FORMATS, LogReadResult, is_skipped
 from lorien.record import TuningRecord, records_to_table
@@ -35,6 +35,22 @@ def _check_format(format: str) -> str:
     if format not in _CODECS:
         raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(FORMATS)})")
     return format
+
+
+def _resolve(path: str | Path, format: str | None) -> str:
+    """The format to read ``path`` with; UnknownFormatError for a bad name or a missing path."""
+    if format:
+        _check_format(format)
+        if not Path(path).exists():
+            raise UnknownFormatError(f"{path}: no such log file or MetaSchedule database directory")
+        return format
+    return detect_format(path)
+
+
+def _check_dialect(record: TuningRecord, format: str) -> None:
+    if record.dialect != DIALECT_OF_FORMAT[format]:
+        raise DialectError(f"record {record.record_id} of dialect {record.dialect!r} cannot be written as "
+                           f"{format!r} (that format holds {DIALECT_OF_FORMAT[format]!r} records)")
 
 
 def format_of_dialect(dialect: str) -> str:
@@ -88,7 +104,7 @@ def detect_format(path: str | Path) -> str:
 
 def read_log(path: str | Path, format: str | None = None, strict: bool = False) -> LogReadResult:
     """Every record of a log; bad lines become RecordParseErrors (``strict=True`` raises the first)."""
-    format = _check_format(format) if format else detect_format(path)
+    format = _resolve(path, format)
     records: list[TuningRecord] = []
     errors: list[RecordParseError] = []
     for item in _CODECS[format].iter_records(path, strict=strict):
@@ -108,7 +124,7 @@ def iter_log_tables(path: str | Path, format: str | None = None, strict: bool = 
     Large AutoTVM logs are decoded by ``workers`` processes (default: one per free core, see
     :func:`lorien.formats.autotvm.iter_tables`); records come in file order either way.
     """
-    format = _check_format(format) if format else detect_format(path)
+    format = _resolve(path, format)
     if format == "autotvm":
         yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size, workers=workers)
         return
@@ -128,7 +144,8 @@ def iter_log_tables(path: str | Path, format: str | None = None, strict: bool = 
 
 def encode_record(record: TuningRecord, format: str) -> str:
     """The native log line of a record (for meta_schedule: its tuning-record line)."""
-    return _CODECS[_check_format(format)].encode_record(record)
+    _check_dialect(record, _check_format(format))
+    return _CODECS[format].encode_record(record)
 
 
 def decode_line(line: str | bytes, format: str, path: str | Path | None = None,
@@ -145,11 +162,15 @@ def write_log(records: Iterable[TuningRecord], format: str, path: str | Path) ->
     """
     format = _check_format(format)
     if format == "meta_schedule":
+        records = list(records)
+        for record in records:
+            _check_dialect(record, format)
         return meta_schedule.write_database(records, path)
     codec = _CODECS[format]
     count = 0
     with open(path, "w", encoding="utf-8") as handle:
         for record in records:
+            _check_dialect(record, format)
             handle.write(codec.encode_record(record))
             handle.write("\n")
             count += 1
