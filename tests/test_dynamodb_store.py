@@ -155,6 +155,12 @@ def test_scan_returns_the_records_the_table_holds_with_filters(store):
     assert store.scan({"workload_key": "w1"}, columns=["workload_key"]).column("workload_key").to_pylist() == ["w1"] * 3
 
 
+def test_scan_filters_by_any_spelling_of_the_targets(store):
+    store.commit([make_record(1, 1e-3), make_record(2, 1e-3, target="llvm -keys=cpu -mcpu=skylake")])
+    assert store.scan({"target": "llvm -mcpu=skylake"}).num_rows == 1
+    assert store.scan({"target": ["llvm -mcpu=skylake", "llvm -mcpu=znver3"]}).num_rows == 2
+
+
 def test_workloads_and_stats_count_what_is_stored(store):
     store.commit([make_record(1, 1e-3, workload_key="a"), make_record(2, 1e-3, workload_key="b"),
                   make_record(3, 1e-3, workload_key="b", target="llvm -keys=cpu -mcpu=skylake")])

@@ -43,7 +43,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from lorien.errors import StoreError, StoreUnreachableError, TargetError
+from lorien.errors import StoreError, StoreUnreachableError
 from lorien.record import ARROW_SCHEMA, TuningRecord, records_to_table, table_to_records
 from lorien.target import parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
@@ -920,13 +920,12 @@ class DynamoDBStore(Store):
     def scan(self, filters: dict[str, Any] | None = None, columns: list[str] | None = None) -> pa.Table:
         """The records the table holds (its best configs) matching ``filters``."""
         filters = dict(filters or {})
-        target = filters.get("target") if isinstance(filters.get("target"), str) else None
-        if target is not None:
-            try:
-                filters["target"] = parse_target(target).canonical
-                target = filters["target"]
-            except TargetError:
-                target = None
+        wanted_target = filters.get("target")
+        target = None
+        if isinstance(wanted_target, str):
+            target = filters["target"] = parse_target(wanted_target).canonical
+        elif isinstance(wanted_target, (list, tuple, set, frozenset)):
+            filters["target"] = [parse_target(text).canonical for text in wanted_target]
         records = [
             record
             for item in self.scan_items(target)
