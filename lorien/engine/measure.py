@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import abc
 import atexit
-import multiprocessing
+import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -124,6 +127,20 @@ def _random_array(spec, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, 4, spec.shape).astype(spec.dtype)
 
 
+_EXPECTED: dict = {}
+
+
+def _expected_outputs(reference: Callable, inputs: list[np.ndarray], specs, seed: int) -> list[np.ndarray]:
+    """``reference(*inputs)`` as a list, memoized: inputs are a function of (specs, seed), so
+    every candidate of one workload shares one reference computation."""
+    key = (pickle.dumps(reference), tuple((a.name, a.shape, a.dtype, a.is_output) for a in specs), seed)
+    if key not in _EXPECTED:
+        expected = reference(*inputs)
+        _EXPECTED.clear()
+        _EXPECTED[key] = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    return _EXPECTED[key]
+
+
 def _task_run(payload: tuple) -> list[float]:
     from lorien.engine.build import Kernel
     from lorien.engine.codegen import llvm as llvm_codegen
@@ -138,8 +155,7 @@ def _task_run(payload: tuple) -> list[float]:
     if option.check_correctness and reference is not None:
         inputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if not spec.is_output]
         outputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if spec.is_output]
-        expected = reference(*inputs)
-        expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+        expected = _expected_outputs(reference, inputs, program.args, option.seed)
         if len(expected) != len(outputs):
             raise MeasureError(ErrorNo.WRONG_ANSWER, f"reference returned {len(expected)} outputs, kernel has {len(outputs)}")
         for spec, got, want in zip([a for a in program.args if a.is_output], outputs, expected, strict=True):
@@ -154,57 +170,71 @@ def _task_run(payload: tuple) -> list[float]:
 _TASKS = {"build": _task_build, "run": _task_run}
 
 
-def _worker_main(conn) -> None:
+def worker_main(recv_conn: Connection, send_conn: Connection) -> None:
+    """Serve build/run tasks until the parent closes the pipe (see ``lorien.engine.worker``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import lorien.engine.codegen.llvm  # noqa: F401  (import cost paid before the first task)
 
-    conn.send(("ready", None))
+    send_conn.send(("ready", None))
     while True:
         try:
-            kind, payload = conn.recv()
+            kind, payload = recv_conn.recv()
         except EOFError:
             return
         try:
-            conn.send(("ok", _TASKS[kind](payload)))
+            send_conn.send(("ok", _TASKS[kind](payload)))
         except MeasureError as err:
-            conn.send(("error", int(err.error_no), str(err)))
+            send_conn.send(("error", int(err.error_no), str(err)))
 
 
 # ---------------------------------------------------------------- parent side
 
 class _Worker:
-    """One worker process; killed and replaced after a crash or timeout."""
+    """One worker process (``python -m lorien.engine.worker``); killed and replaced after a crash
+    or timeout. A plain subprocess, so callers need no ``if __name__ == "__main__"`` guard."""
 
     def __init__(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        if not self.conn.poll(60):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        # One BLAS thread for references: spinning BLAS threads would steal cores from the kernels.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "lorien.engine.worker", str(to_child_r), str(from_child_w)],
+                                     pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.send_conn = Connection(to_child_w, readable=False)
+        self.conn = Connection(from_child_r, writable=False)
+        if not self.conn.poll(120):
             self.kill()
-            raise LorienError("measurement worker did not start within 60 s")
+            raise LorienError("measurement worker did not start within 120 s")
         self.conn.recv()
 
     def call(self, kind: str, payload, timeout_s: float) -> tuple:
-        self.conn.send((kind, payload))
+        try:
+            self.send_conn.send((kind, payload))
+        except (BrokenPipeError, OSError):
+            self.kill()
+            return ("died", self.proc.returncode)
         if not self.conn.poll(timeout_s):
             self.kill()
             return ("timeout",)
         try:
             return self.conn.recv()
         except (EOFError, ConnectionResetError, OSError):
-            self.proc.join(5)
-            return ("died", self.proc.exitcode)
+            self.kill()
+            return ("died", self.proc.returncode)
 
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
+        self.proc.wait(10)
+        for conn in (self.conn, self.send_conn):
+            if not conn.closed:
+                conn.close()
 
 
 class WorkerPool:
@@ -290,7 +320,7 @@ class LocalBuilder(Builder):
     """Builds in ``n_parallel`` worker processes (default: number of CPUs)."""
 
     def __init__(self, n_parallel: int | None = None):
-        self.pool = WorkerPool(n_parallel or multiprocessing.cpu_count())
+        self.pool = WorkerPool(n_parallel or os.cpu_count() or 1)
 
     def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
         payloads, results = [], [None] * len(inputs)
