@@ -337,6 +337,14 @@ def test_auto_scheduler_records_round_trip_with_their_native_ansor_line(store, c
     assert set(line) >= {"i", "r", "v"}
 
 
+def test_a_config_that_is_no_log_line_is_reported_with_its_item(store, client):
+    client.put_item(TableName=store.location.table, Item={
+        "Target": {"S": TARGET}, "TargetIDKeys": {"S": "llvm_cpu"}, "PrimaryRangeKey": {"S": "broken#1"},
+        "BestConfigs": _seed_value([{"config": "not json", "latency": 1e-3}])})
+    with pytest.raises(StoreError, match="'broken#1'.*does not decode"):
+        store.best("broken#1", TARGET)
+
+
 def test_a_seed_committed_item_merges_without_losing_its_configs(store, client):
     seed_config = {"config": orjson.dumps({"trace": "seed"}).decode(), "log_path": " ",
                    "framework_build_config": "unknown", "latency": 5e-3}

@@ -43,7 +43,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from lorien.errors import StoreError, StoreUnreachableError
+from lorien.errors import RecordParseError, StoreError, StoreUnreachableError
 from lorien.record import ARROW_SCHEMA, TuningRecord, records_to_table, table_to_records
 from lorien.target import parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
@@ -535,7 +535,11 @@ def entry_record(entry: dict[str, Any], item: dict[str, Any]) -> TuningRecord:
     from lorien.formats import decode_line
 
     line = fields["config"]["S"]
-    record = decode_line(line, _guess_line_format(line))
+    try:
+        record = decode_line(line, _guess_line_format(line))
+    except (RecordParseError, orjson.JSONDecodeError) as exc:
+        raise StoreError(f"item ({target_text!r}, {workload_key!r}) holds a config that does not "
+                         f"decode as a TVM log line: {exc}") from exc
     build = from_attribute(fields["framework_build_config"]) if "framework_build_config" in fields else None
     target = parse_target(target_text)
     log_path = from_attribute(fields["log_path"]) if "log_path" in fields else None
