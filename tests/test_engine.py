@@ -207,3 +207,33 @@ def test_same_program_is_compiled_once():
     first = build(te.create_schedule(out), [data, weight, out])
     second = build(te.create_schedule(out), [data, weight, out])
     assert first.address == second.address
+
+
+def test_max_reduction_matches_numpy():
+    a = te.placeholder((6, 10), name="a")
+    k = te.reduce_axis(10, name="k")
+    out = te.compute((6,), lambda i: te.max(a[i, k], axis=k), name="rowmax")
+    x = RNG.standard_normal((6, 10)).astype("float32")
+    y = np.zeros(6, "float32")
+    build(te.create_schedule(out), [a, out])(x, y)
+    np.testing.assert_array_equal(y, x.max(axis=1))
+
+
+def test_intermediate_stage_at_root_is_a_temporary_buffer():
+    a = te.placeholder((8, 8), name="a")
+    doubled = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="doubled")
+    out = te.compute((8, 8), lambda i, j: doubled[j, i] + 1.0, name="out")
+    text = str(lower(te.create_schedule(out), [a, out]))
+    assert "('doubled', 64, 'global')" in text and "FREE" in text
+    x = RNG.standard_normal((8, 8)).astype("float32")
+    y = np.zeros((8, 8), "float32")
+    build(te.create_schedule(out), [a, out])(x, y)
+    np.testing.assert_allclose(y, x.T * 2 + 1, rtol=1e-6)
+
+
+def test_timing_with_cache_flush_returns_one_cost_per_repeat():
+    data, weight, out = _dense(m=8, n=8, k=8)
+    kernel = build(te.create_schedule(out), [data, weight, out])
+    arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
+    costs = kernel.time(*arrays, number=2, repeat=3, flush_cache=True)
+    assert len(costs) == 3 and all(c > 0 for c in costs)
