@@ -92,9 +92,10 @@ def bench_conv(layers, quick: bool) -> list[float]:
         data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
         kernel_oihw = rng.uniform(-1, 1, (out_channels, channels, 3, 3)).astype("float32")
         t_data, t_kernel = torch.from_numpy(data), torch.from_numpy(kernel_oihw)
-        expected = torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1).numpy()
+        run_torch = functools.partial(torch.nn.functional.conv2d, t_data, t_kernel, stride=stride, padding=1)
+        expected = run_torch().numpy()
         with torch.no_grad():
-            torch_s = best_time_s(lambda: torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1))
+            torch_s = best_time_s(run_torch)
         tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
         tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
         grid = [(16, 16, t, kw) for t in tiles for kw in ((True,) if quick else (True, False))]
@@ -111,7 +112,7 @@ def bench_conv(layers, quick: bool) -> list[float]:
             if cost < best_s:
                 best_s, best_cfg = cost, (ic_bn, oc_bn, tile_ow, unroll_kw)
         with torch.no_grad():
-            torch_s = min(torch_s, best_time_s(lambda: torch.nn.functional.conv2d(t_data, t_kernel, stride=stride, padding=1)))
+            torch_s = min(torch_s, best_time_s(run_torch))
         ratio = torch_s / best_s
         ratios.append(ratio)
         print(f"conv3x3 {channels}x{size}x{size}->{out_channels} s{stride}: lorien {flop / best_s / 1e9:.1f} GFLOPS "
