@@ -224,6 +224,8 @@ def main() -> int:
             print("TVM JSONDatabase baseline: skipped (apache-tvm found, but records are AutoTVM, "
                   "which JSONDatabase does not load)")
 
+        load_1, load_5, _ = os.getloadavg()
+        print(f"machine: {os.cpu_count()} cores, load average {load_1:.1f} (1 min) {load_5:.1f} (5 min)")
         print(f"ingest_rps={ingest_rps:.0f} best_p50_ms={best_p50_ms:.3f} best_p99_ms={best_p99_ms:.3f} "
               f"cold_query_s={cold_query_s:.3f} speedup_vs_pandas={speedup:.1f}")
     finally:

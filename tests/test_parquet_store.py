@@ -264,3 +264,14 @@ def test_a_local_store_uri_takes_an_fsync_option(root):
 def test_an_unknown_local_store_option_is_refused(root):
     with pytest.raises(StoreError, match="fsnyc"):
         open_store(f"parquet:{root}?fsnyc=true")
+
+
+def test_concurrent_writer_processes_on_s3_lose_nothing(moto_server, s3_bucket):
+    uri = f"parquet:s3://{s3_bucket}/lorien?endpoint_url={moto_server}"
+    writers = [start_writer(uri, f"s{number}", batches=3, size=20, shared=True) for number in range(3)]
+    for writer in writers:
+        assert writer.wait(timeout=300) == 0, writer.stderr.read()
+    store = open_store(uri)
+    ids = store.scan(columns=["record_id"]).column("record_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 3 * 3 * 20 + 20
+    assert len(store.best("dense#s1", SKYLAKE, k=5)) == 5
