@@ -104,10 +104,14 @@ def worker_name() -> str:
 
 
 def dialect_runner(spec: dict[str, Any], store_uri: str | None) -> Iterable[TuningRecord]:
-    """The default runner: ``get_dialect(job["dialect"]).tune(job, store_uri)``."""
+    """The default runner: ``get_dialect(job["dialect"]).tune(job, store_uri, commit=False)``.
+
+    The dialect only measures; :func:`execute_job` commits the whole job once, so a lost
+    attempt leaves no partial records behind for its retry to duplicate.
+    """
     from lorien.dialect import get_dialect
 
-    return get_dialect(spec["dialect"]).tune(spec, store_uri)
+    return get_dialect(spec["dialect"]).tune(spec, store_uri, commit=False)
 
 
 def committed_records(store_uri: str | None, job_id: str) -> int:
@@ -118,6 +122,19 @@ def committed_records(store_uri: str | None, job_id: str) -> int:
 
     with open_store(store_uri) as store:
         return store.scan(filters={"source": source_tag(job_id)}, columns=["record_id"]).num_rows
+
+
+def warm_up_store(store_uri: str | None) -> None:
+    """Open the store and run one empty lookup, importing what commits and lookups need, so
+    that forked workers start warm."""
+    if store_uri is None:
+        return
+    from lorien.errors import StoreError
+
+    try:
+        committed_records(store_uri, "warm-up")
+    except StoreError:
+        return  # a store that cannot be opened yet is reported by the jobs themselves
 
 
 def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,

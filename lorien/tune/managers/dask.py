@@ -5,7 +5,8 @@ Connects to a running scheduler (``scheduler="tcp://host:8786"``, e.g. started w
 processes. Each attempt is one task with a unique key. A worker that dies takes its running
 task with it; Dask reports it as ``KilledWorker`` (a local cluster is started with
 ``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
-the task that was running) and the master retries it itself, tracing each retry. Measurement on one host is serialized by the per-host measurement slot
+the task that was running) and the master retries it itself, tracing each retry. Worker
+processes are not daemonic, so a job's measurement may start its own worker processes. Measurement on one host is serialized by the per-host measurement slot
 (:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
 """
 
@@ -45,7 +46,8 @@ class DaskManager(JobManager):
                 raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
         else:
             with dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                                  "distributed.scheduler.worker-saturation": 1.0}):
+                                  "distributed.scheduler.worker-saturation": 1.0,
+                                  "distributed.worker.daemon": False}):
                 self._cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker,
                                              processes=True, dashboard_address=None)
             self.client = Client(self._cluster)
@@ -54,6 +56,18 @@ class DaskManager(JobManager):
     @property
     def scheduler_address(self) -> str:
         return self.client.scheduler.address
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes of the local cluster this manager started."""
+        if self._cluster is None:
+            return []
+        pids = []
+        for nanny in self._cluster.workers.values():
+            worker_process = getattr(nanny, "process", None)
+            process = getattr(worker_process, "process", None)
+            if process is not None and process.pid:
+                pids.append(process.pid)
+        return sorted(pids)
 
     def submit(self, task: Task) -> None:
         key = f"lorien-job-{task.job_id}-attempt-{task.attempt}"

@@ -16,7 +16,15 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from lorien.tune.managers.base import Completion, JobManager, JobOutcome, Runner, Task, execute_job
+from lorien.tune.managers.base import (
+    Completion,
+    JobManager,
+    JobOutcome,
+    Runner,
+    Task,
+    execute_job,
+    warm_up_store,
+)
 
 
 @dataclass
@@ -63,8 +71,25 @@ class LocalManager(JobManager):
         self.capacity = workers or os.cpu_count() or 1
         self._context = multiprocessing.get_context(start_method)
         self._running: dict[int, _Running] = {}
+        self._warm_dialects: set[str] = set()
+        if start_method == "fork":
+            warm_up_store(store_uri)
+
+    def _warm_up_dialect(self, name: str) -> None:
+        """Import a job's dialect here once, so forked children do not each import it."""
+        if self.runner is not None or name in self._warm_dialects:
+            return
+        self._warm_dialects.add(name)
+        from lorien.dialect import get_dialect
+        from lorien.errors import DialectError
+
+        try:
+            get_dialect(name)
+        except DialectError:
+            return  # the job's own attempt reports it
 
     def submit(self, task: Task) -> None:
+        self._warm_up_dialect(str(task.spec.get("dialect")))
         parent_conn, child_conn = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=_child_main, name=f"lorien-job-{task.job_id}",
