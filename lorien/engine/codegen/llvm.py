@@ -137,12 +137,32 @@ class LLVMRenderer:
             return self.module.globals[name]
         return ir.Function(self.module, ir.FunctionType(ret, args), name)
 
+    def _impl(self, name: str, params: list[ir.Type]) -> _Function:
+        """An always-inlined function whose pointer parameters are ``noalias`` (the buffers of one
+        kernel never overlap); inlining turns that into alias scopes, so LLVM can keep values in
+        registers across stores."""
+        impl = _Function(self.module, name, params)
+        impl.fn.linkage = "internal"
+        impl.fn.attributes.add("alwaysinline")
+        for arg, ty in zip(impl.fn.args, params, strict=True):
+            if isinstance(ty, ir.PointerType):
+                arg.add_attribute("noalias")
+        return impl
+
+    def _call(self, caller: _Function, callee: _Function, values: list[ir.Value]) -> None:
+        caller.b.call(callee.fn, values)
+        caller.finish()
+
     def render(self) -> ir.Module:
-        self.f = _Function(self.module, self.name, [PTR])
-        self.f.fn.args[0].name = "args"
+        wrapper = _Function(self.module, self.name, [PTR])
+        wrapper.fn.args[0].name = "args"
+        self.f = self._impl(f"{self.name}_impl", [PTR] * len(self.p.args))
         self.b = self.f.b
         self.render_range(0, len(self.p.uops))
         self.f.finish()
+        pointers = [wrapper.b.load(wrapper.b.gep(wrapper.fn.args[0], [ir.Constant(I64, i)], source_etype=PTR), typ=PTR)
+                    for i in range(len(self.p.args))]
+        self._call(wrapper, self.f, pointers)
         return self.module
 
     def render_range(self, start: int, stop: int) -> None:
@@ -164,8 +184,7 @@ class LLVMRenderer:
         b, ty = self.b, vtype(u.dtype, u.lanes)
         src = [self.values[s] for s in u.src] if u.op not in ("ENDLOOP", "ENDIF") else []
         if u.op == "ARG":
-            slot = b.gep(self.f.fn.args[0], [ir.Constant(I64, u.arg[0])], source_etype=PTR)
-            self.values[i] = b.load(slot, typ=PTR)
+            self.values[i] = self.f.fn.args[u.arg[0]]
         elif u.op == "ALLOC":
             name, size, scope = u.arg
             if scope == "global":
@@ -267,23 +286,27 @@ class LLVMRenderer:
         outer_b = self.b
         for field, s in enumerate(captured):
             outer_b.store(self.values[s], slot(outer_b, ctx, field, types[field]))
-        body = _Function(self.module, f"{self.name}_par{self.n_parallel}", [PTR, I64, I64])
+        name = f"{self.name}_par{self.n_parallel}"
         self.n_parallel += 1
-        saved = {s: self.values[s] for s in captured}
-        self.f, self.b = body, body.b
+        body = _Function(self.module, name, [PTR, I64, I64])
         ctx_arg, begin, end = body.fn.args
-        for field, s in enumerate(captured):
-            self.values[s] = body.b.load(slot(body.b, ctx_arg, field, types[field]), typ=types[field])
-        pre = body.b.block
-        header = body.fn.append_basic_block("par_loop")
-        body.b.branch(header)
-        body.b.position_at_end(header)
-        phi = body.b.phi(I64, name=self.p.uops[start].arg[0].replace(".", "_"))
-        phi.add_incoming(begin, pre)
+        loaded = [body.b.load(slot(body.b, ctx_arg, field, ty), typ=ty) for field, ty in enumerate(types)]
+        impl = self._impl(f"{name}_impl", [*types, I64, I64])
+        saved = {s: self.values[s] for s in captured}
+        self.f, self.b = impl, impl.b
+        for k, s in enumerate(captured):
+            self.values[s] = impl.fn.args[k]
+        pre = impl.b.block
+        header = impl.fn.append_basic_block("par_loop")
+        impl.b.branch(header)
+        impl.b.position_at_end(header)
+        phi = impl.b.phi(I64, name=self.p.uops[start].arg[0].replace(".", "_"))
+        phi.add_incoming(impl.fn.args[-2], pre)
         self.values[start] = phi
         self.render_range(start + 1, stop)
-        self.close_loop(phi, end)
-        body.finish()
+        self.close_loop(phi, impl.fn.args[-1])
+        impl.finish()
+        self._call(body, impl, [*loaded, begin, end])
         self.f, self.b = outer_f, outer_b
         self.values.update(saved)
         launch = self.extern("lorien_parallel_for", ir.VoidType(), [PTR, PTR, I64])
