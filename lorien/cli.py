@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("config", help="tuning YAML (see docs/tuning.md and configs/samples/)")
     tune.add_argument("--store", help=STORE_HELP + " (overrides the config's store)")
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
+    tune.add_argument("--commit-log-to", metavar="DEST",
+                      help="also archive each full log to DEST (a directory or s3://bucket/prefix)")
     tune.add_argument("--trials", type=int, help="override the trials of every workload")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -256,6 +258,14 @@ def _run_tune(args: argparse.Namespace) -> int:
         print("interrupted: the records measured so far are in the warehouse", file=sys.stderr)
         raise
     print(format_summary(summaries))
+    if args.commit_log_to:
+        from pathlib import Path
+
+        from lorien.warehouse.archive import archive_log
+
+        for summary in summaries:
+            if summary.log_path and Path(summary.log_path).is_file():
+                print(f"archived {archive_log(summary.log_path, args.commit_log_to)}")
     return 0
 
 
