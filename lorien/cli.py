@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- tune -------------------------------------------------------------------------
     tune = _parser(sub, "tune", "tune the workloads of a YAML config on this machine, streaming records "
                    "into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse")
-    tune.add_argument("config", help="tuning YAML (see docs/tuning.md and configs/samples/)")
+    tune.add_argument("config", nargs="?", help="tuning YAML (see docs/tuning.md and configs/samples/)")
     tune.add_argument("--store", help=STORE_HELP + " (overrides the config's store)")
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
     tune.add_argument("--commit-log-to", metavar="DEST",
@@ -58,6 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, help="override the trials of every workload")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    # orchestration flags (docs/orchestration.md); lorien.tune.master.tune_command runs them
+    tune.add_argument("--manager", choices=["local", "dask", "aws-batch"],
+                      help="run the config's jobs through a job manager (retries, trace, resume)")
+    tune.add_argument("--scheduler", metavar="ADDRESS",
+                      help="dask: a running scheduler, e.g. tcp://10.0.0.5:8786 (default: a local cluster)")
+    tune.add_argument("--workers", type=int, help="local/dask: worker processes (default: local CPU count, dask 2)")
+    tune.add_argument("--measure-slots", type=int,
+                      help="jobs measuring at once per host, each pinned to its share of cores (default 1)")
+    tune.add_argument("--trace-file", metavar="FILE",
+                      help="append every job state change to FILE; rerun with it to resume")
+    tune.add_argument("--max-retries", type=int, default=2, help="retries of a job whose worker died (default 2)")
+    tune.add_argument("--job", metavar="URI",
+                      help="run one job spec (local path or s3://...) here and commit to the store")
+    tune.add_argument("--job-queue", help="aws-batch: job queue name or ARN")
+    tune.add_argument("--job-definition", help="aws-batch: job definition running the lorien image")
+    tune.add_argument("--spec-prefix", metavar="S3_URI", help="aws-batch: where job specs are uploaded")
+    tune.add_argument("--region", help="aws-batch: AWS region (default: the standard AWS chain)")
     tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
@@ -245,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- run functions: tune -----------------------------------------------------------------
 
 def _run_tune(args: argparse.Namespace) -> int:
+    if args.job or args.manager or args.trace_file or not args.config:
+        from lorien.tune.master import tune_command
+
+        return tune_command(args)
     from lorien.tune.config import load_tune_config
     from lorien.tune.local import format_summary, tune_config
 
