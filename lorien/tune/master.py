@@ -234,3 +234,44 @@ def summary_json(summary: RunSummary) -> str:
     return json.dumps({"total": summary.total, "done": summary.done, "failed": summary.failed,
                        "skipped": summary.skipped, "retried": summary.retried,
                        "records": summary.records, "failures": summary.failures})
+
+
+def tune_command(args: Any) -> int:
+    """``lorien tune`` with ``--job``, ``--manager`` or ``--trace-file`` (called from lorien.cli).
+
+    ``--job URI`` runs one job spec here and commits to ``--store`` / ``$LORIEN_STORE`` (what an
+    AWS Batch container runs); otherwise the config's jobs go through the chosen manager.
+    """
+    from lorien.warehouse import default_store_uri
+
+    if args.job:
+        result = run_job_uri(args.job, args.store or default_store_uri())
+        print(json.dumps(result, sort_keys=True))
+        if result["error"]:
+            print(f"lorien tune: job {result['job_id']} failed: {result['error']}", file=sys.stderr)
+            return 1
+        return 0
+    if not args.config:
+        raise ConfigError("give a tuning CONFIG.yaml (see docs/tuning.md) or --job URI")
+    from lorien.tune.config import load_tune_config
+
+    config = load_tune_config(args.config)
+    for job in config.jobs:
+        job.update({key: value for key, value in (("trials", args.trials), ("tuner", args.tuner))
+                    if value is not None})
+    store_uri = args.store or config.store_uri or default_store_uri()
+    options: dict[str, Any] = {"workers": args.workers, "measure_slots": args.measure_slots}
+    if args.manager == "dask":
+        options["scheduler"] = args.scheduler
+    if args.manager == "aws-batch":
+        missing = [flag for flag, value in (("--job-queue", args.job_queue),
+                                            ("--job-definition", args.job_definition),
+                                            ("--spec-prefix", args.spec_prefix)) if not value]
+        if missing:
+            raise ConfigError(f"--manager aws-batch needs {', '.join(missing)}")
+        options = {"job_queue": args.job_queue, "job_definition": args.job_definition,
+                   "spec_prefix": args.spec_prefix, "region": args.region}
+    summary = run_jobs(config.jobs, manager=args.manager or "local", trace_file=args.trace_file,
+                       store_uri=store_uri, max_retries=args.max_retries, **options)
+    print(format_summary(summary))
+    return 1 if summary.failed else 0
