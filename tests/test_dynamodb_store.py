@@ -190,7 +190,7 @@ def test_commit_keeps_the_best_nbest_per_layout(store):
 
 
 def test_an_item_never_holds_more_than_100_configs(store, client):
-    store.commit([make_record(i, (i + 1) * 1e-5, layout=f"L{i % 3}") for i in range(150)])
+    store.commit([make_record(i, (i + 1) * 1e-5, layout=f"L{i % 3}") for i in range(150)], nbest=500)
     assert len(stored_item(client, store)[CONFIGS_ATTRIBUTE]["L"]) == MAX_CONFIGS_PER_ITEM
 
 

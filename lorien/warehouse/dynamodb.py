@@ -20,6 +20,7 @@ re-merging when another committer got there first, so no concurrently committed 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -105,8 +106,10 @@ class DynamoDBLocation:
     @property
     def where(self) -> str:
         """The endpoint for messages (never with credentials)."""
-        if self.endpoint_url:
-            return redact_url(self.endpoint_url)
+        endpoint = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
+                    or os.environ.get("AWS_ENDPOINT_URL"))
+        if endpoint:
+            return redact_url(endpoint)
         return f"AWS DynamoDB ({self.region or 'default region'})"
 
     @property
@@ -716,6 +719,8 @@ class DynamoDBStore(Store):
                log_path: str | None = None) -> CommitResult:
         """Merge records into their items' ``BestConfigs`` with conditional writes.
 
+        ``nbest`` (default and cap: 100, the item's capacity) is kept per build config and layout.
+
         Failed records are not served: their ids are kept (up to 1000 an item) so that they are
         counted once, and they go to the archive. ``log_path`` (or the archive file written when
         the URI names ``archive=``) is stored with each config.
@@ -723,9 +728,9 @@ class DynamoDBStore(Store):
         if isinstance(records, pa.Table):
             records = table_to_records(records)
         records = list(records)
-        nbest = MAX_CONFIGS_PER_ITEM if nbest is None else nbest
-        if not 1 <= nbest <= MAX_CONFIGS_PER_ITEM:
-            raise StoreError(f"nbest={nbest} is outside 1..{MAX_CONFIGS_PER_ITEM} (DynamoDB item cap)")
+        nbest = MAX_CONFIGS_PER_ITEM if nbest is None else min(nbest, MAX_CONFIGS_PER_ITEM)
+        if nbest < 1:
+            raise StoreError(f"nbest={nbest} keeps no record; give 1..{MAX_CONFIGS_PER_ITEM}")
         result = CommitResult(received=len(records))
         if self.archive and records:
             from lorien.warehouse.archive import archive_records
