@@ -275,3 +275,13 @@ def test_concurrent_writer_processes_on_s3_lose_nothing(moto_server, s3_bucket):
     ids = store.scan(columns=["record_id"]).column("record_id").to_pylist()
     assert len(ids) == len(set(ids)) == 3 * 3 * 20 + 20
     assert len(store.best("dense#s1", SKYLAKE, k=5)) == 5
+
+
+def test_many_small_commits_keep_the_serving_view_in_few_files(store, root):
+    from lorien.warehouse.parquet import SERVING_MERGE_FILES
+
+    for index in range(SERVING_MERGE_FILES + 5):
+        store.commit(workload_records("dense#a", 2, first_index=2 * index)[::-1], nbest=3)
+    assert len(parquet_files(root, "best")) <= SERVING_MERGE_FILES
+    assert [record.cost_s for record in store.best("dense#a", SKYLAKE, k=3)] == pytest.approx([1e-3, 2e-3, 3e-3])
+    assert len(store.best("dense#a", SKYLAKE, k=10)) == 10

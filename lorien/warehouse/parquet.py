@@ -56,6 +56,8 @@ SERVING_ROW_GROUP = 2048
 COMPACT_ROW_GROUP = 65536
 #: How often an S3 store re-lists its serving files (a local store re-lists on every query).
 S3_REFRESH_INTERVAL_S = 1.0
+#: A target key's serving files are merged into one when a commit leaves more than this many.
+SERVING_MERGE_FILES = 32
 #: Staged files older than this are leftovers of killed writers; compaction deletes them.
 STALE_STAGING_S = 3600.0
 _READ_RETRIES = 3
@@ -597,11 +599,14 @@ class ParquetCommit:
         # Records first: a serving row never points at a record that is not yet visible.
         for pending in self._pending_records + self._pending_serving:
             self.store._files.publish(pending.staged, pending.final)
+        touched = {_partition_of(pending.final)["target_key"] for pending in self._pending_serving}
         self._pending_records.clear()
         self._pending_serving.clear()
         self.store._known_ids.update(self._unpublished_ids)
         self._unpublished_ids.clear()
         self.store._invalidate()
+        for target_key in sorted(touched):
+            self.store._merge_serving(target_key)
 
     def finish(self) -> CommitResult:
         self._publish()
@@ -887,11 +892,31 @@ class ParquetStore(Store):
 
     # -- compaction ---------------------------------------------------------------------------
 
+    def _merge_serving(self, target_key: str) -> None:
+        """Fold a target key's serving files into one once commits have piled up more than
+        :data:`SERVING_MERGE_FILES`; the merged file keeps the shallowest depth it covers."""
+        files = sorted(self._files.names(_serving_dir(target_key)))
+        if len(files) <= SERVING_MERGE_FILES:
+            return
+        try:
+            tables = [self._files.open(rel).read() for rel in files]
+        except FileNotFoundError:
+            return  # another process is merging the same files
+        depth = min(_serving_depth(rel) for rel in files)
+        merged = top_per_group(_dedupe(pa.concat_tables(tables)), depth)
+        final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}.parquet"
+        self._files.write(merged.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP)
+        for rel in files:
+            self._files.delete(rel)
+        self._invalidate()
+
     def compact(self) -> dict[str, Any]:
         """Merge each partition's files into one sorted file; rebuild the serving view from
         the records (deduplicated, deepest nbest seen). Query answers do not change."""
-        record_files = self._files.list(RECORDS_DIR)
+        # Serving files first: each one's records were published before it, so they are in
+        # the record listing that follows, and the rebuilt view covers every file deleted.
         serving_files = self._files.list(SERVING_DIR)
+        record_files = self._files.list(RECORDS_DIR)
         depths = [_serving_depth(rel) for rel in serving_files]
         depth = max(depths) if depths else DEFAULT_NBEST
         by_partition: dict[tuple[str, str], list[str]] = {}
