@@ -146,7 +146,12 @@ def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
 
 
 def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
+    """The job's tuner over the task's space; ``feature_type: itervar`` adds loop features."""
     options = dict(job.get("tuner_options") or {})
+    if options.get("feature_type") == "itervar":
+        from dialects.autotvm.loop_features import LoopFeatureFn
+
+        options["feature_fn"] = LoopFeatureFn(task)
     return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
 
 

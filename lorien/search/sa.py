@@ -44,9 +44,13 @@ def anneal(space: IndexedSpace, score: Callable[[np.ndarray], np.ndarray], num: 
 
     offer(points_arr, scores)
     t_start, t_end = temperature
+    radix = np.cumprod(np.concatenate([[1], dims[:-1]])).astype(np.int64)
+    movable = np.flatnonzero(dims > 1)
+    if len(movable) == 0:
+        return [index for _, index in sorted(best, reverse=True)]
     for step in range(n_iter):
         t = t_start + (t_end - t_start) * step / max(1, n_iter - 1)
-        proposals = np.array([_neighbor(space, int(p), dims, rng) for p in points_arr], dtype=np.int64)
+        proposals = _neighbors(points_arr, dims, radix, movable, rng)
         new_scores = score(proposals)
         delta = new_scores - scores
         accept = delta > 0
@@ -58,12 +62,11 @@ def anneal(space: IndexedSpace, score: Callable[[np.ndarray], np.ndarray], num: 
     return [index for _, index in sorted(best, reverse=True)]
 
 
-def _neighbor(space: IndexedSpace, index: int, dims: np.ndarray, rng: np.random.Generator) -> int:
-    positions = space.knob_indices(index)
-    movable = np.flatnonzero(dims > 1)
-    if len(movable) == 0:
-        return index
-    knob = int(rng.choice(movable))
-    choice = int(rng.integers(dims[knob] - 1))
-    positions[knob] = choice if choice < positions[knob] else choice + 1
-    return space.index_of_knobs(positions)
+def _neighbors(indices: np.ndarray, dims: np.ndarray, radix: np.ndarray, movable: np.ndarray,
+               rng: np.random.Generator) -> np.ndarray:
+    """Each index with one random knob moved to a different random position (mixed radix)."""
+    knobs = movable[rng.integers(len(movable), size=len(indices))]
+    current = (indices // radix[knobs]) % dims[knobs]
+    choice = (rng.random(len(indices)) * (dims[knobs] - 1)).astype(np.int64)
+    new = np.where(choice < current, choice, choice + 1)
+    return indices + (new - current) * radix[knobs]

@@ -6,8 +6,11 @@ similar workloads (transfer). Simulated annealing over the model picks the next 
 fraction ``epsilon`` of each plan is random for exploration.
 
 Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
-values, ...) or plain knob positions; a ``feature_fn(indices) -> array`` may be given instead
-(the autotvm dialect passes knob + loop-nest features).
+values, ...) or plain knob positions. ``feature_type="itervar"`` adds the features a
+``feature_fn(indices) -> array`` computes (the autotvm dialect passes loop-nest features of
+the lowered kernel): annealing runs over the knob model, and its best ``rerank_factor`` x
+``plan_size`` candidates are re-ranked by a second model on knob + loop features, so the
+costly loop features are computed only for a few hundred points per plan.
 """
 
 from __future__ import annotations
@@ -47,13 +50,16 @@ class XGBTuner(Tuner):
     def __init__(self, space: IndexedSpace, seed: int | None = None, plan_size: int = 32,
                  feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
-                 num_boost_round: int = 80):
+                 num_boost_round: int = 80, rerank_factor: int = 2):
         super().__init__(space, seed)
         if feature_type not in ("knob", "itervar"):
             raise ValueError(f"unknown feature_type {feature_type!r} (knob or itervar)")
         if feature_type == "itervar" and feature_fn is None:
             raise ValueError("feature_type 'itervar' needs a feature_fn from the dialect")
-        self.feature_fn = feature_fn or KnobFeatures(space)
+        self.feature_fn = KnobFeatures(space)
+        self.loop_feature_fn = feature_fn if feature_type == "itervar" else None
+        self.rerank_factor = rerank_factor
+        self.rerank_booster_ = None
         self.plan_size = plan_size
         self.epsilon = epsilon
         self.sa_parallel_size = sa_parallel_size
@@ -104,9 +110,14 @@ class XGBTuner(Tuner):
         n_random = int(math.ceil(self.epsilon * self.plan_size))
         best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                                key=self.measured.__getitem__)[:16]
-        chosen = anneal(self.space, self.predict, self.plan_size - n_random, self.rng,
+        wanted = self.plan_size - n_random
+        pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
+        chosen = anneal(self.space, self.predict, pool, self.rng,
                         exclude=self.visited, starts=best_measured,
                         parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
+        if self.rerank_booster_ is not None and chosen:
+            scores = self._predict_full(np.array(chosen, dtype=np.int64))
+            chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
@@ -116,6 +127,14 @@ class XGBTuner(Tuner):
 
         features = self.feature_fn(np.asarray(indices, dtype=np.int64))
         return self.booster_.predict(xgb.DMatrix(features))
+
+    def _full_features(self, indices: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.feature_fn(indices), self.loop_feature_fn(indices)], axis=1)
+
+    def _predict_full(self, indices: np.ndarray) -> np.ndarray:
+        import xgboost as xgb
+
+        return self.rerank_booster_.predict(xgb.DMatrix(self._full_features(indices)))
 
     def _fit(self) -> None:
         import xgboost as xgb
@@ -141,4 +160,8 @@ class XGBTuner(Tuner):
                   "objective": "reg:squarederror", "nthread": 1, "verbosity": 0,
                   "seed": int(self.rng.integers(1 << 30))}
         self.booster_ = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=self.num_boost_round)
+        if self.loop_feature_fn is not None and self.measured:
+            measured_x = self._full_features(indices)
+            self.rerank_booster_ = xgb.train(params, xgb.DMatrix(measured_x, label=ys[0]),
+                                             num_boost_round=self.num_boost_round)
         self._since_fit = 0
