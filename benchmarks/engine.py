@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import time
 
 import numpy as np
@@ -138,7 +137,7 @@ def bench_trials(n_trials: int, n: int = 256) -> float:
     measure_batch(warm, option, builder, runner)
     start = time.perf_counter()
     records = []
-    batch = max(2, os.cpu_count() or 2)
+    batch = 8
     for i in range(0, len(configs), batch):
         chunk = configs[i : i + batch]
         inputs = [MeasureInput(functools.partial(dense_candidate, n, n, n, *cfg), reference.dense) for cfg in chunk]

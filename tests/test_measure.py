@@ -130,3 +130,13 @@ def test_results_come_back_in_input_order(measure_parts):
     codes = [r.error_no for r in _measure(measure_parts, inputs)]
     assert codes == [ErrorNo.INSTANTIATION_ERROR, ErrorNo.NO_ERROR, ErrorNo.WRONG_ANSWER]
     assert np.isfinite([r.all_cost for r in _measure(measure_parts, inputs[1:2])]).all()
+
+
+def raising_builder():
+    raise ZeroDivisionError("template bug")
+
+
+def test_builder_that_raises_is_an_instantiation_error_with_its_cause(measure_parts):
+    (result,) = _measure(measure_parts, [MeasureInput(raising_builder)])
+    assert result.error_no == ErrorNo.INSTANTIATION_ERROR
+    assert "ZeroDivisionError: template bug" in result.error_msg

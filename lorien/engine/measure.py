@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import hashlib
 import os
 import pickle
 import signal
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,21 +106,27 @@ def _task_build(payload: bytes) -> dict:
     from lorien.engine.codegen import llvm as llvm_codegen
     from lorien.engine.lower import lower
 
+    # This is the isolation boundary: whatever a candidate's builder or the compiler raises
+    # becomes the candidate's error (with its traceback), and the worker lives on.
     try:
         candidate = pickle.loads(payload)
         schedule, args = candidate.builder()
         program = lower(schedule, list(args), "kernel")
-    except (LorienError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
-        raise MeasureError(ErrorNo.INSTANTIATION_ERROR, f"{type(err).__name__}: {err}") from err
-    import hashlib
-
+    except Exception as err:  # noqa: BLE001
+        raise MeasureError(ErrorNo.INSTANTIATION_ERROR, _describe(err)) from err
     fn_name = f"kernel_{hashlib.sha256(str(program).encode()).hexdigest()[:16]}"
     try:
         ir_text = llvm_codegen.render(program, fn_name)
         obj = llvm_codegen.compile_object(ir_text)
-    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise MeasureError(ErrorNo.COMPILE_HOST, f"{type(err).__name__}: {err}") from err
+    except Exception as err:  # noqa: BLE001
+        raise MeasureError(ErrorNo.COMPILE_HOST, _describe(err)) from err
     return {"object": obj, "fn_name": fn_name, "program": program}
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` plus the innermost frames of the traceback."""
+    frames = traceback.format_tb(err.__traceback__)[-3:]
+    return f"{type(err).__name__}: {err}\n{''.join(frames)}".rstrip()
 
 
 def _random_array(spec, rng: np.random.Generator) -> np.ndarray:
@@ -185,6 +193,8 @@ def worker_main(recv_conn: Connection, send_conn: Connection) -> None:
             send_conn.send(("ok", _TASKS[kind](payload)))
         except MeasureError as err:
             send_conn.send(("error", int(err.error_no), str(err)))
+        except Exception as err:  # noqa: BLE001  (a failing kernel run or reference, reported with its cause)
+            send_conn.send(("error", int(ErrorNo.RUNTIME_DEVICE), _describe(err)))
 
 
 # ---------------------------------------------------------------- parent side
