@@ -237,3 +237,12 @@ def test_timing_with_cache_flush_returns_one_cost_per_repeat():
     arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
     costs = kernel.time(*arrays, number=2, repeat=3, flush_cache=True)
     assert len(costs) == 3 and all(c > 0 for c in costs)
+
+
+def test_int32_tensors_compute_with_int_literals():
+    a = te.placeholder((5,), "int32", name="a")
+    out = te.compute((5,), lambda i: a[i] * 3 + 1, name="out")
+    x = np.arange(5, dtype="int32")
+    y = np.zeros(5, "int32")
+    build(te.create_schedule(out), [a, out])(x, y)
+    np.testing.assert_array_equal(y, x * 3 + 1)

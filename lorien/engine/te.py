@@ -61,6 +61,11 @@ class Expr:
             a = Const(float(a.value), b.dtype)
         if isinstance(b, Const) and a.dtype != b.dtype and a.dtype in FLOAT_DTYPES:
             b = Const(float(b.value), a.dtype)
+        if a.dtype != b.dtype and a.dtype in INT_DTYPES and b.dtype in INT_DTYPES:
+            if isinstance(b, Const):
+                b = Const(int(b.value), a.dtype)
+            elif isinstance(a, Const):
+                a = Const(int(a.value), b.dtype)
         return BinOp(op, a, b)
 
     def __add__(self, o): return self._bin("add", o)
