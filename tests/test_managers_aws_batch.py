@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 import uuid
 
@@ -20,6 +23,9 @@ from lorien.warehouse import open_store
 from lorien.warehouse.archive import read_text_uri
 
 JOB = {"dialect": "autotvm", "task_name": "dense", "args": [4, 8, 8], "target": "llvm", "trials": 2}
+REAL_JOB = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
+            "args": [["TENSOR", [16, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+            "target": "llvm", "tuner": "random", "trials": 2}
 
 
 def _moto_api(endpoint: str, path: str, body: dict) -> None:
@@ -80,23 +86,45 @@ def test_submit_uploads_the_spec_and_runs_lorien_tune_job_in_the_container(batch
     assert {"name": "LORIEN_STORE", "value": store_uri} in described["container"]["environment"]
 
 
-def test_the_container_side_commits_to_the_store_and_the_master_reads_its_outcome(
-        batch_setup, jobs_succeed_at_once, tmp_path):
+def test_the_container_command_commits_to_the_store_and_the_master_reads_its_outcome(
+        batch_setup, jobs_succeed_at_once, tmp_path, moto_server):
     store_uri = f"parquet:{tmp_path / 'warehouse'}"
     manager = AwsBatchManager(store_uri=store_uri, poll_s=0.0, **batch_setup)
-    job = Job.from_spec(JOB)
+    job = Job.from_spec(REAL_JOB)
     manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=False))
     batch_id = next(iter(manager.in_flight))
-    command = manager.describe([batch_id])[batch_id]["container"]["command"]
-    outcome = run_job_uri(command[3], store_uri, runner=synthetic_runner)  # what the container runs
-    assert outcome["records"] == 2
+    container = manager.describe([batch_id])[batch_id]["container"]
+    environment = {item["name"]: item["value"] for item in container["environment"]}
+
+    def run_container() -> dict:
+        """What the Batch container does: the job's command with the job's environment."""
+        finished = subprocess.run([sys.executable, "-m", "lorien.cli", *container["command"][1:]],
+                                  env={**os.environ, **environment}, capture_output=True, text=True,
+                                  timeout=300, check=False)
+        assert finished.returncode == 0, finished.stderr
+        return json.loads(finished.stdout)
+
+    assert run_container()["records"] == 2
     completions = manager.wait(timeout_s=5)
     assert completions[0].outcome.records == 2
-    again = run_job_uri(command[3], store_uri, runner=synthetic_runner)  # a Batch-level retry
-    assert again["reused"] is True
+    assert json.loads(read_text_uri(result_uri(container["command"][3])))["records"] == 2
+    assert run_container()["reused"] is True  # a Batch-level retry measures nothing again
     with open_store(store_uri) as store:
         assert store.scan(columns=["record_id"]).num_rows == 2
-    assert json.loads(read_text_uri(result_uri(command[3])))["records"] == 2
+
+
+def test_a_lorien_error_in_the_container_fails_the_job_without_retry(batch_setup, jobs_succeed_at_once,
+                                                                     tmp_path):
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    manager = AwsBatchManager(store_uri=store_uri, poll_s=0.0, **batch_setup)
+    job = Job.from_spec({**REAL_JOB, "dialect": "nosuch"})
+    manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=False))
+    batch_id = next(iter(manager.in_flight))
+    spec_uri = manager.describe([batch_id])[batch_id]["container"]["command"][3]
+    assert run_job_uri(spec_uri, store_uri)["error"].startswith("DialectError: unknown dialect 'nosuch'")
+    described = {"status": "FAILED", "container": {"exitCode": 1}, "statusReason": "Essential container exited"}
+    completion = manager._completion(*manager._in_flight[batch_id], batch_id, described)
+    assert completion.outcome.error.startswith("DialectError") and not completion.lost
 
 
 def test_cancel_stops_submitted_jobs(batch_setup, jobs_stay_submitted):
