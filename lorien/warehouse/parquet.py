@@ -483,6 +483,8 @@ class _ServingIndex:
                         (targets[start], layouts[start], start, row))
                     start = row
         self.sorted_workloads = sorted(self.by_workload)
+        # One contiguous array per column: reading a few scalars is cheaper than slicing a table.
+        self.columns = [(name, table.column(name).combine_chunks()) for name in table.column_names]
 
     def _workload_keys(self, workload_key: str, prefix: bool) -> list[str]:
         if not prefix:
@@ -516,11 +518,8 @@ class _ServingIndex:
             rows = np.concatenate(chosen)
         else:
             rows = self._best_rows([span for spans in spans_by_layout.values() for span in spans], k)
-        if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
-            selected = self.table.slice(int(rows[0]), len(rows))
-        else:
-            selected = self.table.take(rows)
-        return [TuningRecord.from_row(row) for row in selected.to_pylist()]
+        return [TuningRecord.from_row({name: column[row].as_py() for name, column in self.columns})
+                for row in rows.tolist()]
 
 
 # ---- the store ------------------------------------------------------------------------------
@@ -639,7 +638,7 @@ class ParquetStore(Store):
         self._id_files: set[str] = set()
         self._indexes: dict[str, _ServingIndex] = {}
         self._serving_tables: dict[str, pa.Table] = {}
-        self._listed: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._listed: dict[str, tuple[float, tuple[str, ...], int | None]] = {}
         self._lookups: dict[str, int] = {}
         self._targets: dict[str, tuple[str, str]] = {}
 
@@ -778,14 +777,19 @@ class ParquetStore(Store):
             names = self._targets[target] = (parsed.alternate_key, parsed.canonical)
         return names
 
-    def _serving_files(self, target_key: str) -> tuple[str, ...]:
+    def _serving_files(self, target_key: str) -> tuple[tuple[str, ...], int | None]:
+        """A target key's serving files and the serving depth they guarantee (None: no files)."""
         now = time.monotonic()
         cached = self._listed.get(target_key)
         if cached is not None and not self._files.is_local and now - cached[0] < S3_REFRESH_INTERVAL_S:
-            return cached[1]
+            return cached[1], cached[2]
         files = tuple(sorted(self._files.names(_serving_dir(target_key))))
-        self._listed[target_key] = (now, files)
-        return files
+        if cached is not None and cached[1] == files:
+            depth = cached[2]
+        else:
+            depth = min((_serving_depth(rel) for rel in files), default=None)
+        self._listed[target_key] = (now, files, depth)
+        return files, depth
 
     def _read_serving(self, rel: str, target_key: str) -> pa.Table:
         cached = self._serving_tables.get(rel)
@@ -855,8 +859,7 @@ class ParquetStore(Store):
         if k < 1:
             raise StoreError(f"k must be a positive number of records, got {k!r}")
         target_key, canonical = self._target_names(target)
-        files = self._serving_files(target_key)
-        depth = min((_serving_depth(rel) for rel in files), default=None)
+        files, depth = self._serving_files(target_key)
         if depth is not None and k > depth:
             return self._best_from_records(workload_key, canonical, target_key, k, layout,
                                            by_alternate_key, prefix, per_layout)
