@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -153,6 +156,31 @@ def bench_trials(n_trials: int, n: int = 256) -> float:
     return len(records) / elapsed
 
 
+def bench_tvm_trials(n_trials: int, n: int = 256) -> float | None:
+    """The same figure for TVM MetaSchedule (tune_tir on dense n^3) when apache-tvm is installed."""
+    if importlib.util.find_spec("tvm") is None:
+        print("TVM MetaSchedule throughput: skipped (apache-tvm is not installed)")
+        return None
+    import tvm
+    from tvm import te as tvm_te
+
+    from lorien.engine.codegen.llvm import host_cpu_name
+
+    meta_schedule = getattr(getattr(tvm, "s_tir", None), "meta_schedule", None) or tvm.meta_schedule
+    data = tvm_te.placeholder((n, n), name="data")
+    weight = tvm_te.placeholder((n, n), name="weight")
+    k = tvm_te.reduce_axis((0, n), name="k")
+    out = tvm_te.compute((n, n), lambda i, j: tvm_te.sum(data[i, k] * weight[j, k], axis=k), name="dense")
+    mod = tvm.IRModule({"main": tvm_te.create_prim_func([data, weight, out])})
+    target = tvm.target.Target(f"llvm -mcpu={host_cpu_name()} -num-cores {os.cpu_count()}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work_dir:
+        meta_schedule.tune_tir(mod, target, work_dir, max_trials_global=n_trials, num_trials_per_iter=8)
+    rate = n_trials / (time.perf_counter() - start)
+    print(f"TVM MetaSchedule throughput dense {n}^3: {rate:.2f} candidates/s")
+    return rate
+
+
 def _rows_kernel(rows: int, width: int, parallel: bool):
     a = te.placeholder((rows, width), name="a")
     out = te.compute((rows, width), lambda r, i: a[r, i] * 2.0 + 1.0, name="out")
@@ -199,7 +227,8 @@ def main() -> None:
     dense512 = bench_dense(512, dense_grid)
     dense1024 = bench_dense(1024, dense_grid)
     ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick)
-    trials = bench_trials(8 if quick else 30)
+    trials = bench_trials(8 if quick else 32)
+    bench_tvm_trials(8 if quick else 32)
     geomean = float(np.exp(np.mean(np.log(ratios))))
     print(f"dense512_vs_numpy={dense512:.2f} dense1024_vs_numpy={dense1024:.2f} "
           f"conv3x3_vs_torch_min={min(ratios):.2f} conv3x3_vs_torch_geomean={geomean:.2f} "
