@@ -246,3 +246,11 @@ def test_int32_tensors_compute_with_int_literals():
     y = np.zeros(5, "int32")
     build(te.create_schedule(out), [a, out])(x, y)
     np.testing.assert_array_equal(y, x * 3 + 1)
+
+
+def test_compiled_object_is_cached_on_disk_by_ir_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORIEN_CACHE_DIR", str(tmp_path))
+    a = te.placeholder((37,), name="a")
+    out = te.compute((37,), lambda i: a[i] - 37.0, name="out")
+    build(te.create_schedule(out), [a, out])
+    assert len(list((tmp_path / "kernels").glob("*.o"))) == 1

@@ -101,12 +101,3 @@ def build_program(program: Program) -> Kernel:
     ir_text = llvm_codegen.render(program, fn_name)
     address = llvm_codegen.compile_ir(ir_text, fn_name)
     return Kernel(program, address, ir_text, fn_name)
-
-
-def build_info() -> dict:
-    """Engine build description for records (Lorien's framework_build_config)."""
-    import llvmlite
-
-    return {"engine": "lorien", "llvmlite": llvmlite.__version__,
-            "llvm": ".".join(map(str, __import__("llvmlite.binding").binding.llvm_version_info)),
-            "cpu": llvm_codegen.host_cpu_name()}

@@ -8,6 +8,7 @@ A kernel has the signature ``void kernel(void **args)``.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -353,19 +354,29 @@ def render(program: Program, name: str | None = None) -> str:
 
 
 def compile_ir(ir_text: str, fn_name: str) -> int:
-    """Optimize (O3) and JIT ``ir_text``; returns the address of ``fn_name``. Cached by IR hash."""
-    key = hashlib.sha256(ir_text.encode()).hexdigest()
+    """Optimize (O3) and JIT ``ir_text``; returns the address of ``fn_name``.
+
+    Cached by the hash of the IR (and host CPU): in memory for this process, and as object
+    files in ``~/.cache/lorien/kernels`` across processes.
+    """
+    key = hashlib.sha256(f"{host_cpu_name()}|{host_cpu_features()}|{ir_text}".encode()).hexdigest()
     with _LOCK:
-        engine = _engine()
-        cache = _STATE["cache"]
-        if key in cache:
-            return cache[key]
-        mod = _optimized_module(ir_text)
-        engine.add_module(mod)
-        engine.finalize_object()
-        address = engine.get_function_address(fn_name)
-        cache[key] = address
-        return address
+        _engine()
+        if key in _STATE["cache"]:
+            return _STATE["cache"][key]
+    path = runtime.cache_dir() / "kernels" / f"{key}.o"
+    if path.exists():
+        obj = path.read_bytes()
+    else:
+        obj = compile_object(ir_text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(obj)
+        os.replace(tmp, path)
+    address = load_object(obj, fn_name)
+    with _LOCK:
+        _STATE["cache"][key] = address
+    return address
 
 
 def assembly(ir_text: str) -> str:
