@@ -286,3 +286,15 @@ def test_a_real_lorien_process_reports_an_error_in_one_line_and_exits_nonzero(to
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0
     assert "lorien query: error: unparseable target" in done.stderr
+
+
+def test_strict_ingest_into_an_s3_store_publishes_every_record(capsys, llvm_log, moto_server, s3_bucket):
+    uri = f"parquet:s3://{s3_bucket}/wh?endpoint_url={moto_server}&region=us-east-1"
+    code, out, _ = run_cli(capsys, "ingest", str(llvm_log), "--strict", "--store", uri)
+    assert code == 0, out
+    record = read_log(llvm_log).records[7]
+    code, out, _ = run_cli(capsys, "query", "--workload-key", record.workload_key, "--target", SKYLAKE,
+                           "--format", "json", "--store", uri)
+    assert code == 0
+    assert json.loads(out)[0]["record_id"] == record.record_id
+    assert open_store(uri).stats()["records"] == 35
