@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- warehouse dynamodb (cloud work) ----------------------------------------------
     dynamodb = _parser(warehouse_sub, "dynamodb",
-                       "create, list, describe, delete and scan DynamoDB tables (awslabs/lorien schema)",
+                       "create, list, describe, delete, scan and load DynamoDB tables (awslabs/lorien schema)",
                        "lorien warehouse dynamodb create lorien-records --endpoint-url http://127.0.0.1:5000")
     dynamodb.set_defaults(run=lambda _args: dynamodb.print_help() or 2)
     dynamodb_sub = dynamodb.add_subparsers(dest="dynamodb_command", metavar="ACTION")
@@ -217,8 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         "list": ("list the tables at the endpoint", "lorien warehouse dynamodb list --endpoint-url http://127.0.0.1:5000"),
         "describe": ("show a table's keys, index, status and size", "lorien warehouse dynamodb describe lorien-records"),
         "delete": ("delete a table and every item in it", "lorien warehouse dynamodb delete lorien-records --yes"),
-        "scan": ("list the items of a table: target, workload key, configs, best latency (--json: raw items)",
+        "scan": ("list the items of a table: target, workload key, configs, best latency "
+                 "(--json: a dump, one DynamoDB-typed item a line)",
                  "lorien warehouse dynamodb scan lorien-records --target 'llvm -mcpu=skylake-avx512'"),
+        "load": ("write the items of a `scan --json` dump into a table (batch writes; unprocessed items retried)",
+                 "lorien warehouse dynamodb load lorien-records items.jsonl"),
     }
     for action, (help_text, example) in dynamodb_actions.items():
         action_parser = _parser(dynamodb_sub, action, help_text, example)
@@ -232,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "scan":
             action_parser.add_argument("--target", help="only items of this target")
             action_parser.add_argument("--json", action="store_true",
-                                       help="print each item as one JSON line (a dump)")
+                                       help="print each item as one DynamoDB-typed JSON line (a dump `load` reads)")
+        if action == "load":
+            action_parser.add_argument("dump", help="JSON lines written by `scan --json`")
         action_parser.set_defaults(run=_run_warehouse_dynamodb, dynamodb_command=action)
 
     # ---- generate ---------------------------------------------------------------------
@@ -537,9 +542,13 @@ def _run_warehouse_dynamodb(args: argparse.Namespace) -> int:
         with dynamodb.DynamoDBStore(location) as store:
             for item in store.scan_items(args.target):
                 if args.json:
-                    print(json.dumps({name: dynamodb.from_attribute(value) for name, value in item.items()}))
+                    print(json.dumps(item, sort_keys=True))
                 else:
                     print("\t".join(str(value) for value in dynamodb.item_summary(item).values()))
+    elif action == "load":
+        with dynamodb.DynamoDBStore(location) as store:
+            written = dynamodb.write_items(store.client, location, dynamodb.read_item_dump(args.dump))
+        print(f"loaded {written} items into {location.table}")
     return 0
 
 # ---- run functions: generate -------------------------------------------------------------

@@ -48,9 +48,33 @@ def test_scan_lists_each_item_with_its_best_latency(moto_server, table, capsys):
     code, out, _ = run(capsys, "warehouse", "dynamodb", "scan", table, *endpoint_args(moto_server))
     assert code == 0
     assert out.splitlines() == [f"{TARGET}\tdense#64\t3\t0.001"]
+
+
+def test_a_scan_dump_loads_into_another_table_unchanged(moto_server, table, capsys, tmp_path):
+    run(capsys, "warehouse", "dynamodb", "create", table, *endpoint_args(moto_server))
+    with open_store(f"dynamodb:{table}?endpoint_url={moto_server}&region=us-west-2") as store:
+        store.commit([TuningRecord(dialect="meta_schedule", target=TARGET, target_key="llvm_cpu",
+                                   workload_key=f"dense#{i}", task_name="dense", args="[]", layout="NA",
+                                   config='{"trace": 1}', costs=[1e-3], timestamp=float(i), error_no=i % 2)
+                      for i in range(30)])
     code, out, _ = run(capsys, "warehouse", "dynamodb", "scan", table, "--json", *endpoint_args(moto_server))
-    (item,) = [json.loads(line) for line in out.splitlines()]
-    assert item["PrimaryRangeKey"] == "dense#64" and len(item["BestConfigs"]) == 3
+    dump = tmp_path / "items.jsonl"
+    dump.write_text(out)
+    copy = f"{table}-copy"
+    run(capsys, "warehouse", "dynamodb", "create", copy, *endpoint_args(moto_server))
+    code, out, _ = run(capsys, "warehouse", "dynamodb", "load", copy, str(dump), *endpoint_args(moto_server))
+    assert code == 0 and out.strip() == f"loaded 30 items into {copy}"
+    _, copied, _ = run(capsys, "warehouse", "dynamodb", "scan", copy, "--json", *endpoint_args(moto_server))
+    assert sorted(copied.splitlines()) == sorted(dump.read_text().splitlines())
+    assert json.loads(copied.splitlines()[0])["PrimaryRangeKey"]["S"].startswith("dense#")
+
+
+def test_loading_a_file_that_is_no_dump_names_its_line(moto_server, table, capsys, tmp_path):
+    run(capsys, "warehouse", "dynamodb", "create", table, *endpoint_args(moto_server))
+    dump = tmp_path / "items.jsonl"
+    dump.write_text('{"Target": {"S": "llvm"}, "PrimaryRangeKey": {"S": "a"}}\nnot json\n')
+    code, _, err = run(capsys, "warehouse", "dynamodb", "load", table, str(dump), *endpoint_args(moto_server))
+    assert code == 1 and f"{dump}:2" in err
 
 
 def test_delete_removes_the_table(moto_server, table, capsys):

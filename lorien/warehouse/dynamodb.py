@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -428,6 +429,8 @@ def from_attribute(attribute: dict[str, Any]) -> Any:
         return [from_attribute(item) for item in value]
     if kind == "M":
         return {name: from_attribute(item) for name, item in value.items()}
+    if kind in ("SS", "NS"):
+        return sorted(from_attribute({kind[0]: element}) for element in value)
     if kind == "BOOL":
         return bool(value)
     if kind == "NULL":
@@ -1016,6 +1019,22 @@ def write_items(client: Any, location: DynamoDBLocation, items: Iterable[dict[st
         flush(batch)
         written += len(batch)
     return written
+
+
+def read_item_dump(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Items of a ``lorien warehouse dynamodb scan --json`` dump (one typed item a line)."""
+    with open(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                item = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise RecordParseError(f"not a JSON item: {exc}", str(path), lineno) from None
+            if not isinstance(item, dict) or HASH_KEY not in item or RANGE_KEY not in item:
+                raise RecordParseError(f"not a DynamoDB item with {HASH_KEY} and {RANGE_KEY}",
+                                       str(path), lineno)
+            yield item
 
 
 def open_dynamodb_store(rest: str) -> DynamoDBStore:
