@@ -221,6 +221,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small grids, 2 conv layers, 8 trials")
     opts = parser.parse_args()
     quick = opts.quick
+    print(f"host: {os.cpu_count()} CPUs, {runtime.num_threads()} kernel threads, load average {os.getloadavg()[0]:.1f} "
+          "(other processes share the cores: ratios are measured in the same run, interleaved)")
     dense_grid = [(8, 32, "mn"), (12, 32, "mn")] if quick else \
         [(mr, nr, order) for mr, nr in ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) for order in ("mn", "nm")]
     launch_us = bench_launch()
@@ -230,6 +232,7 @@ def main() -> None:
     trials = bench_trials(8 if quick else 32)
     bench_tvm_trials(8 if quick else 32)
     geomean = float(np.exp(np.mean(np.log(ratios))))
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print(f"dense512_vs_numpy={dense512:.2f} dense1024_vs_numpy={dense1024:.2f} "
           f"conv3x3_vs_torch_min={min(ratios):.2f} conv3x3_vs_torch_geomean={geomean:.2f} "
           f"trials_per_s={trials:.2f} launch_us={launch_us:.2f}")
