@@ -298,3 +298,13 @@ def test_strict_ingest_into_an_s3_store_publishes_every_record(capsys, llvm_log,
     assert code == 0
     assert json.loads(out)[0]["record_id"] == record.record_id
     assert open_store(uri).stats()["records"] == 35
+
+
+def test_lorien_store_in_the_environment_names_the_default_store(capsys, llvm_log, store_uri, monkeypatch):
+    monkeypatch.setenv("LORIEN_STORE", store_uri)
+    assert run_cli(capsys, "ingest", str(llvm_log))[0] == 0
+    from lorien import Warehouse
+
+    with Warehouse.open() as warehouse:
+        assert warehouse.uri == store_uri
+        assert len(warehouse.workloads(SKYLAKE)) == 35
