@@ -285,3 +285,9 @@ def test_many_small_commits_keep_the_serving_view_in_few_files(store, root):
     assert len(parquet_files(root, "best")) <= SERVING_MERGE_FILES
     assert [record.cost_s for record in store.best("dense#a", SKYLAKE, k=3)] == pytest.approx([1e-3, 2e-3, 3e-3])
     assert len(store.best("dense#a", SKYLAKE, k=10)) == 10
+
+
+def test_an_s3_store_in_a_missing_bucket_is_unreachable(moto_server):
+    store = open_store(f"parquet:s3://no-such-bucket-here/lorien?endpoint_url={moto_server}")
+    with pytest.raises(StoreUnreachableError, match="no-such-bucket-here"):
+        store.best("dense#a", SKYLAKE)

@@ -118,10 +118,6 @@ class _LocalFiles:
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise StoreUnreachableError(f"store path {self.root!r} exists but is not a directory")
 
-    def exists(self) -> bool:
-        self.check_readable()
-        return os.path.isdir(self.root)
-
     def list(self, sub: str) -> dict[str, int]:
         """Published parquet files under ``sub``: relative path -> size in bytes."""
         self.check_readable()
@@ -224,24 +220,27 @@ class _S3Files:
         self.endpoint_url = endpoint_url
         self.region = options["region"]
         self._s3_client = None
+        self._bucket_checked = False
 
     def _unreachable(self, action: str, exc: OSError) -> StoreUnreachableError:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return StoreUnreachableError(f"cannot {action} s3://{self.root}{where}: {exc}")
 
     def check_readable(self) -> None:
+        """Raise StoreUnreachableError unless the endpoint answers and the bucket exists (asked
+        once per process)."""
+        if self._bucket_checked:
+            return
         try:
             info = self.fs.get_file_info(self.bucket)
         except OSError as exc:
             raise self._unreachable("reach", exc) from exc
         if info.type == self._fs_module.FileType.NotFound:
             raise StoreUnreachableError(f"bucket {self.bucket!r} of s3://{self.root} does not exist")
-
-    def exists(self) -> bool:
-        self.check_readable()
-        return bool(self.list(RECORDS_DIR))
+        self._bucket_checked = True
 
     def list(self, sub: str) -> dict[str, int]:
+        self.check_readable()
         selector = self._fs_module.FileSelector(f"{self.root}/{sub}", recursive=True, allow_not_found=True)
         try:
             infos = self.fs.get_file_info(selector)
@@ -644,10 +643,6 @@ class ParquetStore(Store):
 
     def __repr__(self) -> str:
         return f"ParquetStore({self.location!r})"
-
-    def exists(self) -> bool:
-        """Whether anything was ever committed here."""
-        return self._files.exists()
 
     # -- writing ------------------------------------------------------------------------------
 
