@@ -75,6 +75,12 @@ def test_detect_format_refuses_a_missing_path(tmp_path):
         detect_format(tmp_path / "missing.log")
 
 
+def test_a_directory_without_the_database_pair_is_refused(tmp_path):
+    (tmp_path / "database_tuning_record.json").write_text("")
+    with pytest.raises(UnknownFormatError, match="needs database_workload.json"):
+        detect_format(tmp_path)
+
+
 def test_an_unknown_format_name_is_refused(shared_data):
     with pytest.raises(UnknownFormatError, match="'tflite'"):
         read_log(shared_data / "tophub" / "llvm_v0.04.log", format="tflite")

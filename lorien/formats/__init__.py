@@ -81,6 +81,9 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if meta_schedule.is_database(path):
         return "meta_schedule"
+    if path.is_dir():
+        raise UnknownFormatError(f"{path}: a directory but not a MetaSchedule database (it needs "
+                                 f"{meta_schedule.WORKLOAD_FILE} and {meta_schedule.RECORD_FILE})")
     if not path.is_file():
         raise UnknownFormatError(f"{path}: no such log file or MetaSchedule database directory")
     seen = 0
