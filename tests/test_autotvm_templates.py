@@ -94,3 +94,21 @@ def test_tophub_config_builds_and_matches_numpy(shared_data):
     assert config.index == row["config"]["index"]
     output, expected = run_config(task, config.index, np.random.default_rng(0))
     np.testing.assert_allclose(output, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_vector_tiles_wider_than_the_registers_are_split_and_still_correct():
+    from lorien.engine.x86 import vector_lanes
+
+    wide = 2 * vector_lanes()
+    rng = np.random.default_rng(3)
+    conv = instantiate("conv2d_NCHWc.x86", [[T, [1, 4, 6, 6], "float32"], [T, [wide, 4, 3, 3], "float32"], [1, 1],
+                                            [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"])
+    config = conv.space.from_json_entity([["tile_ic", "sp", [-1, 4]], ["tile_oc", "sp", [-1, wide]],
+                                          ["tile_ow", "sp", [-1, 3]], ["unroll_kw", "ot", True]])
+    output, expected = run_config(conv, config.index, rng)
+    np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4)
+    dense = instantiate("dense_pack.x86", [[T, [4, 8], "float32"], [T, [wide, 8], "float32"], None, "float32"])
+    config = dense.space.from_json_entity([["tile_y", "sp", [-1, 1, 2]], ["tile_x", "sp", [-1, 1, wide]],
+                                           ["tile_k", "sp", [-1, 4]]])
+    output, expected = run_config(dense, config.index, rng)
+    np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4)

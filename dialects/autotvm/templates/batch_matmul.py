@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from dialects.autotvm.templates import register_template
-from dialects.autotvm.templates.common import tensor_arg
+from dialects.autotvm.templates.common import tensor_arg, vectorize_by_lanes
 from lorien.engine import te
 
 
@@ -46,12 +46,13 @@ def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
     jo, ji = cfg["tile_x"].apply(s, out, j)
     s[out].reorder(bb, io, jo, ii, ji)
     s[out].parallel(s[out].fuse(bb, io))
-    s[out].vectorize(ji)
+    tile_x = cfg["tile_x"].size[-1]
+    vectorize_by_lanes(s[out], ji, tile_x)
     s[cache].compute_at(s[out], jo)
     _, i, j = s[cache].op.axis
     (k,) = s[cache].op.reduce_axis
     ko, ki = cfg["tile_k"].apply(s, cache, k)
     s[cache].reorder(ko, ki, i, j)
     s[cache].unroll(i)
-    s[cache].vectorize(j)
+    vectorize_by_lanes(s[cache], j, tile_x)
     return s, [x, y, out]

@@ -43,6 +43,25 @@ def out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int)
     return (size + pad_total - ((kernel - 1) * dilation + 1)) // stride + 1
 
 
+def scaled(index: Any, factor: int) -> Any:
+    """``index * factor`` without a multiplication by 1 (keeps the lowered indices simple)."""
+    return index if factor == 1 else index * factor
+
+
+def vectorize_by_lanes(stage: Any, axis: Any, extent: int) -> None:
+    """Vectorize ``axis`` in native-width pieces: split it by the host's float32 lanes when
+    its ``extent`` is a multiple, unrolling the pieces; otherwise vectorize it whole."""
+    from lorien.engine.x86 import vector_lanes
+
+    lanes = vector_lanes()
+    if extent > lanes and extent % lanes == 0:
+        outer, inner = stage.split(axis, factor=lanes)
+        stage.unroll(outer)
+        stage.vectorize(inner)
+    else:
+        stage.vectorize(axis)
+
+
 def pad_nchw_like(data: te.Tensor, pads: Sequence[tuple[int, int]], name: str) -> te.Tensor:
     """Zero-pad ``data`` by (before, after) per dimension; ``data`` itself when nothing pads."""
     if all(before == 0 and after == 0 for before, after in pads):

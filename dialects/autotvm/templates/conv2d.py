@@ -23,7 +23,9 @@ from dialects.autotvm.templates.common import (
     pad4,
     pad_nchw_like,
     pair,
+    scaled,
     tensor_arg,
+    vectorize_by_lanes,
 )
 from lorien.engine import te
 
@@ -89,7 +91,7 @@ def conv2d_nchwc(cfg: Any, *args: Any):
     conv = te.compute(
         (n, d["oc"] // oc_bn, d["oh"], d["ow"], oc_bn),
         lambda b, occ, y, x, ocb: te.sum(
-            padded[b, icc, y * sh + ry * dh, x * sw + rx * dw, icb] * kernel[occ, icc, ry, rx, icb, ocb],
+            padded[b, icc, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw), icb] * kernel[occ, icc, ry, rx, icb, ocb],
             axis=[icc, icb, ry, rx]),
         name="conv2d_NCHWc")
     s = te.create_schedule(conv)
@@ -104,7 +106,7 @@ def conv2d_nchwc(cfg: Any, *args: Any):
         xo, xi = s[conv].split(x, factor=reg_n)
         s[conv].reorder(b, occ, yo, xo, yi, xi, ocb)
         s[conv].parallel(s[conv].fuse(b, occ, yo))
-        s[conv].vectorize(ocb)
+        vectorize_by_lanes(s[conv], ocb, oc_bn)
         s[cache].compute_at(s[conv], xo)
         _, _, y, x, ocb = s[cache].op.axis
         icc, icb, ry, rx = s[cache].op.reduce_axis
@@ -115,7 +117,8 @@ def conv2d_nchwc(cfg: Any, *args: Any):
         xo, xi = s[conv].split(x, factor=reg_n)
         s[conv].reorder(b, occ, y, xo, xi, ocb)
         s[conv].parallel(s[conv].fuse(b, occ, y))
-        s[conv].vectorize(ocb)
+        s[conv].unroll(xi)
+        vectorize_by_lanes(s[conv], ocb, oc_bn)
         s[cache].compute_at(s[conv], xo)
         _, _, y, x, ocb = s[cache].op.axis
         icc, icb, ry, rx = s[cache].op.reduce_axis
@@ -125,7 +128,7 @@ def conv2d_nchwc(cfg: Any, *args: Any):
         else:
             s[cache].reorder(icc, ry, rx, icb, x, ocb)
         s[cache].unroll(x)
-    s[cache].vectorize(ocb)
+    vectorize_by_lanes(s[cache], ocb, oc_bn)
     return s, [data, kernel, conv]
 
 
@@ -175,7 +178,7 @@ def conv2d_nchw(cfg: Any, *args: Any):
     sh, sw, dh, dw = d["sh"], d["sw"], d["dh"], d["dw"]
     conv = te.compute(
         (d["n"], d["oc"], d["oh"], d["ow"]),
-        lambda b, f, y, x: te.sum(padded[b, rc, y * sh + ry * dh, x * sw + rx * dw] * kernel[f, rc, ry, rx],
+        lambda b, f, y, x: te.sum(padded[b, rc, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw)] * kernel[f, rc, ry, rx],
                                   axis=[rc, ry, rx]),
         name="conv2d_nchw")
     s = te.create_schedule(conv)
@@ -188,7 +191,8 @@ def conv2d_nchw(cfg: Any, *args: Any):
     xo, xi = cfg["tile_ow"].apply(s, conv, x)
     s[conv].reorder(b, fo, y, xo, fi, xi)
     s[conv].parallel(s[conv].fuse(b, fo, y))
-    s[conv].vectorize(xi)
+    tile_ow = cfg["tile_ow"].size[-1]
+    vectorize_by_lanes(s[conv], xi, tile_ow)
     s[cache].compute_at(s[conv], xo)
     _, f, y, x = s[cache].op.axis
     rc, ry, rx = s[cache].op.reduce_axis
@@ -199,7 +203,7 @@ def conv2d_nchw(cfg: Any, *args: Any):
     else:
         s[cache].reorder(rco, ry, rx, rci, f, x)
     s[cache].unroll(f)
-    s[cache].vectorize(x)
+    vectorize_by_lanes(s[cache], x, tile_ow)
     return s, [data, kernel, conv]
 
 
@@ -232,7 +236,7 @@ def conv2d_nhwc(cfg: Any, *args: Any):
     sh, sw, dh, dw = d["sh"], d["sw"], d["dh"], d["dw"]
     conv = te.compute(
         (d["n"], d["oh"], d["ow"], d["oc"]),
-        lambda b, y, x, f: te.sum(padded[b, y * sh + ry * dh, x * sw + rx * dw, rc] * kernel[ry, rx, rc, f],
+        lambda b, y, x, f: te.sum(padded[b, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw), rc] * kernel[ry, rx, rc, f],
                                   axis=[rc, ry, rx]),
         name="conv2d_nhwc")
     s = te.create_schedule(conv)
@@ -245,7 +249,8 @@ def conv2d_nhwc(cfg: Any, *args: Any):
     fo, fi = cfg["tile_oc"].apply(s, conv, f)
     s[conv].reorder(b, y, xo, fo, xi, fi)
     s[conv].parallel(s[conv].fuse(b, y))
-    s[conv].vectorize(fi)
+    tile_oc = cfg["tile_oc"].size[-1]
+    vectorize_by_lanes(s[conv], fi, tile_oc)
     s[cache].compute_at(s[conv], fo)
     _, y, x, f = s[cache].op.axis
     rc, ry, rx = s[cache].op.reduce_axis
@@ -256,5 +261,5 @@ def conv2d_nhwc(cfg: Any, *args: Any):
     else:
         s[cache].reorder(rco, ry, rx, rci, x, f)
     s[cache].unroll(x)
-    s[cache].vectorize(f)
+    vectorize_by_lanes(s[cache], f, tile_oc)
     return s, [data, kernel, conv]

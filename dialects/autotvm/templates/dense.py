@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from dialects.autotvm.templates import register_template
-from dialects.autotvm.templates.common import tensor_arg
+from dialects.autotvm.templates.common import tensor_arg, vectorize_by_lanes
 from lorien.engine import te
 
 
@@ -77,7 +77,7 @@ def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, o
     xyt = s[target].fuse(xt, yt)
     s[target].parallel(xyt)
     s[target].unroll(yi)
-    s[target].vectorize(xi)
+    vectorize_by_lanes(s[target], xi, bn)
     s[cache].compute_at(s[target], xo)
 
     y, x = s[cache].op.axis
@@ -85,7 +85,7 @@ def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, o
     ko, ki = cfg["tile_k"].apply(s, cache, k)
     s[cache].reorder(ko, ki, y, x)
     s[cache].unroll(y)
-    s[cache].vectorize(x)
+    vectorize_by_lanes(s[cache], x, bn)
     inputs = [data, weight] + ([bias] if bias is not None else [])
     return s, [*inputs, final]
 
@@ -115,12 +115,13 @@ def dense_nopack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None,
     xo, xi = cfg["tile_x"].apply(s, target, x)
     s[target].reorder(yo, xo, yi, xi)
     s[target].parallel(yo)
-    s[target].vectorize(xi)
+    tile_x = cfg["tile_x"].size[-1]
+    vectorize_by_lanes(s[target], xi, tile_x)
     s[cache].compute_at(s[target], xo)
     y, x = s[cache].op.axis
     (k,) = s[cache].op.reduce_axis
     ko, ki = cfg["tile_k"].apply(s, cache, k)
     s[cache].reorder(ko, y, ki, x)
-    s[cache].vectorize(x)
+    vectorize_by_lanes(s[cache], x, tile_x)
     inputs = [data, weight] + ([bias] if bias is not None else [])
     return s, [*inputs, final]

@@ -16,7 +16,9 @@ from dialects.autotvm.templates.common import (
     pad4,
     pad_nchw_like,
     pair,
+    scaled,
     tensor_arg,
+    vectorize_by_lanes,
 )
 from lorien.engine import te
 
@@ -59,7 +61,7 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
     conv = te.compute(
         (d["n"], oc, d["oh"], d["ow"]),
         lambda b, f, y, x: te.sum(
-            padded[b, f // mult, y * sh + ry * dh, x * sw + rx * dw] * kernel[f // mult, f % mult, ry, rx],
+            padded[b, f // mult, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw)] * kernel[f // mult, f % mult, ry, rx],
             axis=[ry, rx]),
         name="depthwise_conv2d_nchw")
     s = te.create_schedule(conv)
@@ -72,7 +74,8 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
     xo, xi = cfg["tile_ow"].apply(s, conv, x)
     s[conv].reorder(b, fo, y, xo, fi, xi)
     s[conv].parallel(s[conv].fuse(b, fo, y))
-    s[conv].vectorize(xi)
+    tile_ow = cfg["tile_ow"].size[-1]
+    vectorize_by_lanes(s[conv], xi, tile_ow)
     s[cache].compute_at(s[conv], xo)
     _, f, y, x = s[cache].op.axis
     ry, rx = s[cache].op.reduce_axis
@@ -82,5 +85,5 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
     else:
         s[cache].reorder(ry, f, rx, x)
     s[cache].unroll(f)
-    s[cache].vectorize(x)
+    vectorize_by_lanes(s[cache], x, tile_ow)
     return s, [data, kernel, conv]
