@@ -178,3 +178,23 @@ def test_query_build_flag_builds_the_default_schedule_when_the_store_is_empty(st
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "DEFAULT schedule" in stderr
+
+
+def test_xgb_transfer_reads_same_template_records_normalized_per_workload(store_uri):
+    from dialects.autotvm.templates import instantiate
+    from dialects.autotvm.tuning import transfer_history, tune_job
+
+    def dense_job(m):
+        return {"dialect": "autotvm", "task_name": "dense_pack.x86", "target": "llvm", "tuner": "random",
+                "args": [["TENSOR", [m, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+                "trials": 4, "batch_size": 4, "measure": MEASURE}
+
+    tune_job(dense_job(8), store_uri)
+    tune_job(dense_job(16), store_uri)
+    task = instantiate("dense_pack.x86", dense_job(32)["args"])
+    with open_store(store_uri) as store:
+        features, scores = transfer_history(task, store, "llvm_cpu")
+    assert features.shape == (8, len(task.space.features_of(task.config(0))))
+    assert sorted(scores)[-2:] == [1.0, 1.0] and 0 < scores.min() <= 1.0
+    progress = tune_job({**dense_job(32), "tuner": "xgb", "transfer": True, "trials": 2, "batch_size": 2}, store_uri)
+    assert progress.trials == 2
