@@ -12,12 +12,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lorien.errors import LorienError
+from lorien.record import ARROW_SCHEMA
 
 #: Record columns phase 1 reads.
 NEEDED_COLUMNS = ["dialect", "target", "target_key", "workload_key", "task_name", "args", "layout",
@@ -122,8 +125,6 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
 
 def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: int, info: SourceInfo,
                         uri: str) -> Iterator[pa.Table]:
-    import pyarrow.dataset as ds
-
     records_dir = root / "records"
     files = sorted(str(p) for p in records_dir.rglob("*.parquet")) if records_dir.is_dir() else []
     info.kind = "store"
@@ -132,37 +133,72 @@ def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: 
                                        "mtime": os.path.getmtime(f)} for f in files]}
     if not files:
         return
-    partitioning = ds.partitioning(pa.schema([("target_key", pa.string()), ("layout", pa.string())]),
-                                   flavor="hive")
-    dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=str(records_dir))
-    expression = None
-    for column, wanted in (filters or {}).items():
-        if column not in FILTER_COLUMNS:
-            raise LorienError(f"cannot filter on {column!r} (known: {', '.join(FILTER_COLUMNS)})")
-        values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
-        condition = ds.field(column).isin([str(v) for v in values])
-        expression = condition if expression is None else expression & condition
-    scanner = dataset.scanner(columns=["record_id", *NEEDED_COLUMNS], filter=expression, batch_size=batch_size,
-                              batch_readahead=1, fragment_readahead=1)
+    filters = dict(filters or {})
+    unknown = sorted(set(filters) - set(FILTER_COLUMNS))
+    if unknown:
+        raise LorienError(f"cannot filter on {unknown} (known: {', '.join(FILTER_COLUMNS)})")
+    file_columns = ["record_id", *(c for c in NEEDED_COLUMNS if c not in PARTITION_COLUMNS)]
+    file_columns += [c for c in filters if c not in file_columns and c not in PARTITION_COLUMNS]
+
+    schema = pa.schema([ARROW_SCHEMA.field(name) for name in [*file_columns, *PARTITION_COLUMNS]])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for path in files:
+            partition = _hive_partition(Path(path).relative_to(records_dir))
+            if any(name in filters and partition.get(name, "") not in _as_list(filters[name])
+                   for name in PARTITION_COLUMNS):
+                continue
+            parquet = pq.ParquetFile(path, memory_map=False, pre_buffer=False)
+            for batch in parquet.iter_batches(batch_size=min(batch_size, 8192), columns=file_columns,
+                                              use_threads=False):
+                arrays = [column.cast(schema.field(name).type) for name, column in
+                          zip(batch.schema.names, batch.columns, strict=True)]
+                arrays += [pa.array([partition.get(n, "")] * batch.num_rows, pa.string()) for n in PARTITION_COLUMNS]
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    row_filters = {k: v for k, v in filters.items() if k not in PARTITION_COLUMNS}
     seen = np.zeros(0, dtype=np.uint64)  # sorted 64-bit prefixes of record ids read so far
     duplicates = 0
-    for table in _rebatch(scanner.to_batches(), batch_size):
+    for table in _rebatch(batches(), batch_size):
+        table = apply_filters(table, row_filters)
+        if table.num_rows == 0:
+            continue
         ids = np.fromiter((int(rid[:16], 16) for rid in table["record_id"].to_pylist()), dtype=np.uint64,
                           count=table.num_rows)
-        unique_ids, first = np.unique(ids, return_index=True)
-        fresh = np.zeros(len(ids), dtype=bool)
-        fresh[first] = True
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
+        first_of_value = np.ones(ids.size, dtype=bool)
+        first_of_value[1:] = ordered[1:] != ordered[:-1]
+        fresh = np.zeros(ids.size, dtype=bool)
+        fresh[order[first_of_value]] = True
         if seen.size:
             fresh &= seen[np.minimum(np.searchsorted(seen, ids), seen.size - 1)] != ids
-        seen = np.union1d(seen, unique_ids)
+        new_ids = np.sort(ids[fresh])
+        seen = np.insert(seen, np.searchsorted(seen, new_ids), new_ids)
         if not fresh.all():
             duplicates += int((~fresh).sum())
             table = table.filter(pa.array(fresh))
-        for name in ("target_key", "layout"):
-            table = table.set_column(table.schema.get_field_index(name), name,
-                                     pc.fill_null(table[name], ""))
-        yield table.drop_columns(["record_id"])
+        yield table.select(NEEDED_COLUMNS)
     info.description["duplicates_dropped"] = duplicates
+
+
+PARTITION_COLUMNS = ("target_key", "layout")
+#: Hive's directory name for an empty partition value (as the parquet store writes it).
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, (list, tuple, set)) else [str(value)]
+
+
+def _hive_partition(relative: Path) -> dict[str, str]:
+    """Partition values of a Hive path ``key=value/.../file``."""
+    values = {}
+    for part in relative.parts[:-1]:
+        key, sep, value = part.partition("=")
+        if sep:
+            values[key] = "" if value == NULL_PARTITION else unquote(value)
+    return values
 
 
 def _rebatch(batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[pa.Table]:
