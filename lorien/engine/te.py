@@ -232,8 +232,9 @@ def reduce_axis(extent: int, name: str = "k") -> IterVar:
 def compute(shape: Sequence[int], fcompute: Callable[..., Expr], name: str = "compute",
             tag: str = "", attrs: dict | None = None) -> Tensor:
     """A tensor whose element at (i, j, ...) is ``fcompute(i, j, ...)``."""
-    names = fcompute.__code__.co_varnames[: fcompute.__code__.co_argcount]
-    if len(names) != len(shape):
+    code = getattr(fcompute, "__code__", None)
+    names = list(code.co_varnames[: code.co_argcount]) if code is not None else []
+    if len(names) != len(shape) or len(set(names)) != len(names):
         names = [f"ax{d}" for d in range(len(shape))]
     axis = [IterVar(n, int(e), "spatial") for n, e in zip(names, shape, strict=False)]
     body = as_expr(fcompute(*axis))
