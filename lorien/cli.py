@@ -276,7 +276,11 @@ def _run_tune(args: argparse.Namespace) -> int:
 
     config = load_tune_config(args.config)
     for job in config.jobs:
-        job.update({k: v for k, v in (("trials", args.trials), ("tuner", args.tuner)) if v is not None})
+        if args.trials is not None:
+            job["trials"] = args.trials
+        if args.tuner is not None:
+            job["tuner"] = args.tuner
+            job.pop("tuner_options", None)
     try:
         summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=args.store)
     except KeyboardInterrupt as exc:
