@@ -423,15 +423,25 @@ def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
     order = pc.sort_indices(keys, sort_keys=SERVING_ORDER).to_numpy()
     rows = len(order)
     if nbest is not None and rows:
-        starts = np.zeros(rows, dtype=bool)
-        starts[0] = True
-        for name in ("workload_key", "target", "layout"):
-            column = keys.column(name).take(order)
-            starts[1:] |= ~pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
         positions = np.arange(rows)
-        group_start = np.maximum.accumulate(np.where(starts, positions, 0))
+        is_start = np.zeros(rows, dtype=bool)
+        is_start[_group_starts(keys.take(order), ("workload_key", "target", "layout"))] = True
+        group_start = np.maximum.accumulate(np.where(is_start, positions, 0))
         order = order[positions - group_start < nbest]
     return table.take(valid_rows[order])
+
+
+def _group_starts(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+    """Row numbers where a new run of equal ``columns`` values begins, in a sorted table."""
+    import pyarrow.compute as pc
+
+    rows = table.num_rows
+    changed = np.zeros(rows, dtype=bool)
+    changed[:1] = True
+    for name in columns:
+        column = table.column(name)
+        changed[1:] |= ~pc.equal(column.slice(1), column.slice(0, rows - 1)).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(changed)
 
 
 def _may_hold(statistics: Any, low: str, high: str) -> bool:
@@ -456,34 +466,60 @@ def _rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
 # ---- the serving index ----------------------------------------------------------------------
 
 class _ServingIndex:
-    """Best rows of one target key, sorted by (workload, target, layout, cost); lookups in O(1)."""
+    """Best rows of one target key; a lookup finds its group in a dict and reads a few scalars.
+
+    Rows stay where the files put them: only the key columns are sorted, into ``order``
+    (sorted position -> row), so building the index copies none of the wide columns.
+    """
 
     def __init__(self, table: pa.Table, files: tuple[str, ...] = ()):
         import pyarrow.compute as pc
 
         self.files = files
-        table = _sort_for_serving(_dedupe(table)) if table.num_rows else table
+        table = _dedupe(table)
         self.table = table
         rows = table.num_rows
-        self.cost_s = table.column("cost_s").to_numpy(zero_copy_only=False) if rows else np.zeros(0)
-        self.rank = np.zeros(rows, dtype=np.int64)
-        if rows:
-            self.rank[pc.sort_indices(table.column("record_id")).to_numpy()] = np.arange(rows)
+        keys = table.select([name for name, _ in SERVING_ORDER])
+        self.order = pc.sort_indices(keys, sort_keys=SERVING_ORDER).to_numpy() if rows else np.zeros(0, int)
+        self.cost_s = table.column("cost_s").to_numpy(zero_copy_only=False)[self.order] if rows else np.zeros(0)
+        self._rank: np.ndarray | None = None
         self.by_workload: dict[str, list[tuple[str, str, int, int]]] = {}
         if rows:
-            workload_keys = table.column("workload_key").to_pylist()
-            targets = table.column("target").to_pylist()
-            layouts = table.column("layout").to_pylist()
-            start = 0
-            for row in range(1, rows + 1):
-                if row == rows or (workload_keys[row], targets[row], layouts[row]) != (
-                        workload_keys[start], targets[start], layouts[start]):
-                    self.by_workload.setdefault(workload_keys[start], []).append(
-                        (targets[start], layouts[start], start, row))
-                    start = row
+            group_columns = ("workload_key", "target", "layout")
+            sorted_keys = keys.select(list(group_columns)).take(self.order)
+            starts = _group_starts(sorted_keys, group_columns)
+            stops = [*starts[1:].tolist(), rows]
+            heads = sorted_keys.take(starts)
+            for workload_key, target, layout, start, stop in zip(
+                    heads.column("workload_key").to_pylist(), heads.column("target").to_pylist(),
+                    heads.column("layout").to_pylist(), starts.tolist(), stops, strict=True):
+                self.by_workload.setdefault(workload_key, []).append((target, layout, start, stop))
         self.sorted_workloads = sorted(self.by_workload)
-        # One contiguous array per column: reading a few scalars is cheaper than slicing a table.
-        self.columns = [(name, table.column(name).combine_chunks()) for name in table.column_names]
+        # Per column, its chunks and where each starts: a row is read as one scalar per column.
+        self.columns = []
+        for name in table.column_names:
+            chunks = table.column(name).chunks
+            starts_of_chunks = np.cumsum([0] + [len(chunk) for chunk in chunks[:-1]]).tolist()
+            self.columns.append((name, chunks, starts_of_chunks))
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Rank of each sorted position's record_id (ties in cost are broken by record_id)."""
+        if self._rank is None:
+            import pyarrow.compute as pc
+
+            by_row = np.empty(self.table.num_rows, dtype=np.int64)
+            by_row[pc.sort_indices(self.table.column("record_id")).to_numpy()] = np.arange(self.table.num_rows)
+            self._rank = by_row[self.order]
+        return self._rank
+
+    def _row(self, position: int) -> dict[str, object]:
+        row = int(self.order[position])
+        values = {}
+        for name, chunks, starts in self.columns:
+            chunk = bisect.bisect_right(starts, row) - 1
+            values[name] = chunks[chunk][row - starts[chunk]].as_py()
+        return values
 
     def _workload_keys(self, workload_key: str, prefix: bool) -> list[str]:
         if not prefix:
@@ -494,13 +530,13 @@ class _ServingIndex:
             last += 1
         return self.sorted_workloads[first:last]
 
-    def _best_rows(self, spans: list[tuple[int, int]], k: int) -> np.ndarray:
+    def _best_positions(self, spans: list[tuple[int, int]], k: int) -> np.ndarray:
         if len(spans) == 1:
             start, stop = spans[0]
             return np.arange(start, min(stop, start + k))
-        rows = np.concatenate([np.arange(start, stop) for start, stop in spans])
-        order = np.lexsort((self.rank[rows], self.cost_s[rows]))
-        return rows[order[:k]]
+        positions = np.concatenate([np.arange(start, stop) for start, stop in spans])
+        ranked = np.lexsort((self.rank[positions], self.cost_s[positions]))
+        return positions[ranked[:k]]
 
     def best(self, workload_key: str, target: str, k: int, layout: str | None,
              by_alternate_key: bool, prefix: bool, per_layout: bool) -> list[TuningRecord]:
@@ -512,13 +548,12 @@ class _ServingIndex:
         if not spans_by_layout:
             return []
         if per_layout:
-            chosen = [self._best_rows(spans, k) for spans in spans_by_layout.values()]
-            chosen.sort(key=lambda rows: (self.cost_s[rows[0]], self.rank[rows[0]]))
-            rows = np.concatenate(chosen)
+            chosen = [self._best_positions(spans, k) for spans in spans_by_layout.values()]
+            chosen.sort(key=lambda positions: (self.cost_s[positions[0]], self.rank[positions[0]]))
+            positions = np.concatenate(chosen)
         else:
-            rows = self._best_rows([span for spans in spans_by_layout.values() for span in spans], k)
-        return [TuningRecord.from_row({name: column[row].as_py() for name, column in self.columns})
-                for row in rows.tolist()]
+            positions = self._best_positions([span for spans in spans_by_layout.values() for span in spans], k)
+        return [TuningRecord.from_row(self._row(position)) for position in positions.tolist()]
 
 
 # ---- the store ------------------------------------------------------------------------------
