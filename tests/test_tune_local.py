@@ -106,7 +106,7 @@ def test_yaml_shorthands_expand_to_autotvm_tasks(tmp_path):
     ]}))
     config = load_tune_config(path)
     dense, conv, bmm = config.jobs
-    assert dense["task_name"] == "dense_pack.x86" and dense["args"][1] == ["TENSOR", [8, 16], "float32"]
+    assert dense["task_name"] == "dense_nopack.x86" and dense["args"][1] == ["TENSOR", [8, 16], "float32"]  # M < 16
     assert dense["tuner"] == "ga" and dense["tuner_options"] == {"pop_size": 8}
     assert conv["task_name"] == "conv2d_nhwc.x86" and conv["trials"] == 2
     assert conv["args"][1] == ["TENSOR", [3, 3, 3, 4], "float32"]

@@ -195,7 +195,7 @@ class TransformSpace:
             raise DialectError(f"{entity} is not in this {self.kind} space") from None
 
 
-SPLIT_POLICIES = ("factors", "power2", "verbose", "candidate")
+SPLIT_POLICIES = ("factors", "power2", "verbose", "candidate", "all")
 
 
 class SplitSpace(TransformSpace):
@@ -222,14 +222,14 @@ class SplitSpace(TransformSpace):
                     raise DialectError(f"candidate {list(entity.size)} has not {num_outputs} factors")
         else:
             limit = max_factor if max_factor is not None else length
-            if policy == "factors":
+            if policy in ("factors", "all"):  # "all" is the older AutoTVM name of "factors"
                 factors = get_factors(length)
             elif policy == "power2":
                 factors = get_pow2s(length)
             else:
                 factors = sorted(set(get_factors(length)) | set(get_pow2s(length)))
             self.factors = [f for f in factors if f <= limit]
-            tail_free = policy == "factors" if no_tail is None else no_tail
+            tail_free = policy in ("factors", "all") if no_tail is None else no_tail
             entities = list(self._enumerate(tail_free))
         if filter is not None:
             entities = [entity for entity in entities if filter(entity)]

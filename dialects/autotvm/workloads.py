@@ -6,7 +6,10 @@ from typing import Any
 
 from lorien.errors import DialectError
 
-#: Template used for each shorthand (conv2d by layout).
+#: Below this many rows, ``dense`` uses ``dense_nopack.x86`` (no weight packing).
+SMALL_BATCH = 16
+
+#: Template used for each shorthand (conv2d by layout; dense by batch, see SMALL_BATCH).
 SHORTHAND_TEMPLATES = {
     "dense": "dense_pack.x86",
     "batch_matmul": "batch_matmul.x86",
@@ -43,9 +46,12 @@ def _take(params: dict[str, Any], op: str, required: tuple[str, ...], optional: 
 def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
     """(task_name, args) of a shorthand such as ``dense: {M: 64, N: 64, K: 64}``."""
     if op == "dense":
-        p = _take(params, op, ("M", "N", "K"), {"bias": False, "dtype": "float32", "template": "dense_pack.x86"})
+        p = _take(params, op, ("M", "N", "K"), {"bias": False, "dtype": "float32", "template": None})
         bias = _tensor([p["N"]], p["dtype"]) if p["bias"] else None
-        return p["template"], [_tensor([p["M"], p["K"]], p["dtype"]), _tensor([p["N"], p["K"]], p["dtype"]),
+        # Packing the weight on every call costs as much as a matrix-vector product: small
+        # batches read the weight as it is.
+        template = p["template"] or ("dense_nopack.x86" if p["M"] < SMALL_BATCH else "dense_pack.x86")
+        return template, [_tensor([p["M"], p["K"]], p["dtype"]), _tensor([p["N"], p["K"]], p["dtype"]),
                                bias, p["dtype"]]
     if op == "batch_matmul":
         p = _take(params, op, ("B", "M", "N", "K"), {"dtype": "float32"})
