@@ -19,6 +19,7 @@ import tempfile
 import time
 
 import numpy as np
+import psutil
 
 from lorien.engine import build, reference, runtime, te
 from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
@@ -138,7 +139,13 @@ def bench_trials(n_trials: int, n: int = 256) -> float:
     option = MeasureOption(number=1, repeat=3, min_repeat_ms=0)
     warm = [MeasureInput(functools.partial(dense_candidate, 64, 64, 64, mr, 16), reference.dense) for mr in (2, 4)]
     measure_batch(warm, option, builder, runner)
-    start = time.perf_counter()
+    workers = [psutil.Process(w.proc.pid) for pool in (builder.pool, runner.pool) for w in pool._idle]
+    me = psutil.Process()
+
+    def cpu_s() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in [*workers, me])
+
+    cpu_start, start = cpu_s(), time.perf_counter()
     records = []
     batch = 8
     for i in range(0, len(configs), batch):
@@ -147,12 +154,14 @@ def bench_trials(n_trials: int, n: int = 256) -> float:
         results = measure_batch(inputs, option, builder, runner)
         records += [_record(n, cfg, r) for cfg, r in zip(chunk, results, strict=True)]
     elapsed = time.perf_counter() - start
+    cpu_per_trial = (cpu_s() - cpu_start) / len(configs)
     builder.pool.shutdown()
     runner.pool.shutdown()
     valid = [r for r in records if r.is_valid]
     best = max((r.gflops for r in valid), default=0.0)
     print(f"tuning throughput dense {n}^3: {len(records)} candidates in {elapsed:.2f} s "
-          f"({len(valid)} valid, best {best:.1f} GFLOPS)")
+          f"({len(valid)} valid, best {best:.1f} GFLOPS); {cpu_per_trial:.3f} CPU-s per candidate "
+          f"(all processes), so about {(os.cpu_count() or 1) / cpu_per_trial:.1f}/s on an otherwise idle machine")
     return len(records) / elapsed
 
 
@@ -198,19 +207,18 @@ def bench_launch() -> float:
 
     An empty 2-iteration parallel loop can finish on the calling thread alone, so the cost is
     measured where both threads must work: a parallel loop of 2 rows (one per thread) minus one
-    row run serially. Both kernels are timed in the same way, interleaved, best of 7.
+    row run serially: best parallel time minus best single-row time (interleaved, 7 rounds).
     """
     empty, empty_arrays = _rows_kernel(2, 16, True)
     empty_us = min(empty.time(*empty_arrays, number=20000, repeat=5)) * 1e6
     width = 1 << 15
     par, par_arrays = _rows_kernel(2, width, True)
     one, one_arrays = _rows_kernel(1, width, False)
-    overheads = []
+    t_par, t_one = math.inf, math.inf
     for _ in range(7):
-        t_par = min(par.time(*par_arrays, number=2000, repeat=1))
-        t_one = min(one.time(*one_arrays, number=2000, repeat=1))
-        overheads.append((t_par - t_one) * 1e6)
-    us = max(0.0, min(overheads))
+        t_par = min(t_par, min(par.time(*par_arrays, number=2000, repeat=1)))
+        t_one = min(t_one, min(one.time(*one_arrays, number=2000, repeat=1)))
+    us = max(0.0, (t_par - t_one) * 1e6)
     print(f"parallel launch: empty 2-iteration parallel loop {empty_us:.2f} us per call; fork-join overhead with both "
           f"threads working {us:.2f} us (row of {width} floats: {t_one * 1e6:.1f} us), {runtime.num_threads()} threads")
     return us
