@@ -372,6 +372,27 @@ def _conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
     return table.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA)
 
 
+def _id_prefixes(ids: pa.ChunkedArray) -> np.ndarray | None:
+    """The first 16 hex digits of each record_id as a uint64, read straight from the Arrow
+    buffers; None when the ids are not all 32 characters (then callers hash the strings)."""
+    parts = []
+    shifts = np.arange(60, -4, -4, dtype=np.uint64)
+    for chunk in ids.chunks:
+        if len(chunk) == 0:
+            continue
+        if chunk.type != pa.string() or chunk.null_count:
+            return None
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset:chunk.offset + len(chunk) + 1]
+        if not np.all(np.diff(offsets) == 32):
+            return None
+        digits = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, 32)[:, :16]
+        nibbles = digits.astype(np.int64) - 48
+        nibbles -= 39 * (nibbles > 9)
+        parts.append((nibbles.astype(np.uint64) << shifts).sum(axis=1, dtype=np.uint64))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
 def _dedupe(table: pa.Table) -> pa.Table:
     """The table with only the first row of each record_id, order kept."""
     import pyarrow.compute as pc
@@ -380,7 +401,12 @@ def _dedupe(table: pa.Table) -> pa.Table:
     if rows <= 1:
         return table
     ids = table.column("record_id")
-    if pc.count_distinct(ids).as_py() == rows:
+    prefixes = _id_prefixes(ids)
+    if prefixes is not None:
+        ordered = np.sort(prefixes)
+        if not np.any(ordered[1:] == ordered[:-1]):
+            return table  # distinct prefixes: distinct ids (equal prefixes go the exact way below)
+    elif pc.count_distinct(ids).as_py() == rows:
         return table
     firsts = (pa.table({"id": ids, "row": pa.array(np.arange(rows, dtype=np.int64))})
               .group_by("id", use_threads=False).aggregate([("row", "min")]).column("row_min"))
