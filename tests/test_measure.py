@@ -140,3 +140,20 @@ def test_builder_that_raises_is_an_instantiation_error_with_its_cause(measure_pa
     (result,) = _measure(measure_parts, [MeasureInput(raising_builder)])
     assert result.error_no == ErrorNo.INSTANTIATION_ERROR
     assert "ZeroDivisionError: template bug" in result.error_msg
+
+
+def test_runner_worker_is_recycled_after_max_tasks():
+    runner = Runner.create("local")
+    runner.pool.max_tasks = 2
+    builder = Builder.create("local", n_parallel=1)
+    inputs = [MeasureInput(functools.partial(dense_candidate, 8, 4), reference.dense) for _ in range(3)]
+    try:
+        pids = []
+        for inp in inputs:
+            results = measure_batch([inp], MeasureOption(), builder, runner)
+            assert results[0].ok
+            pids.append(runner.pool._idle[0].proc.pid if runner.pool._idle else None)
+        assert pids[0] is not None and pids[1] is None and pids[2] is not None and pids[2] != pids[0]
+    finally:
+        builder.pool.shutdown()
+        runner.pool.shutdown()

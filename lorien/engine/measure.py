@@ -219,6 +219,7 @@ class _Worker:
             self.kill()
             raise LorienError("measurement worker did not start within 120 s")
         self.conn.recv()
+        self.tasks = 0
 
     def call(self, kind: str, payload, timeout_s: float) -> tuple:
         try:
@@ -248,10 +249,11 @@ class _Worker:
 
 
 class WorkerPool:
-    """A fixed number of reusable worker processes; dead ones are replaced on next use."""
+    """A fixed number of reusable worker processes; dead ones are replaced on next use, and each
+    is recycled after ``max_tasks`` tasks (the JIT of a runner keeps every kernel it loaded)."""
 
-    def __init__(self, size: int):
-        self.size = max(1, int(size))
+    def __init__(self, size: int, max_tasks: int = 256):
+        self.size, self.max_tasks = max(1, int(size)), max_tasks
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
 
@@ -264,7 +266,10 @@ class WorkerPool:
         return _Worker()
 
     def _give(self, worker: _Worker) -> None:
-        if worker.alive():
+        worker.tasks += 1
+        if worker.tasks >= self.max_tasks:
+            worker.kill()
+        elif worker.alive():
             with self._lock:
                 self._idle.append(worker)
 
