@@ -1,0 +1,130 @@
+"""Training data generation and zero-shot proposals, with real measurements on the engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lorien.cli import main
+from lorien.costmodel import load_cost_model, train_cost_model, warm_start_scores
+from lorien.costmodel.generate import parse_workload_spec, training_jobs
+from lorien.costmodel.zeroshot import propose, sample_indices
+from lorien.errors import ConfigError, LorienError
+from lorien.features import featurize
+from lorien.workload import autotvm_workload_key
+
+TRAINING = ["dense:M=1,N=64,K=64", "dense:M=16,N=64,K=128", "dense:M=16,N=128,K=64"]
+UNSEEN = ("dense", {"M": 8, "N": 96, "K": 64})
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory):
+    from lorien.costmodel.generate import generate_training_set
+
+    root = tmp_path_factory.mktemp("zeroshot")
+    store_uri = f"parquet:{root / 'warehouse'}"
+    summaries = generate_training_set(store_uri, size="none", workloads=TRAINING, trials=6, progress=False)
+    assert [s.trials for s in summaries] == [6, 6, 6]
+    featurize(root / "features", store=store_uri, jobs=1, progress=False)
+    train_cost_model(root / "features", root / "model", folds=3, params={"n_estimators": 30}, baseline=None,
+                     plots=False, progress=False, name="tiny")
+    return store_uri, root / "model"
+
+
+def unseen_workload():
+    from lorien.dialect import get_dialect
+
+    return get_dialect("autotvm").expand_workload(*UNSEEN)
+
+
+def test_workload_spec_parses_op_and_integer_params():
+    assert parse_workload_spec("dense:M=16,N=256,K=256") == ("dense", {"M": 16, "N": 256, "K": 256})
+    assert parse_workload_spec("conv2d:C=3,H=8,W=8,K=4,layout=NCHW")[1]["layout"] == "NCHW"
+    with pytest.raises(ConfigError, match="expected OP:KEY=VALUE"):
+        parse_workload_spec("dense")
+
+
+def test_small_spread_is_a_few_random_tuner_jobs_on_the_host():
+    jobs = training_jobs("small")
+    assert 2 <= len(jobs) <= 6
+    assert {job["tuner"] for job in jobs} == {"random"} and {job["trials"] for job in jobs} == {8}
+    assert {job["task_name"] for job in jobs} >= {"dense_pack.x86", "conv2d_NCHWc.x86"}
+    assert len({json.dumps(job["args"]) for job in jobs}) == len(jobs)
+
+
+def test_unknown_spread_size_is_rejected():
+    with pytest.raises(ConfigError, match="unknown size 'huge'"):
+        training_jobs("huge")
+
+
+def test_sampling_takes_every_index_of_a_small_space_and_distinct_ones_of_a_large_one():
+    assert list(sample_indices(7, 100)) == list(range(7))
+    picked = sample_indices(10**9, 500, seed=3)
+    assert len(set(picked.tolist())) == 500 and picked.max() < 10**9
+
+
+@pytest.mark.slow
+def test_proposals_are_the_best_scored_configs_of_the_space(trained_model):
+    _, model_dir = trained_model
+    model = load_cost_model(model_dir)
+    task_name, args = unseen_workload()
+    proposals = propose(model, task_name=task_name, args=args, topk=5, samples=100_000)
+    assert [p.rank for p in proposals] == [1, 2, 3, 4, 5]
+    scores = [p.score for p in proposals]
+    assert scores == sorted(scores, reverse=True)
+    assert len({json.dumps(p.entity) for p in proposals}) == 5
+    from dialects.autotvm.templates import instantiate
+
+    space = instantiate(task_name, args).space
+    all_scores = model.score_configs(task_name, args, [space.get(i).to_json_entity() for i in range(len(space))])
+    assert scores[0] == pytest.approx(float(all_scores.max()), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_query_predict_measures_and_commits_proposals_marked_as_model_made(trained_model, capsys):
+    store_uri, model_dir = trained_model
+    key = autotvm_workload_key(*unseen_workload())
+    code = main(["query", "--predict", "--model", str(model_dir), "--workload-key", key, "--target", "llvm",
+                 "--topk", "3", "--measure", "2", "--store", store_uri, "--format", "json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["proposals"]) == 3 and result["committed"] == 2
+    assert all(p["gflops"] and p["gflops"] > 0 for p in result["proposals"][:2])
+    from lorien.warehouse import open_store
+
+    with open_store(store_uri) as store:
+        committed = store.scan({"source": "model:tiny"}, columns=["workload_key", "source", "cost_s"])
+    assert committed.num_rows == 2 and set(committed["workload_key"].to_pylist()) == {key}
+
+
+@pytest.mark.slow
+def test_predict_for_a_template_the_model_never_saw_names_the_trained_ones(trained_model, capsys):
+    _, model_dir = trained_model
+    key = autotvm_workload_key(*__import__("lorien.dialect", fromlist=["get_dialect"]).get_dialect(
+        "autotvm").expand_workload("conv2d", {"C": 8, "H": 8, "W": 8, "K": 8}))
+    assert main(["query", "--predict", "--model", str(model_dir), "--workload-key", key, "--target", "llvm"]) == 1
+    assert "no template 'conv2d_NCHWc.x86'" in capsys.readouterr().err
+
+
+def test_predict_without_a_model_is_an_error(capsys):
+    assert main(["query", "--predict", "--workload-key", "dense_pack.x86#x", "--target", "llvm"]) == 1
+    assert "--predict needs --model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_warm_start_scores_accept_the_dialects_config_objects(trained_model):
+    _, model_dir = trained_model
+    task_name, args = unseen_workload()
+    from dialects.autotvm.templates import instantiate
+
+    space = instantiate(task_name, args).space
+    configs = [space.get(i) for i in range(10)]
+    scores = warm_start_scores(model_dir, task_name, args, configs)
+    assert scores.shape == (10,)
+    assert list(scores) == list(warm_start_scores(model_dir, task_name, args, [c.to_json_entity() for c in configs]))
+
+
+def test_loading_a_missing_model_is_a_clear_error(tmp_path):
+    with pytest.raises(LorienError, match="no cost model at"):
+        load_cost_model(tmp_path)
