@@ -291,3 +291,15 @@ def test_an_s3_store_in_a_missing_bucket_is_unreachable(moto_server):
     store = open_store(f"parquet:s3://no-such-bucket-here/lorien?endpoint_url={moto_server}")
     with pytest.raises(StoreUnreachableError, match="no-such-bucket-here"):
         store.best("dense#a", SKYLAKE)
+
+
+def test_records_with_ids_of_any_length_are_deduplicated_on_read(root):
+    records = [record.with_changes(record_id=f"custom-{index % 3}")
+               for index, record in enumerate(workload_records("dense#a", 6))]
+    first, second = open_store(f"parquet:{root}"), open_store(f"parquet:{root}")
+    with first.transaction() as commit_one, second.transaction() as commit_two:
+        commit_one.add(records[:3])
+        commit_two.add(records[3:])  # the same three ids, from a writer that has not seen them
+    assert sum(pq.read_table(path).num_rows for path in parquet_files(root)) == 6
+    assert sorted(first.scan(columns=["record_id"]).column("record_id").to_pylist()) == [
+        "custom-0", "custom-1", "custom-2"]
