@@ -23,7 +23,7 @@ import psutil
 
 from lorien.engine import build, reference, runtime, te
 from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
-from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate
+from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate, vector_lanes
 from lorien.record import TuningRecord
 
 # ResNet-18 3x3 conv2d layers, batch 1: (in channels, input size, out channels, stride)
@@ -231,8 +231,12 @@ def main() -> None:
     quick = opts.quick
     print(f"host: {os.cpu_count()} CPUs, {runtime.num_threads()} kernel threads, load average {os.getloadavg()[0]:.1f} "
           "(other processes share the cores: ratios are measured in the same run, interleaved)")
-    dense_grid = [(8, 32, "mn"), (12, 32, "mn")] if quick else \
-        [(mr, nr, order) for mr, nr in ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) for order in ("mn", "nm")]
+    # Register tiles (mr rows x nr columns) that fit the vector registers: 32 zmm with AVX-512,
+    # 16 ymm with AVX2 (accumulators mr * nr / lanes, plus broadcasts and B vectors).
+    tiles = ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) if vector_lanes() == 16 else \
+        ((6, 16), (4, 16), (3, 32), (2, 32), (8, 16))
+    dense_grid = [(mr, nr, "mn") for mr, nr in tiles[1:3]] if quick else \
+        [(mr, nr, order) for mr, nr in tiles for order in ("mn", "nm")]
     launch_us = bench_launch()
     dense512 = bench_dense(512, dense_grid)
     dense1024 = bench_dense(1024, dense_grid)
