@@ -251,3 +251,18 @@ def test_builtin_extractor_gives_the_autotvm_dialects_features(tmp_path, shared_
         key = list(builtin_frame.columns)
         pd.testing.assert_frame_equal(builtin_frame.sort_values(key).reset_index(drop=True),
                                       dialect_frame.sort_values(key).reset_index(drop=True))
+
+
+def test_records_stored_twice_by_racing_writers_are_featurized_once(tmp_path, llvm_log, store_uri):
+    import shutil
+
+    from lorien.formats import read_log
+    from lorien.warehouse import open_store
+
+    with open_store(store_uri) as store:
+        store.commit(read_log(llvm_log).records)
+    root = Path(store_uri.removeprefix("parquet:"))
+    original = next((root / "records").rglob("*.parquet"))
+    shutil.copy(original, original.with_name("part-copy-of-a-racing-writer.parquet"))
+    report = featurize(tmp_path / "out", store=store_uri, jobs=1, progress=False)
+    assert report.records_read == 35 and report.source["duplicates_dropped"] > 0
