@@ -56,6 +56,9 @@ class Program:
                 depth -= 1
             ty = u.dtype + (f"x{u.lanes}" if u.lanes > 1 else "")
             src = " ".join(f"%{s}" for s in u.src)
+            if u.op in ("LOAD", "STORE"):
+                buf = self.uops[u.src[0]].arg
+                src = f"%{u.src[0]}({buf[1] if self.uops[u.src[0]].op == 'ARG' else buf[0]}) " + src.split(" ", 1)[1]
             arg = "" if u.arg is None else f" {u.arg}"
             lines.append(f"{'  ' * depth}%{i} = {u.op} {ty} {src}{arg}".rstrip())
             if u.op in ("LOOP", "IF"):
