@@ -127,6 +127,7 @@ def test_a_query_sees_records_another_process_committed(store):
     assert len(store.best("dense#w0", SKYLAKE, k=5)) == 5
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_lose_nothing_and_duplicate_nothing(store):
     writers = [start_writer(store.uri, f"w{number}", batches=5, size=40, shared=True) for number in range(4)]
     for writer in writers:
@@ -266,6 +267,7 @@ def test_an_unknown_local_store_option_is_refused(root):
         open_store(f"parquet:{root}?fsnyc=true")
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_on_s3_lose_nothing(moto_server, s3_bucket):
     uri = f"parquet:s3://{s3_bucket}/lorien?endpoint_url={moto_server}"
     writers = [start_writer(uri, f"s{number}", batches=3, size=20, shared=True) for number in range(3)]
