@@ -8,13 +8,15 @@ Layout under the root (Hive partitioning, readable by pandas, DuckDB or Spark)::
     _staging/                                                files being written (never read)
 
 Each file is published atomically: written under ``_staging/`` and renamed into place on a
-local disk; on S3 a finished PUT (or completed multipart upload) is the publication. A
-writer killed mid-commit leaves only complete files behind. Commits never rewrite a file,
+local disk (fsync'd first with ``?fsync=true``); on S3 one PUT of the whole file is the
+publication (a multi-batch transaction stages objects and copies them into place at the
+end). A writer killed mid-commit leaves only complete files behind. Commits never rewrite a file,
 so concurrent writers cannot lose each other's records. A commit skips records whose
 ``record_id`` it already sees in the store; two writers racing on the same record may both
 store it, and every read removes such duplicates by ``record_id`` (compaction removes them
 for good). The serving view is the union of each commit's own best ``nbest`` per group,
-which always contains the true best ``nbest`` of every group.
+which always contains the true best ``nbest`` of every group; a commit that finds more than
+:data:`SERVING_MERGE_FILES` serving files for a target key folds them into one.
 
 ``best()`` answers from an in-memory index of the serving view, built once per process
 and target key and rebuilt when the list of serving files changes.
