@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -254,3 +255,24 @@ def test_compiled_object_is_cached_on_disk_by_ir_hash(tmp_path, monkeypatch):
     out = te.compute((37,), lambda i: a[i] - 37.0, name="out")
     build(te.create_schedule(out), [a, out])
     assert len(list((tmp_path / "kernels").glob("*.o"))) == 1
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_inlined_padding_under_a_vectorized_axis_uses_masked_or_gathered_loads(stride):
+    data, kern = te.placeholder((1, 2, 9, 9), name="data"), te.placeholder((3, 2, 3, 3), name="kernel")
+    out = ops.conv2d_nchw(data, kern, stride, 1)
+    s = te.create_schedule(out)
+    s["conv2d.pad"].compute_inline()
+    n, f, y, x = s[out].op.axis
+    rc, ry, rx = s[out].op.reduce_axis
+    s[out].reorder(n, f, y, rc, ry, rx, x)
+    s[out].vectorize(x)
+    text = str(lower(s, [data, kern, out]))
+    if stride == 1:  # contiguous rows: one masked vector load per row of the window
+        assert re.search(r"LOAD float32x\d+ %0\(data\) %\d+ %\d+", text)
+    else:  # strided: lanes gathered one by one
+        assert "VECTOR float32x" in text
+    a, k = RNG.standard_normal((1, 2, 9, 9)).astype("float32"), RNG.standard_normal((3, 2, 3, 3)).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, kern, out])(a, k, c)
+    np.testing.assert_allclose(c, reference.conv2d_nchw(a, k, stride, 1), rtol=1e-4, atol=1e-4)
