@@ -127,3 +127,20 @@ def test_an_unreachable_scheduler_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=f"cannot reach the Dask scheduler at {address}"):
         run_jobs([Job.from_spec(synthetic_jobs(1, tmp_path)[0])], manager="dask", scheduler=address,
                  runner=synthetic_runner, connect_timeout_s=2)
+
+
+def test_a_recomputed_task_of_a_committed_job_returns_its_outcome_without_measuring(dask_cluster, tmp_path,
+                                                                                    store_uri):
+    from distributed import Client
+
+    from lorien.tune.managers.base import Task
+    from lorien.tune.managers.dask import run_dask_task
+
+    job = Job.from_spec(synthetic_jobs(1, tmp_path)[0])
+    with Client(dask_cluster) as client:
+        first = client.submit(run_dask_task, Task(job.job_id, job.spec, 1, False), store_uri,
+                              synthetic_runner, None, pure=False).result()
+        again = client.submit(run_dask_task, Task(job.job_id, job.spec, 1, False), store_uri,
+                              synthetic_runner, None, pure=False).result()
+    assert (first.reused, again.reused, again.records) == (False, True, 3)
+    assert [job_id for job_id, _pid in _pids_started(tmp_path)] == [job.job_id]

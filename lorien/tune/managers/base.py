@@ -159,9 +159,10 @@ def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
                        for record in (runner or dialect_runner)(task.spec, store_uri)]
         outcome.records = len(records)
         if store_uri is not None and records:
-            # Another attempt of this job (a retry racing an attempt thought lost) may have
-            # committed while this one measured: then keep its records, not ours.
-            existing = committed_records(store_uri, task.job_id)
+            # A retried or resumed job may race an attempt thought lost (a dead master's
+            # worker still running): if that one committed while this one measured, keep its
+            # records, not ours.
+            existing = committed_records(store_uri, task.job_id) if task.check_existing else 0
             if existing:
                 outcome.records, outcome.reused = existing, True
             else:

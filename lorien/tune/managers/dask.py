@@ -6,13 +6,15 @@ processes. Each attempt is one task with a unique key. A worker that dies takes 
 task with it; Dask reports it as ``KilledWorker`` (a local cluster is started with
 ``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
 the task that was running) and the master retries it itself, tracing each retry. Worker
-processes are not daemonic, so a job's measurement may start its own worker processes. Measurement on one host is serialized by the per-host measurement slot
+processes are not daemonic, so a job's measurement may start its own worker processes.
+A committed job's outcome is also kept in the scheduler's metadata, so a finished task that
+Dask recomputes (its result died with its worker) returns that outcome instead of measuring
+again. Measurement on one host is serialized by the per-host measurement slot
 (:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from lorien.errors import ConfigError
@@ -71,9 +73,7 @@ class DaskManager(JobManager):
 
     def submit(self, task: Task) -> None:
         key = f"lorien-job-{task.job_id}-attempt-{task.attempt}"
-        # Dask recomputes a finished task whose result died with its worker before the
-        # master fetched it; looking in the store first keeps that from measuring twice.
-        future = self.client.submit(execute_job, replace(task, check_existing=True), self.store_uri, self.runner, self.measure_slots,
+        future = self.client.submit(run_dask_task, task, self.store_uri, self.runner, self.measure_slots,
                                     key=key, pure=False, retries=0)
         self._futures[key] = (task, future)
 
@@ -91,6 +91,7 @@ class DaskManager(JobManager):
         for future in finished:
             task, _ = self._futures.pop(future.key)
             completions.append(self._completion(task, future))
+            future.release()  # a result left on a worker would be recomputed if that worker died
         return completions
 
     @staticmethod
@@ -118,3 +119,21 @@ class DaskManager(JobManager):
         if self._cluster is not None:
             self._cluster.close()
 
+
+
+def run_dask_task(task: Task, store_uri: str | None, runner: Runner | None,
+                  measure_slots: int | None) -> JobOutcome:
+    """One attempt on a Dask worker. The outcome of a committed job is kept in the scheduler's
+    metadata: Dask recomputes a finished task whose result died with its worker, and that
+    recomputation then returns the stored outcome instead of measuring again."""
+    from distributed import get_client
+
+    client = get_client()
+    metadata_key = ["lorien-job-outcome", task.job_id]
+    committed = client.get_metadata(metadata_key, default=None)
+    if committed is not None:
+        return JobOutcome(**{**committed, "attempt": task.attempt, "reused": True})
+    outcome = execute_job(task, store_uri, runner, measure_slots)
+    if not outcome.error:
+        client.set_metadata(metadata_key, outcome.to_dict())
+    return outcome
