@@ -102,7 +102,10 @@ def bench_conv(layers, quick: bool) -> list[float]:
         tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
         tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
         lanes = vector_lanes()
-        grid = [(lanes, lanes, t, kw) for t in tiles for kw in ((True,) if quick else (True, False))]
+        unroll = (True,) if quick else (True, False)
+        grid = [(lanes, lanes, t, kw) for t in tiles for kw in unroll]
+        if not quick:  # two vectors of output channels: fewer ow per tile
+            grid += [(lanes, 2 * lanes, t, kw) for t in tiles if t <= 14 for kw in unroll]
         flop = 2.0 * out_channels * out_size * out_size * channels * 9
         best_s, best_cfg = math.inf, None
         for ic_bn, oc_bn, tile_ow, unroll_kw in grid:
