@@ -243,3 +243,12 @@ def test_with_two_slots_a_holder_is_pinned_to_half_the_cores(tmp_path):
     with measurement_slot(2, lock_dir=tmp_path):
         assert len(os.sched_getaffinity(0)) == len(cores) // 2
     assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_an_unreachable_store_is_one_clear_error_before_any_job_runs(tmp_path, aws_credentials):
+    from lorien.errors import StoreUnreachableError
+
+    store_uri = "parquet:s3://no-bucket/prefix?endpoint_url=http://127.0.0.1:9&region=us-east-1"
+    with pytest.raises(StoreUnreachableError, match="127.0.0.1:9"):
+        run_jobs(synthetic_jobs(2, tmp_path), store_uri=store_uri, runner=synthetic_runner)
+    assert executions(tmp_path) == []

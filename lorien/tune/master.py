@@ -21,7 +21,14 @@ from typing import Any
 from lorien.errors import ConfigError
 from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
 from lorien.tune.managers import create_manager
-from lorien.tune.managers.base import Completion, JobManager, Runner, Task, execute_job
+from lorien.tune.managers.base import (
+    Completion,
+    JobManager,
+    Runner,
+    Task,
+    committed_records,
+    execute_job,
+)
 from lorien.tune.trace import JobState, TraceWriter, read_events, read_trace
 
 DEFAULT_MAX_RETRIES = 2
@@ -135,6 +142,8 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
                 trace(job.job_id, "pending", label=job.label, spec=job.spec)
             attempt = (known.attempt if known else 0) + 1
             queue.append(Task(job.job_id, job.spec, attempt, check_existing=known is not None))
+        if queue and store_uri and manager != "aws-batch":
+            committed_records(store_uri, "store-probe")  # an unreachable store fails once, here
         if queue:
             owned = isinstance(manager, str)
             job_manager = (create_manager(manager, store_uri=store_uri, runner=runner, **manager_options)
