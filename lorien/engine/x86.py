@@ -93,8 +93,8 @@ def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_
     tile.compute_at(top, owo)
     _, _, _, tow, tob = tile.op.axis
     ic, kh, kw = tile.op.reduce_axis
-    data_shape = next(t for t in s[acc.name].op.input_tensors() if t.ndim == 5).shape
-    ico, ici = tile.split(ic, factor=data_shape[4])
+    ic_bn = next(t for t in tile.op.input_tensors() if t.ndim == 5).shape[4]
+    ico, ici = tile.split(ic, factor=ic_bn)
     if unroll_kw:
         tile.reorder(ico, kh, ici, kw, tow, tob)
         tile.unroll(kw)
