@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -75,27 +76,14 @@ def synthetic_store(path: Path, n_records: int, base_records: int = 100_000) -> 
     return uri
 
 
-def featurize_speed(uri: str, out: Path, jobs: int) -> tuple[float, float]:
-    """(records per second of wall time, records per CPU second) of one featurization."""
-    from lorien.features import featurize
-
-    before = psutil.Process().cpu_times()
-    start = time.perf_counter()
-    report = featurize(out, store=uri, jobs=jobs, progress=False)
-    wall = time.perf_counter() - start
-    after = psutil.Process().cpu_times()
-    cpu = (after.user - before.user + after.system - before.system
-           + after.children_user - before.children_user + after.children_system - before.children_system)
-    log(f"featurize: {report.records_read} records, {len(report.templates)} templates, {wall:.2f}s wall, "
-        f"{cpu:.2f}s CPU (jobs={jobs}, load average {os.getloadavg()[0]:.1f})")
-    return report.records_read / wall, report.records_read / max(cpu, 1e-9)
-
-
-def peak_memory_mib(uri: str, out: Path, jobs: int) -> float:
-    """Largest summed RSS (MiB) of a featurization subprocess and its workers."""
+def featurize_run(uri: str, out: Path, jobs: int) -> dict:
+    """Featurize a store in a subprocess: wall seconds, CPU seconds of the whole process tree
+    (workers included, once reaped) and the largest summed RSS of the tree, sampled."""
     code = ("import sys; from lorien.features import featurize; "
             f"r = featurize({str(out)!r}, store={uri!r}, jobs={jobs}, progress=False); "
             "print(r.records_read)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=str(REPO))
     process = psutil.Process(child.pid)
     peak = 0
@@ -106,11 +94,18 @@ def peak_memory_mib(uri: str, out: Path, jobs: int) -> float:
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.02)
-    records = child.stdout.read().decode().strip() if child.stdout else ""
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if child.returncode != 0:
         raise SystemExit(f"featurization subprocess failed with code {child.returncode}")
-    log(f"featurize peak memory: {peak / 2**20:.0f} MiB for {records} records (jobs={jobs})")
-    return peak / 2**20
+    records = int(child.stdout.read().decode().strip()) if child.stdout else 0
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    result = {"records": records, "wall_s": wall, "cpu_s": cpu, "peak_mib": peak / 2**20,
+              "rps": records / wall, "rps_per_cpu_s": records / max(cpu, 1e-9)}
+    log(f"featurize {records} records (jobs={jobs}): {wall:.1f}s wall, {cpu:.1f}s CPU, "
+        f"{result['rps']:.0f} records/s, {result['rps_per_cpu_s']:.0f} records per CPU-second, "
+        f"peak {result['peak_mib']:.0f} MiB (load average {os.getloadavg()[0]:.1f})")
+    return result
 
 
 # ---- zero-shot -----------------------------------------------------------------------------
@@ -190,7 +185,6 @@ def engine_available() -> str | None:
     """None when the engine can measure; else why not."""
     try:
         import lorien.engine.measure  # noqa: F401
-
         from lorien.tune.local import tune_workload  # noqa: F401
     except ImportError as exc:
         return str(exc)
@@ -212,10 +206,9 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
         speed_uri = synthetic_store(work / "speed-store", speed_records)
-        rps, rps_cpu = featurize_speed(speed_uri, work / "speed-features", args.jobs)
-        log(f"featurize: {rps:.0f} records/s wall, {rps_cpu:.0f} records per CPU-second")
+        rps = featurize_run(speed_uri, work / "speed-features", args.jobs)["rps"]
         memory_uri = synthetic_store(work / "memory-store", memory_records)
-        peak = peak_memory_mib(memory_uri, work / "memory-features", args.jobs)
+        peak = featurize_run(memory_uri, work / "memory-features", args.jobs)["peak_mib"]
 
         values = {"zeroshot_top1": math.nan, "zeroshot_best5": math.nan, "time_ratio": math.nan,
                   "random_best5": math.nan}
