@@ -276,3 +276,26 @@ def test_inlined_padding_under_a_vectorized_axis_uses_masked_or_gathered_loads(s
     c = np.zeros(out.shape, "float32")
     build(s, [data, kern, out])(a, k, c)
     np.testing.assert_allclose(c, reference.conv2d_nchw(a, k, stride, 1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ["mn", "nm"])
+def test_x86_register_tiled_dense_matches_numpy(order):
+    from lorien.engine.x86 import dense_candidate
+
+    s, args = dense_candidate(24, 64, 40, mr=4, nr=32, order=order)
+    a, w = (RNG.standard_normal(t.shape).astype("float32") for t in args[:2])
+    out = np.zeros(args[2].shape, "float32")
+    build(s, args)(a, w, out)
+    np.testing.assert_allclose(out, reference.dense(a, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,unroll_kw", [(1, True), (2, False)])
+def test_x86_conv2d_NCHWc_schedule_with_different_channel_blocks_matches_numpy(stride, unroll_kw):
+    from lorien.engine.x86 import conv2d_NCHWc_candidate
+
+    s, args = conv2d_NCHWc_candidate(32, 8, 64, stride, ic_bn=16, oc_bn=32, tile_ow=4, unroll_kw=unroll_kw)
+    data, kern = RNG.standard_normal((1, 32, 8, 8)).astype("float32"), RNG.standard_normal((64, 32, 3, 3)).astype("float32")
+    out = np.zeros(args[2].shape, "float32")
+    build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(kern, 16, 32), out)
+    np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, kern, stride, 1),
+                               rtol=1e-3, atol=1e-3)
