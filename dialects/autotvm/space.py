@@ -154,7 +154,11 @@ def entity_features(entity: Entity) -> list[float]:
     their numeric value, reorders the permutation, annotations a code per axis.
     """
     if isinstance(entity, SplitEntity):
-        return [math.log2(f) if f > 0 else 0.0 for f in entity.size[1:]] or [0.0]
+        inner = [f for f in entity.size[1:] if f > 0] or [1]
+        # log2 of each inner factor, of their product (the tile), and the innermost factor's
+        # power-of-two part capped at 16 (how well it fills vector registers).
+        return [math.log2(f) for f in inner] + [math.log2(math.prod(inner)),
+                                                 float(min(inner[-1] & -inner[-1], 16))]
     if isinstance(entity, ReorderEntity):
         return [float(p) for p in entity.perm]
     if isinstance(entity, AnnotateEntity):
