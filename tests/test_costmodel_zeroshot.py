@@ -128,3 +128,24 @@ def test_warm_start_scores_accept_the_dialects_config_objects(trained_model):
 def test_loading_a_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(LorienError, match="no cost model at"):
         load_cost_model(tmp_path)
+
+
+@pytest.mark.slow
+def test_warm_started_xgb_tuner_first_proposes_what_the_model_likes(trained_model):
+    from dialects.autotvm.templates import instantiate
+    from lorien.costmodel.zeroshot import warm_start_tuner
+    from lorien.search import create
+
+    _, model_dir = trained_model
+    model = load_cost_model(model_dir)
+    task_name, args = unseen_workload()
+    space = instantiate(task_name, args).space
+    warmed = create("xgb", space, seed=0)
+    assert warm_start_tuner(warmed, model, task_name, args, samples=100) == min(100, len(space))
+    cold = create("xgb", space, seed=0)
+
+    def mean_score(tuner) -> float:
+        batch = tuner.next_batch(16)
+        return float(model.score_configs(task_name, args, [space.get(i) for i in batch]).mean())
+
+    assert mean_score(warmed) > mean_score(cold)

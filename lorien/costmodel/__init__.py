@@ -16,6 +16,7 @@ from lorien.costmodel.metrics import (
 )
 from lorien.costmodel.models import SklearnCostModel, XGBCostModel, make_model
 from lorien.costmodel.train import group_kfold, train_cost_model
+from lorien.costmodel.zeroshot import propose, warm_start_tuner, zero_shot
 
 __all__ = [
     "CostModel",
@@ -27,9 +28,12 @@ __all__ = [
     "load_cost_model",
     "make_model",
     "pairwise_accuracy",
+    "propose",
     "r2_score",
     "spearman",
     "topk_score",
     "train_cost_model",
     "warm_start_scores",
+    "warm_start_tuner",
+    "zero_shot",
 ]

@@ -202,3 +202,23 @@ def run_predict_query(args: Any) -> int:
     else:
         print(format_result(result))
     return 0
+
+
+def warm_start_tuner(tuner: Any, model: CostModel | str, task_name: str, args: Sequence[Any],
+                     samples: int = 512, seed: int = 0) -> int:
+    """Prime a model-based tuner with the cost model's view of its space.
+
+    Scores ``samples`` configs of ``tuner.space`` with the model and hands them, scaled to
+    [0, 1], to ``tuner.load_history(features, scores)`` in the tuner's own feature space
+    (``tuner.feature_fn(indices)``), so its first plan already favours what the model
+    predicts fast. Returns the number of configs scored.
+    """
+    if not isinstance(model, CostModel):
+        model = CostModel.load(model)
+    space = tuner.space
+    indices = sample_indices(len(space), samples, seed)
+    scores = model.score_configs(task_name, args, [space.get(int(i)).to_json_entity() for i in indices])
+    spread = float(np.ptp(scores)) if scores.size else 0.0
+    scaled = (scores - scores.min()) / spread if spread > 0 else np.ones_like(scores)
+    tuner.load_history(tuner.feature_fn(indices), scaled)
+    return int(indices.size)
