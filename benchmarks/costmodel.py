@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -77,29 +76,37 @@ def synthetic_store(path: Path, n_records: int, base_records: int = 100_000) -> 
 
 
 def featurize_run(uri: str, out: Path, jobs: int) -> dict:
-    """Featurize a store in a subprocess: wall seconds, CPU seconds of the whole process tree
-    (workers included, once reaped) and the largest summed RSS of the tree, sampled."""
+    """Featurize a store in a subprocess: wall seconds, CPU seconds and the largest summed RSS
+    of its process tree (workers included), sampled every 20 ms."""
     code = ("import sys; from lorien.features import featurize; "
             f"r = featurize({str(out)!r}, store={uri!r}, jobs={jobs}, progress=False); "
             "print(r.records_read)")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=str(REPO))
     process = psutil.Process(child.pid)
     peak = 0
+    cpu_of: dict[int, float] = {}  # last CPU seconds seen per process of the tree
     while child.poll() is None:
         try:
             tree = [process, *process.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
         except psutil.NoSuchProcess:
-            pass
+            break
+        rss = 0
+        for member in tree:
+            try:
+                rss += member.memory_info().rss
+                times = member.cpu_times()
+                cpu_of[member.pid] = times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        peak = max(peak, rss)
         time.sleep(0.02)
+    child.wait()
     wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if child.returncode != 0:
         raise SystemExit(f"featurization subprocess failed with code {child.returncode}")
     records = int(child.stdout.read().decode().strip()) if child.stdout else 0
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    cpu = sum(cpu_of.values())
     result = {"records": records, "wall_s": wall, "cpu_s": cpu, "peak_mib": peak / 2**20,
               "rps": records / wall, "rps_per_cpu_s": records / max(cpu, 1e-9)}
     log(f"featurize {records} records (jobs={jobs}): {wall:.1f}s wall, {cpu:.1f}s CPU, "
