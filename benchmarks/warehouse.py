@@ -41,15 +41,16 @@ INGEST_CHILD = """
 import json, resource, sys, time
 from lorien.ingest import ingest_paths
 import lorien.formats, lorien.warehouse.parquet
-usage = resource.getrusage(resource.RUSAGE_SELF)
-cpu_before = usage.ru_utime + usage.ru_stime
+def cpu_s():  # this process and its finished children (the codec's decoding workers)
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+cpu_before = cpu_s()
 started = time.perf_counter()
 report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]))
 seconds = time.perf_counter() - started
-usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"records": report.records, "stored": report.stored, "errors": len(report.errors),
-                  "seconds": seconds, "cpu_s": usage.ru_utime + usage.ru_stime - cpu_before,
-                  "peak_rss_mib": usage.ru_maxrss / 1024}))
+                  "seconds": seconds, "cpu_s": cpu_s() - cpu_before,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_rss_workers_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 # The same ingest split in two: parse only (the codec, which may use worker processes), then
@@ -148,10 +149,12 @@ def main() -> int:
                                capture_output=True, text=True, check=True)
         ingest = json.loads(child.stdout.strip().splitlines()[-1])
         ingest_rps = ingest["records"] / ingest["seconds"]
+        workers_rss = ingest["peak_rss_workers_mib"]
         print(f"ingest: {ingest['records']:,} records ({ingest['stored']:,} stored, {ingest['errors']} bad) "
               f"in {ingest['seconds']:.2f} s = {ingest_rps:,.0f} records/s wall, "
-              f"{ingest['records'] / ingest['cpu_s']:,.0f} records per CPU second, "
-              f"peak RSS {ingest['peak_rss_mib']:.0f} MiB")
+              f"{ingest['records'] / ingest['cpu_s']:,.0f} records per CPU second (decoding workers included), "
+              f"peak RSS {ingest['peak_rss_mib']:.0f} MiB"
+              + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else ""))
         split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, str(log_path), str(workdir / "split-store"),
                                 str(options.nbest)], capture_output=True, text=True, check=True)
         split = json.loads(split.stdout.strip().splitlines()[-1])
