@@ -103,13 +103,16 @@ def bench_conv(layers, quick: bool) -> list[float]:
         tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
         lanes = vector_lanes()
         unroll = (True,) if quick else (True, False)
-        grid = [(lanes, lanes, t, kw) for t in tiles for kw in unroll]
-        if not quick:  # two vectors of output channels: fewer ow per tile
-            grid += [(lanes, 2 * lanes, t, kw) for t in tiles if t <= 14 for kw in unroll]
+        grid = [(lanes, lanes, t, kw, 1) for t in tiles for kw in unroll]
+        if not quick:  # two vectors of output channels, or two output rows, per register tile
+            grid += [(lanes, 2 * lanes, t, kw, 1) for t in tiles if t <= 14 for kw in unroll]
+            if out_size % 2 == 0:
+                grid += [(lanes, lanes, t, kw, 2) for t in tiles if t <= 8 for kw in unroll]
         flop = 2.0 * out_channels * out_size * out_size * channels * 9
         best_s, best_cfg = math.inf, None
-        for ic_bn, oc_bn, tile_ow, unroll_kw in grid:
-            s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw)
+        for ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh in grid:
+            s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw,
+                                             tile_oh=tile_oh)
             kern = build(s, args)
             packed = [reference.pack_nchwc(data, ic_bn), reference.pack_kernel_oihwio(kernel_oihw, ic_bn, oc_bn)]
             out = np.zeros(args[-1].shape, "float32")
@@ -117,13 +120,13 @@ def bench_conv(layers, quick: bool) -> list[float]:
             np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
             cost = kernel_time_s(kern, [*packed, out], repeat=3, min_repeat_ms=40)
             if cost < best_s:
-                best_s, best_cfg = cost, (ic_bn, oc_bn, tile_ow, unroll_kw)
+                best_s, best_cfg = cost, (ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh)
         with torch.no_grad():
             torch_s = min(torch_s, best_time_s(run_torch))
         ratio = torch_s / best_s
         ratios.append(ratio)
         print(f"conv3x3 {channels}x{size}x{size}->{out_channels} s{stride}: lorien {flop / best_s / 1e9:.1f} GFLOPS "
-              f"(ic_bn,oc_bn,tile_ow,unroll_kw)={best_cfg}, torch {flop / torch_s / 1e9:.1f} GFLOPS, ratio {ratio:.2f}")
+              f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)={best_cfg}, torch {flop / torch_s / 1e9:.1f} GFLOPS, ratio {ratio:.2f}")
     return ratios
 
 

@@ -289,11 +289,12 @@ def test_x86_register_tiled_dense_matches_numpy(order):
     np.testing.assert_allclose(out, reference.dense(a, w), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("stride,unroll_kw", [(1, True), (2, False)])
-def test_x86_conv2d_NCHWc_schedule_with_different_channel_blocks_matches_numpy(stride, unroll_kw):
+@pytest.mark.parametrize("stride,unroll_kw,tile_oh", [(1, True, 2), (2, False, 1)])
+def test_x86_conv2d_NCHWc_schedule_with_different_channel_blocks_matches_numpy(stride, unroll_kw, tile_oh):
     from lorien.engine.x86 import conv2d_NCHWc_candidate
 
-    s, args = conv2d_NCHWc_candidate(32, 8, 64, stride, ic_bn=16, oc_bn=32, tile_ow=4, unroll_kw=unroll_kw)
+    s, args = conv2d_NCHWc_candidate(32, 8, 64, stride, ic_bn=16, oc_bn=32, tile_ow=4, unroll_kw=unroll_kw,
+                                     tile_oh=tile_oh)
     data, kern = RNG.standard_normal((1, 32, 8, 8)).astype("float32"), RNG.standard_normal((64, 32, 3, 3)).astype("float32")
     out = np.zeros(args[2].shape, "float32")
     build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(kern, 16, 32), out)

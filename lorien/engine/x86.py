@@ -66,9 +66,10 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
 
 
 def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_kw: bool = True,
-                          pad_inline: bool = False) -> Schedule:
-    """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_ow x oc_bn`` register tile (ow unrolled,
-    oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over (n, oc_chunk, oh)."""
+                          pad_inline: bool = False, tile_oh: int = 1) -> Schedule:
+    """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_oh x tile_ow x oc_bn`` register tile (oh, ow
+    unrolled, oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over
+    (n, oc_chunk, oh blocks)."""
     acc, epilogue = _reduce_stage(s, out)
     if epilogue is None:
         local = s.cache_write(out, "local")
@@ -85,21 +86,24 @@ def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_
             pad.parallel(pad.fuse(n, cc, h))
             pad.vectorize(cb)
     n, oc, oh, ow, ob = top.op.axis
+    oho, ohi = top.split(oh, factor=tile_oh)
     owo, owi = top.split(ow, factor=tile_ow)
-    top.reorder(n, oc, oh, owo, owi, ob)
-    top.parallel(top.fuse(n, oc, oh))
+    top.reorder(n, oc, oho, owo, ohi, owi, ob)
+    top.parallel(top.fuse(n, oc, oho))
+    top.unroll(ohi)
     top.unroll(owi)
     top.vectorize(ob)
     tile.compute_at(top, owo)
-    _, _, _, tow, tob = tile.op.axis
+    _, _, toh, tow, tob = tile.op.axis
     ic, kh, kw = tile.op.reduce_axis
     ic_bn = next(t for t in tile.op.input_tensors() if t.ndim == 5).shape[4]
     ico, ici = tile.split(ic, factor=ic_bn)
     if unroll_kw:
-        tile.reorder(ico, kh, ici, kw, tow, tob)
+        tile.reorder(ico, kh, ici, kw, toh, tow, tob)
         tile.unroll(kw)
     else:
-        tile.reorder(ico, kh, kw, ici, tow, tob)
+        tile.reorder(ico, kh, kw, ici, toh, tow, tob)
+    tile.unroll(toh)
     tile.unroll(tow)
     tile.vectorize(tob)
     return s
@@ -118,7 +122,7 @@ def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: st
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
                            oc_bn: int = 16, tile_ow: int = 8, unroll_kw: bool = True, kernel: int = 3,
-                           pad: int = 1):
+                           pad: int = 1, tile_oh: int = 1):
     """(schedule, args) of a scheduled 3x3 NCHW[x]c conv2d (batch 1, square input)."""
     from lorien.engine import ops
 
@@ -126,5 +130,5 @@ def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: 
     weight = te.placeholder((out_channels // oc_bn, channels // ic_bn, kernel, kernel, ic_bn, oc_bn), name="kernel")
     out = ops.conv2d_NCHWc(data, weight, stride, pad)
     s = te.create_schedule(out)
-    schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw)
+    schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw, tile_oh=tile_oh)
     return s, [data, weight, out]
