@@ -111,6 +111,7 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
                        columns=["workload_key", "config", "costs", "error_no"])
     rows = table.to_pylist()[-limit:]
     names = list(task.space.space_map)
+    width = len(task.space.features_of(task.space.get(0)))
     per_workload: dict[str, list[tuple[list[float], float]]] = {}
     for row in rows:
         if row["error_no"] != 0 or not row["costs"]:
@@ -123,7 +124,7 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
                 features += _knob_feature(task, name, kind, value)
         except (KeyError, TypeError, ValueError):
             continue
-        if len(features) != len(task.space.features_of(task.space.get(0))):
+        if len(features) != width:
             continue
         per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
     xs, ys = [], []
