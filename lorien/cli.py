@@ -327,6 +327,8 @@ def _run_apply(args: argparse.Namespace) -> int:
     if record.is_valid:
         print(f"latency   {record.cost_s * 1e3:.4f} ms")
         print(f"GFLOPS    {record.gflops:.2f}" if record.gflops is not None else "GFLOPS    -")
+        if applied.logged_cost_s is not None:
+            print(f"logged    {applied.logged_cost_s * 1e3:.4f} ms on {applied.logged_target}")
         return 0
     print(f"error     {record.error_no} {applied.error_msg}")
     return 1

@@ -71,6 +71,7 @@ def test_tophub_line_is_applied_and_measured_on_this_host(shared_data):
     assert applied.record.error_no == 0, applied.error_msg
     assert applied.gflops > 0
     assert applied.record.target != row["input"][0]  # measured here, not on the TopHub machine
+    assert applied.logged_cost_s == row["result"][0][0] and applied.logged_target == row["input"][0]
 
 
 def test_apply_config_accepts_an_index_and_commits_when_asked(store_uri):

@@ -21,6 +21,8 @@ class AppliedConfig:
     record: TuningRecord
     config: ConfigEntity
     error_msg: str = ""
+    logged_cost_s: float | None = None
+    logged_target: str = ""
 
     @property
     def gflops(self) -> float | None:
@@ -74,6 +76,11 @@ def apply_config(task_name: str, args: list[Any], config: Any, target: str | Non
 
 def read_log_line(path: str | Path, line_no: int) -> tuple[str, list[Any], list[Any]]:
     """(task_name, args, entity list) of line ``line_no`` (1-based, comments count) of an AutoTVM log."""
+    task_name, args, entity, _row = _log_row(path, line_no)
+    return task_name, args, entity
+
+
+def _log_row(path: str | Path, line_no: int) -> tuple[str, list[Any], list[Any], dict[str, Any]]:
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -92,13 +99,18 @@ def read_log_line(path: str | Path, line_no: int) -> tuple[str, list[Any], list[
         raise RecordParseError(f"not an AutoTVM 0.2 record: {exc}", str(path), line_no) from exc
     if not isinstance(task_name, str) or not isinstance(args, list):
         raise RecordParseError("input must be [target, task_name, args, ...]", str(path), line_no)
-    return task_name, args, entity
+    return task_name, args, entity, row
 
 
 def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedConfig:
     """Apply the config of one AutoTVM log line (e.g. a TopHub record) and measure it here."""
-    task_name, args, entity = read_log_line(path, line_no)
+    task_name, args, entity, row = _log_row(path, line_no)
     try:
-        return apply_config(task_name, args, entity, **options)
+        applied = apply_config(task_name, args, entity, **options)
     except DialectError as exc:
         raise DialectError(f"{path}:{line_no}: {exc}") from exc
+    result = row.get("result") or []
+    if len(result) >= 2 and result[1] == 0 and result[0]:
+        applied.logged_cost_s = sum(result[0]) / len(result[0])
+        applied.logged_target = str(row["input"][0])
+    return applied
