@@ -612,7 +612,10 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
 
     names = sorted(template_rows)
     if jobs == 1 or len(names) == 1:
-        results = [_phase2_task(name, str(spill / safe_name(name)), str(out)) for name in names]
+        results = []
+        for done, name in enumerate(names, 1):
+            results.append(_phase2_task(name, str(spill / safe_name(name)), str(out)))
+            _progress(f"phase 2: {done}/{len(names)} templates ({name})", progress)
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=_worker_context(),
                                  max_tasks_per_child=WORKER_BATCHES) as pool:
