@@ -92,36 +92,36 @@ def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, o
 
 @register_template("dense_nopack.x86", _reference)
 def dense_nopack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, out_dtype: str = "float32"):
-    """Row-major weight read directly; output tiles accumulated in registers."""
+    """Weight read as it is (no packing): the reduction is split by ``tile_k[-1]`` lanes that
+    accumulate contiguous products of a data row and a weight row, summed at the end (TVM's
+    rfactor form; good for small batches). Output tiles ``tile_y[-1] x tile_x[-1]`` run in parallel."""
     data, weight, bias = _inputs(data_arg, weight_arg, bias_arg)
     m, k_len = data.shape
     n = weight.shape[0]
     cfg.define_split("tile_y", cfg.axis(m), num_outputs=2)
     cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
-    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
+    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
 
-    k = te.reduce_axis(k_len, name="k")
-    out = te.compute((m, n), lambda y, x: te.sum(data[y, k] * weight[x, k], axis=k), name="dense_nopack")
+    lanes = cfg["tile_k"].size[-1]
+    ko = te.reduce_axis(k_len // lanes, name="ko")
+    partial = te.compute(
+        (m, n, lanes), lambda y, x, kl: te.sum(data[y, ko * lanes + kl] * weight[x, ko * lanes + kl], axis=ko),
+        name="dense_partial")
+    kl = te.reduce_axis(lanes, name="kl")
+    out = te.compute((m, n), lambda y, x: te.sum(partial[y, x, kl], axis=kl), name="dense_nopack")
     final = _with_bias(out, bias)
     s = te.create_schedule(final)
-    cache = s.cache_write(out, "local")
+    y, x = s[final].op.axis
+    yo, yi = cfg["tile_y"].apply(s, final, y)
+    xo, xi = cfg["tile_x"].apply(s, final, x)
+    s[final].reorder(yo, xo, yi, xi)
+    s[final].parallel(s[final].fuse(yo, xo))
     if bias is not None:
-        s[out].compute_inline()
-        target = final
-    else:
-        target = out
-    y, x = s[target].op.axis
-    yo, yi = cfg["tile_y"].apply(s, target, y)
-    xo, xi = cfg["tile_x"].apply(s, target, x)
-    s[target].reorder(yo, xo, yi, xi)
-    s[target].parallel(yo)
-    tile_x = cfg["tile_x"].size[-1]
-    vectorize_by_lanes(s[target], xi, tile_x)
-    s[cache].compute_at(s[target], xo)
-    y, x = s[cache].op.axis
-    (k,) = s[cache].op.reduce_axis
-    ko, ki = cfg["tile_k"].apply(s, cache, k)
-    s[cache].reorder(ko, y, ki, x)
-    vectorize_by_lanes(s[cache], x, tile_x)
+        s[out].compute_at(s[final], xi)
+    s[partial].compute_at(s[out] if bias is not None else s[final], s[out].op.axis[1] if bias is not None else xi)
+    (pko,) = s[partial].op.reduce_axis
+    pl = s[partial].op.axis[2]
+    s[partial].reorder(pko, pl)
+    vectorize_by_lanes(s[partial], pl, lanes)
     inputs = [data, weight] + ([bias] if bias is not None else [])
     return s, [*inputs, final]
