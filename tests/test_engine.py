@@ -300,3 +300,55 @@ def test_x86_conv2d_NCHWc_schedule_with_different_channel_blocks_matches_numpy(s
     build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(kern, 16, 32), out)
     np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, kern, stride, 1),
                                rtol=1e-3, atol=1e-3)
+
+
+def _random_schedule(stage, rng) -> None:
+    """Random splits, a random loop order, maybe a fuse, parallel, vectorize and unroll."""
+    for axis in list(stage.leaf):
+        if rng.random() < 0.6:
+            if rng.random() < 0.5:
+                stage.split(axis, factor=rng.choice([2, 3, 4, 8, 16]))
+            else:
+                stage.split(axis, nparts=rng.choice([2, 3, 4]))
+    order = list(stage.leaf)
+    rng.shuffle(order)
+    stage.reorder(*order)
+    first, second = stage.leaf[0], stage.leaf[1] if len(stage.leaf) > 1 else None
+    if second and rng.random() < 0.3 and stage.axes[first].kind == stage.axes[second].kind:
+        stage.fuse(first, second)
+    if rng.random() < 0.5 and stage.axes[stage.leaf[0]].kind == "spatial":
+        stage.parallel(stage.leaf[0])
+    if rng.random() < 0.6:
+        stage.vectorize(stage.leaf[-1])
+    for axis in stage.leaf[1:-1]:
+        if rng.random() < 0.2:
+            stage.unroll(axis)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_schedules_compute_what_numpy_computes(seed):
+    import random
+
+    rng = random.Random(seed)
+    if seed % 2:
+        d, w = te.placeholder((rng.randint(3, 20), 9), name="d"), te.placeholder((rng.randint(3, 33), 9), name="w")
+        b = te.placeholder((w.shape[0],), name="b")
+        out = ops.dense(d, w, bias=b, relu=True)
+        inputs, ref = [d, w, b], lambda x, y, z: reference.dense(x, y, z, relu=True)
+        s = te.create_schedule(out)
+        _random_schedule(s["dense.acc"], rng)
+        _random_schedule(s[out], rng)
+        s["dense.acc"].compute_at(s[out], rng.choice(s[out].leaf))
+    else:
+        stride = rng.choice([1, 2])
+        d, w = te.placeholder((1, 3, rng.randint(5, 10), 8), name="d"), te.placeholder((4, 3, 3, 3), name="w")
+        out = ops.conv2d_nchw(d, w, stride, 1)
+        inputs, ref = [d, w], lambda x, y: reference.conv2d_nchw(x, y, stride, 1)
+        s = te.create_schedule(out)
+        _random_schedule(s[out], rng)
+        _random_schedule(s["conv2d.pad"], rng)
+        s["conv2d.pad"].compute_at(s[out], rng.choice(s[out].leaf))
+    arrays = [RNG.standard_normal(t.shape).astype("float32") for t in inputs]
+    result = np.zeros(out.shape, "float32")
+    build(s, [*inputs, out])(*arrays, result)
+    np.testing.assert_allclose(result, ref(*arrays), rtol=1e-3, atol=1e-3, err_msg=json.dumps(s.steps))
