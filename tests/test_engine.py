@@ -352,3 +352,13 @@ def test_random_schedules_compute_what_numpy_computes(seed):
     result = np.zeros(out.shape, "float32")
     build(s, [*inputs, out])(*arrays, result)
     np.testing.assert_allclose(result, ref(*arrays), rtol=1e-3, atol=1e-3, err_msg=json.dumps(s.steps))
+
+
+def test_tile_is_two_splits_and_a_reorder():
+    data, weight, out = _dense(m=12, n=20)
+    s = te.create_schedule(out)
+    i, j = out.op.axis
+    io, jo, ii, ji = s[out].tile(i, j, 4, 8)
+    assert s[out].leaf == ["i.outer", "j.outer", "i.inner", "j.inner", "k"]
+    assert [step["kind"] for step in s.steps] == ["split", "split", "reorder"]
+    _check_dense(s, data, weight, out)

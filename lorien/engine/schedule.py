@@ -62,6 +62,14 @@ class Stage:
         step.update({"factor": factor} if factor is not None else {"nparts": nparts})
         return self.schedule.apply(step)
 
+    def tile(self, x: te.IterVar | str, y: te.IterVar | str, x_factor: int, y_factor: int):
+        """Split ``x`` and ``y`` and order them (x.outer, y.outer, x.inner, y.inner); recorded as
+        the split and reorder steps it is made of."""
+        xo, xi = self.split(x, factor=x_factor)
+        yo, yi = self.split(y, factor=y_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
     def reorder(self, *axes: te.IterVar | str) -> None:
         """Put the named leaves in this order (in the positions they occupy now)."""
         self.schedule.apply({"kind": "reorder", "stage": self.name, "axes": [self._name(a) for a in axes]})
