@@ -21,7 +21,7 @@ def _reference(cfg: Any, args: list[Any], x: np.ndarray, y: np.ndarray) -> list[
 
 @register_template("batch_matmul.x86", _reference)
 def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
-    """Register tiles over (M, N); the batch and row blocks run in parallel."""
+    """Register tiles over (M, N) with y packed by column blocks; batch and row blocks run in parallel."""
     (b, m, k_len), dtype = tensor_arg(x_arg, "batch_matmul x")
     (b2, n, k2), _ = tensor_arg(y_arg, "batch_matmul y")
     if k_len != k2 or b2 not in (1, b):
@@ -34,12 +34,20 @@ def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
     cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
     cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
 
+    bn = cfg["tile_x"].size[-1]
+    # y packed to [B, N/bn, K, bn]: the bn output columns of one k load as one vector.
+    packed = te.compute((b2, n // bn, k_len, bn), lambda pb, xo, kk, xi: y[pb, xo * bn + xi, kk], name="packed_y")
     k = te.reduce_axis(k_len, name="k")
     if b2 == 1:
-        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * y[0, j, k], axis=k), name="batch_matmul")
+        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * packed[0, j // bn, k, j % bn], axis=k),
+                         name="batch_matmul")
     else:
-        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * y[bb, j, k], axis=k), name="batch_matmul")
+        out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * packed[bb, j // bn, k, j % bn], axis=k),
+                         name="batch_matmul")
     s = te.create_schedule(out)
+    pb, pxo, _, pxi = s[packed].op.axis
+    s[packed].parallel(s[packed].fuse(pb, pxo))
+    vectorize_by_lanes(s[packed], pxi, bn)
     cache = s.cache_write(out, "local")
     bb, i, j = s[out].op.axis
     io, ii = cfg["tile_y"].apply(s, out, i)
