@@ -35,6 +35,7 @@ typedef void (*kernel_fn)(void **);
 
 #define MAX_THREADS 256
 #define SPIN_LIMIT 100000
+#define PARTS_PER_THREAD 4
 
 static int wanted_threads = 0, started_threads = 0;
 static atomic_uint generation;
@@ -128,9 +129,11 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     if (n <= 0) return;
     if (pthread_mutex_trylock(&pool_lock) != 0) { fn(ctx, 0, n); return; }
     start_pool();
-    int parts = wanted_threads < n ? wanted_threads : (int)n;
-    if (parts > started_threads + 1) parts = started_threads + 1;
-    if (parts <= 1) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
+    int threads = wanted_threads < started_threads + 1 ? wanted_threads : started_threads + 1;
+    if (threads <= 1 || n == 1) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
+    /* A few parts per thread: a thread that is descheduled (a shared machine) holds back at
+       most a small part while the others claim the rest. */
+    int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
     unsigned id = atomic_load(&generation) + 1;
     job_fn = fn; job_ctx = ctx; job_n = n; job_parts = parts; job_id = id;
     atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
