@@ -362,3 +362,18 @@ def test_tile_is_two_splits_and_a_reorder():
     assert s[out].leaf == ["i.outer", "j.outer", "i.inner", "j.inner", "k"]
     assert [step["kind"] for step in s.steps] == ["split", "split", "reorder"]
     _check_dense(s, data, weight, out)
+
+
+def test_elementwise_functions_casts_and_min_reduction_match_numpy():
+    a = te.placeholder((4, 16), name="a")
+    k = te.reduce_axis(16, name="k")
+    rowmin = te.compute((4,), lambda i: te.min(a[i, k], axis=k), name="rowmin")
+    out = te.compute((4, 16), lambda i, j: te.exp(a[i, j]) + te.sqrt(te.maximum(a[i, j], 0.0))
+                     + te.cast(te.cast(a[i, j] * 10.0, "int32"), "float32") + rowmin[i], name="out")
+    s = te.create_schedule(out)
+    s[out].vectorize(out.op.axis[1])
+    x = RNG.standard_normal((4, 16)).astype("float32")
+    y = np.zeros((4, 16), "float32")
+    build(s, [a, out])(x, y)
+    expected = np.exp(x) + np.sqrt(np.maximum(x, 0)) + np.trunc(x * 10).astype("float32") + x.min(axis=1, keepdims=True)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
