@@ -58,10 +58,14 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
     ry = te.reduce_axis(d["kh"], name="kh")
     rx = te.reduce_axis(d["kw"], name="kw")
     mult, sh, sw, dh, dw = d["mult"], d["sh"], d["sw"], d["dh"], d["dw"]
+    def channel(f):  # input channel and multiplier index of output channel f
+        return (f, 0) if mult == 1 else (f // mult, f % mult)
+
     conv = te.compute(
         (d["n"], oc, d["oh"], d["ow"]),
         lambda b, f, y, x: te.sum(
-            padded[b, f // mult, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw)] * kernel[f // mult, f % mult, ry, rx],
+            padded[b, channel(f)[0], scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw)]
+            * kernel[channel(f)[0], channel(f)[1], ry, rx],
             axis=[ry, rx]),
         name="depthwise_conv2d_nchw")
     s = te.create_schedule(conv)
