@@ -17,7 +17,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -137,39 +137,61 @@ def warm_up_store(store_uri: str | None) -> None:
         return  # a store that cannot be opened yet is reported by the jobs themselves
 
 
+class CommitGuard:
+    """Where the attempts of one job agree on who commits. This default trusts the store
+    alone; the dask manager's guard adds a scheduler-wide lock and memory of the outcome."""
+
+    def lock(self) -> AbstractContextManager[object]:
+        """Held around the check-then-commit of an attempt."""
+        return nullcontext()
+
+    def committed(self) -> int | None:
+        """Records committed by an earlier attempt of the job, or None if none is known."""
+        return None
+
+    def remember(self, records: int) -> None:
+        """Note that the job's records are committed."""
+
+
 def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
-                measure_slots: int | None = None) -> JobOutcome:
+                measure_slots: int | None = None, guard: CommitGuard | None = None) -> JobOutcome:
     """Run one attempt of one job on this worker and commit its records once.
 
     A LorienError (unknown dialect, a workload that cannot be built, a bad spec) becomes a
     permanent failure in the outcome; anything else propagates and the attempt is retried.
     """
+    guard = guard or CommitGuard()
     started = time.monotonic()
     outcome = JobOutcome(job_id=task.job_id, attempt=task.attempt, worker=worker_name())
     try:
-        if task.check_existing:
-            existing = committed_records(store_uri, task.job_id)
-            if existing:
-                outcome.records, outcome.reused = existing, True
-                outcome.elapsed_s = time.monotonic() - started
-                return outcome
+        existing = guard.committed()
+        if existing is None and task.check_existing:
+            existing = committed_records(store_uri, task.job_id) or None
+        if existing is not None:
+            outcome.records, outcome.reused = existing, True
+            outcome.elapsed_s = time.monotonic() - started
+            return outcome
         tag = source_tag(task.job_id)
         with measurement_slot(measure_slots):
             records = [record.with_changes(source=tag, record_id=record.record_id)
                        for record in (runner or dialect_runner)(task.spec, store_uri)]
         outcome.records = len(records)
         if store_uri is not None and records:
-            # A retried or resumed job may race an attempt thought lost (a dead master's
-            # worker still running): if that one committed while this one measured, keep its
-            # records, not ours.
-            existing = committed_records(store_uri, task.job_id) if task.check_existing else 0
-            if existing:
-                outcome.records, outcome.reused = existing, True
-            else:
-                from lorien.warehouse import open_store
+            with guard.lock():
+                # A retried or resumed job may race an attempt thought lost (a dead master's
+                # worker still running): if that one committed while this one measured,
+                # keep its records, not ours.
+                existing = guard.committed()
+                if existing is None and task.check_existing:
+                    existing = committed_records(store_uri, task.job_id) or None
+                if existing is not None:
+                    outcome.records, outcome.reused = existing, True
+                else:
+                    from lorien.warehouse import open_store
 
-                with open_store(store_uri) as store:
-                    store.commit(records, nbest=task.spec.get("commit_nbest"))
+                    with open_store(store_uri) as store:
+                        store.commit(records, nbest=task.spec.get("commit_nbest"))
+                guard.remember(outcome.records)
     except LorienError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     outcome.elapsed_s = time.monotonic() - started

@@ -7,9 +7,9 @@ task with it; Dask reports it as ``KilledWorker`` (a local cluster is started wi
 ``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
 the task that was running) and the master retries it itself, tracing each retry. Worker
 processes are not daemonic, so a job's measurement may start its own worker processes.
-A committed job's outcome is also kept in the scheduler's metadata, so a finished task that
-Dask recomputes (its result died with its worker) returns that outcome instead of measuring
-again. Measurement on one host is serialized by the per-host measurement slot
+Attempts of one job commit under a scheduler-wide lock and the scheduler remembers which
+jobs are committed, so a finished task that Dask recomputes (its result died with its worker)
+or a resumed master racing a dead master's running task never measures or commits twice. Measurement on one host is serialized by the per-host measurement slot
 (:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
 """
 
@@ -18,7 +18,15 @@ from __future__ import annotations
 from typing import Any
 
 from lorien.errors import ConfigError
-from lorien.tune.managers.base import Completion, JobManager, JobOutcome, Runner, Task, execute_job
+from lorien.tune.managers.base import (
+    CommitGuard,
+    Completion,
+    JobManager,
+    JobOutcome,
+    Runner,
+    Task,
+    execute_job,
+)
 
 
 class DaskManager(JobManager):
@@ -121,19 +129,32 @@ class DaskManager(JobManager):
 
 
 
+class SchedulerCommitGuard(CommitGuard):
+    """Attempts of one job on one Dask scheduler commit under a scheduler-wide lock, and the
+    committed record count is kept in the scheduler's metadata. A finished task that Dask
+    recomputes (its result died with its worker), or a resumed master's attempt racing a dead
+    master's still-running one, then finds it and measures or commits nothing again."""
+
+    def __init__(self, job_id: str):
+        from distributed import get_client
+
+        self.client = get_client()
+        self.job_id = job_id
+        self.metadata_key = ["lorien-job-committed", job_id]
+
+    def lock(self) -> Any:
+        from distributed import Lock
+
+        return Lock(f"lorien-commit-{self.job_id}")
+
+    def committed(self) -> int | None:
+        return self.client.get_metadata(self.metadata_key, default=None)
+
+    def remember(self, records: int) -> None:
+        self.client.set_metadata(self.metadata_key, records)
+
+
 def run_dask_task(task: Task, store_uri: str | None, runner: Runner | None,
                   measure_slots: int | None) -> JobOutcome:
-    """One attempt on a Dask worker. The outcome of a committed job is kept in the scheduler's
-    metadata: Dask recomputes a finished task whose result died with its worker, and that
-    recomputation then returns the stored outcome instead of measuring again."""
-    from distributed import get_client
-
-    client = get_client()
-    metadata_key = ["lorien-job-outcome", task.job_id]
-    committed = client.get_metadata(metadata_key, default=None)
-    if committed is not None:
-        return JobOutcome(**{**committed, "attempt": task.attempt, "reused": True})
-    outcome = execute_job(task, store_uri, runner, measure_slots)
-    if not outcome.error:
-        client.set_metadata(metadata_key, outcome.to_dict())
-    return outcome
+    """One attempt on a Dask worker, guarded by the scheduler (see SchedulerCommitGuard)."""
+    return execute_job(task, store_uri, runner, measure_slots, guard=SchedulerCommitGuard(task.job_id))
