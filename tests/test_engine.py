@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lorien.engine import ScheduleError, build, lower, ops, reference, runtime, te
+from lorien.errors import LorienError
 
 RNG = np.random.default_rng(1)
 
@@ -377,3 +378,36 @@ def test_elementwise_functions_casts_and_min_reduction_match_numpy():
     build(s, [a, out])(x, y)
     expected = np.exp(x) + np.sqrt(np.maximum(x, 0)) + np.trunc(x * 10).astype("float32") + x.min(axis=1, keepdims=True)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_c_renderer_compiles_the_same_program_to_the_same_answer(stride):
+    data, kern = te.placeholder((1, 3, 9, 9), name="data"), te.placeholder((32, 3, 3, 3), name="kernel")
+    bias = te.placeholder((32,), name="bias")
+    out = ops.conv2d_nchw(data, kern, stride, 1, bias=bias, relu=True)
+    s = te.create_schedule(out)
+    s["conv2d.pad"].compute_inline()
+    acc = s["conv2d.acc"]
+    n, f, y, x = s[out].op.axis
+    fo, fi = s[out].split(f, factor=16)
+    s[out].reorder(n, fo, y, x, fi)
+    s[out].parallel(fo)
+    s[out].vectorize(fi)
+    acc.compute_at(s[out], x)
+    _, af, _, _ = acc.op.axis
+    acc.reorder(*acc.op.reduce_axis, af)
+    acc.vectorize(af)
+    arrays = [RNG.standard_normal(t.shape).astype("float32") for t in (data, kern, bias)]
+    expected = reference.conv2d_nchw(*arrays[:2], stride, 1, bias=arrays[2], relu=True)
+    for target in ("llvm", "c"):
+        kernel = build(s, [data, kern, bias, out], target=target)
+        result = np.zeros(out.shape, "float32")
+        kernel(*arrays, result)
+        np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4, err_msg=target)
+    assert kernel.ir_text.startswith("#include") and "#pragma omp parallel for" in kernel.ir_text
+
+
+def test_unknown_build_target_is_rejected():
+    _, _, out = _dense(m=4, n=4, k=4)
+    with pytest.raises(LorienError, match="'cuda'"):
+        build(te.create_schedule(out), list(out.op.input_tensors()) + [out], target="cuda")

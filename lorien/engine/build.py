@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from lorien.engine import runtime, te
+from lorien.engine.codegen import c as c_codegen
 from lorien.engine.codegen import llvm as llvm_codegen
 from lorien.engine.lower import Program, lower
 from lorien.engine.schedule import Schedule
@@ -87,17 +88,27 @@ class Kernel:
 
 
 def build(s: Schedule, args: list[te.Tensor], target: str | None = None, name: str = "kernel") -> Kernel:
-    """Compile schedule ``s`` into a host kernel taking ``args`` (numpy arrays) in order."""
-    if target is not None and parse_target(target).kind != "llvm":
-        raise LorienError(f"build: target {target!r} is not a CPU (llvm) target; only llvm is supported here")
-    program = lower(s, args, name)
-    return build_program(program)
+    """Compile schedule ``s`` into a host kernel taking ``args`` (numpy arrays) in order.
+
+    ``target``: None or an ``llvm ...`` string (LLVM JIT for the host CPU), or ``"c"`` (C source
+    compiled with the system C compiler).
+    """
+    kind = "llvm" if target is None else parse_target(target).kind
+    if kind not in ("llvm", "c"):
+        raise LorienError(f"build: target {target!r} is not a CPU target; supported kinds are 'llvm' and 'c'")
+    return build_program(lower(s, args, name), kind)
 
 
-def build_program(program: Program) -> Kernel:
-    """JIT-compile an already lowered program (compile cache keyed by the IR hash)."""
+def build_program(program: Program, kind: str = "llvm") -> Kernel:
+    """Compile an already lowered program with the ``llvm`` (JIT) or ``c`` (C compiler) renderer.
+
+    Both are cached by the hash of the generated code. ``kernel.ir_text`` is that code.
+    """
     digest = hashlib.sha256(str(program).encode()).hexdigest()[:16]
     fn_name = f"{program.name}_{digest}"
+    if kind == "c":
+        source = c_codegen.render(program, fn_name)
+        return Kernel(program, c_codegen.compile_c(source, fn_name), source, fn_name)
     ir_text = llvm_codegen.render(program, fn_name)
     address = llvm_codegen.compile_ir(ir_text, fn_name)
     return Kernel(program, address, ir_text, fn_name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -181,6 +182,13 @@ def cache_dir() -> Path:
     return path
 
 
+def install(built: Path, target: Path) -> None:
+    """Move a freshly built file into the cache atomically (readers never see half a file)."""
+    staging = target.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(built, staging)
+    os.replace(staging, target)
+
+
 def library() -> ctypes.CDLL:
     """The loaded runtime library, compiling it on first use."""
     global _LIB
@@ -198,8 +206,7 @@ def library() -> ctypes.CDLL:
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeBuildError(f"compiling the runtime with {compiler!r} failed:\n{proc.stderr}")
-            os.replace(out, so_path.with_suffix(f".{os.getpid()}.tmp"))
-            os.replace(so_path.with_suffix(f".{os.getpid()}.tmp"), so_path)
+            install(out, so_path)
     lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_GLOBAL)
     lib.lorien_time.restype = ctypes.c_double
     lib.lorien_time.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
