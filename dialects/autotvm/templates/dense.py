@@ -58,11 +58,11 @@ def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, o
     final = _with_bias(out, bias)
     s = te.create_schedule(final)
 
-    # The register tile of the accumulation is tile_y[-1] x tile_x[-1].
     # Weight packing: parallel over column blocks, vector stores.
+    # The register tile of the accumulation is tile_y[-1] x tile_x[-1].
     xo, kk, xi = s[packed].op.axis
     s[packed].parallel(xo)
-    s[packed].vectorize(xi)
+    vectorize_by_lanes(s[packed], xi, bn)
 
     cache = s.cache_write(out, "local")
     if bias is not None:
