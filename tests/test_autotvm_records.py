@@ -81,3 +81,27 @@ def test_apply_config_accepts_an_index_and_commits_when_asked(store_uri):
     assert applied.record.is_valid
     with open_store(store_uri) as store:
         assert store.scan().column("record_id").to_pylist() == [applied.record.record_id]
+
+
+def test_cli_apply_measures_a_config_given_by_workload_key():
+    import subprocess
+    import sys
+
+    key = "dense_pack.x86#_TENSOR__8_16__float32_#_TENSOR__16_16__float32_#None#float32"
+    config = '[["tile_y","sp",[-1,1,8]],["tile_x","sp",[-1,1,16]],["tile_k","sp",[-1,4]]]'
+    proc = subprocess.run([sys.executable, "-m", "lorien.cli", "apply", "--workload-key", key, "--config", config,
+                           "--measure", '{"build_timeout_s": 60}'], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "GFLOPS" in proc.stdout and '"tile_x", "sp", [-1, 1, 16]' in proc.stdout
+
+
+def test_cli_apply_rejects_a_config_outside_the_space():
+    import subprocess
+    import sys
+
+    key = "dense_pack.x86#_TENSOR__8_16__float32_#_TENSOR__16_16__float32_#None#float32"
+    config = '[["tile_y","sp",[-1,1,3]],["tile_x","sp",[-1,1,16]],["tile_k","sp",[-1,4]]]'
+    proc = subprocess.run([sys.executable, "-m", "lorien.cli", "apply", "--workload-key", key, "--config", config],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "tile_y" in proc.stderr
