@@ -7,8 +7,9 @@ Featurization runs on a parquet store of synthetic AutoTVM records made from the
 logs (each base record varied in batch size, config index, cost and timestamp). Peak memory
 is the largest summed RSS of the featurizing process and its workers, sampled with psutil.
 
-Zero-shot: a training set is tuned with the random tuner on this machine (dense workloads),
-featurized and used to train an XGBoost ranking model; for each held-out workload the model's
+Zero-shot: a training set is measured on this machine (36 dense workloads, each swept by the
+random tuner and tuned by the xgb tuner, as a warehouse of tuning logs holds), featurized and
+used to train an XGBoost ranking model; for each held-out workload the model's
 top-5 proposals are measured and compared with the same workload tuned with 300 trials (xgb
 tuner), and with 5 random configs of its space. Ratios are throughput / tuned throughput.
 The last line is the key=value summary.
@@ -35,7 +36,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("LORIEN_SHARED_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO))
 
-TRAIN_SHAPES = [(m, n, k) for m in (1, 16, 64) for n in (128, 256, 512) for k in (128, 512)]
+#: Training workloads: both dense templates (M < 16 is dense_nopack), dimensions with and
+#: without a factor of 3. The held-out workloads share no (M, N, K) with them.
+TRAIN_SHAPES = [(m, n, k) for m in (1, 4, 16, 64) for n in (96, 256, 768) for k in (128, 320, 512)]
 HELD_OUT = [(32, 384, 256), (8, 256, 384), (48, 512, 192)]
 
 
@@ -130,7 +133,7 @@ def best_gflops(records: list) -> float:
     return max(values) if values else 0.0
 
 
-def zero_shot(work: Path, train_trials: int, tune_trials: int, held_out: list, train_shapes: list) -> dict:
+def zero_shot(work: Path, train_trials: tuple[int, int], tune_trials: int, held_out: list, train_shapes: list) -> dict:
     from lorien.costmodel import load_cost_model, train_cost_model
     from lorien.costmodel.zeroshot import measure_proposals, propose, sample_indices
     from lorien.dialect import get_dialect
@@ -139,10 +142,15 @@ def zero_shot(work: Path, train_trials: int, tune_trials: int, held_out: list, t
 
     train_uri = f"parquet:{work / 'train-store'}"
     start = time.perf_counter()
+    random_trials, tuned_trials = train_trials
     for i, shape in enumerate(train_shapes):
-        tune_workload(dense_job(*shape, "random", train_trials, i), train_uri, log_dir=work / "logs", progress=False)
-    log(f"zero-shot: training set of {len(train_shapes)} workloads x {train_trials} trials "
-        f"in {time.perf_counter() - start:.0f}s")
+        # What a warehouse holds: a random sweep of the space and a model-based tuning run.
+        tune_workload(dense_job(*shape, "random", random_trials, i), train_uri, log_dir=work / "logs",
+                      progress=False)
+        tune_workload(dense_job(*shape, "xgb", tuned_trials, 1000 + i), train_uri, log_dir=work / "logs",
+                      progress=False)
+    log(f"zero-shot: training set of {len(train_shapes)} workloads x ({random_trials} random + "
+        f"{tuned_trials} xgb-tuned) trials in {time.perf_counter() - start:.0f}s")
     featurize(work / "features", store=train_uri, jobs=2, progress=False)
     train_cost_model(work / "features", work / "model", kind="xgb-rank", folds=3, baseline=None, plots=False,
                      progress=False)
@@ -203,6 +211,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--jobs", type=int, default=2, help="featurization workers")
     parser.add_argument("--skip-zeroshot", action="store_true", help="only featurization")
+    parser.add_argument("--skip-featurize", action="store_true", help="only zero-shot")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
     args = parser.parse_args()
 
@@ -211,11 +220,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lorien-bench-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
-        speed_uri = synthetic_store(work / "speed-store", speed_records)
-        rps = featurize_run(speed_uri, work / "speed-features", args.jobs)["rps"]
-        memory_uri = synthetic_store(work / "memory-store", memory_records)
-        peak = featurize_run(memory_uri, work / "memory-features", args.jobs)["peak_mib"]
+        rps = peak = math.nan
+        if args.skip_featurize:
+            log("featurize: skipped (--skip-featurize)")
+        else:
+            log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
+            speed_uri = synthetic_store(work / "speed-store", speed_records)
+            rps = featurize_run(speed_uri, work / "speed-features", args.jobs)["rps"]
+            memory_uri = synthetic_store(work / "memory-store", memory_records)
+            peak = featurize_run(memory_uri, work / "memory-features", args.jobs)["peak_mib"]
 
         values = {"zeroshot_top1": math.nan, "zeroshot_best5": math.nan, "time_ratio": math.nan,
                   "random_best5": math.nan}
@@ -226,9 +239,9 @@ def main() -> int:
             log(f"zero-shot: skipped, the engine cannot measure here ({missing})")
         else:
             held_out = HELD_OUT[:1] if args.quick else HELD_OUT
-            train_shapes = TRAIN_SHAPES[::3] if args.quick else TRAIN_SHAPES
-            result = zero_shot(work, train_trials=16 if args.quick else 48, tune_trials=48 if args.quick else 300,
-                               held_out=held_out, train_shapes=train_shapes)
+            train_shapes = TRAIN_SHAPES[::4] if args.quick else TRAIN_SHAPES
+            result = zero_shot(work, train_trials=(8, 16) if args.quick else (32, 64),
+                               tune_trials=48 if args.quick else 300, held_out=held_out, train_shapes=train_shapes)
             (work / "zeroshot.json").write_text(json.dumps(result, indent=2))
             values.update({k: result[k] for k in values})
     log(f"featurize_rps={rps:.0f} peak_mib_2m={peak:.0f} zeroshot_top1={values['zeroshot_top1']:.3f} "

@@ -83,7 +83,7 @@ def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
 
 
 def propose(model: CostModel, workload_key: str | None = None, task_name: str | None = None,
-            args: Sequence[Any] | None = None, topk: int = 5, samples: int = 4096, seed: int = 0,
+            args: Sequence[Any] | None = None, topk: int = 5, samples: int = 16384, seed: int = 0,
             dialect: str = "autotvm") -> list[Proposal]:
     """The ``topk`` configs the model scores best among ``samples`` sampled from the space."""
     from lorien.dialect import get_dialect
@@ -154,7 +154,7 @@ class ZeroShotResult:
 
 def zero_shot(model: CostModel | str, workload_key: str | None = None, target: str = "llvm",
               task_name: str | None = None, args: Sequence[Any] | None = None, topk: int = 5,
-              measure_top: int = 0, samples: int = 4096, store_uri: str | None = None,
+              measure_top: int = 0, samples: int = 16384, store_uri: str | None = None,
               measure: dict[str, Any] | None = None, seed: int = 0, dialect: str = "autotvm") -> ZeroShotResult:
     """Propose ``topk`` configs; measure and commit the best ``measure_top`` of them."""
     if not isinstance(model, CostModel):
