@@ -133,3 +133,10 @@ def test_tophub_conv2d_nchwc_indices_are_reproduced(shared_data):
         assert config.index == row["config"]["index"], line
         checked += 1
     assert checked == 35
+
+
+def test_define_split_returns_the_same_axes_when_defining_and_when_applying():
+    space = ConfigSpace()
+    defined = space.define_split("tile", 32, num_outputs=3)
+    applied = space.get(0).define_split("tile", 32, num_outputs=3)
+    assert len(defined) == len(applied) == 3

@@ -337,8 +337,9 @@ class ConfigEntity:
 
     # Defining knobs on a concrete config is a no-op, so one template function serves both
     # space definition and schedule application (as in AutoTVM).
-    def define_split(self, name: str, axis: Any, **kwargs: Any) -> list[Any]:
-        return [axis]
+    def define_split(self, name: str, axis: Any, num_outputs: int = 2, **kwargs: Any) -> list[Any]:
+        length = axis_length(axis)
+        return [VirtualAxis(length, f"{name}.{i}") for i in range(num_outputs)]
 
     def define_knob(self, name: str, candidates: Sequence[Any]) -> None:
         return None
