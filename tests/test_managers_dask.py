@@ -36,10 +36,12 @@ def _wait_for_workers(address: str, count: int, timeout_s: float = 60.0) -> None
         client.wait_for_workers(count, timeout=timeout_s)
 
 
-@pytest.fixture
-def dask_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
     """A `dask scheduler` and two `dask worker` processes on 127.0.0.1 (allowed-failures 0, so
-    a dead worker's task comes back to the master at once)."""
+    a dead worker's task comes back to the master at once). Shared by a module's tests: their
+    jobs differ (each test's log_dir is in its specs), so their ids and scheduler state do too."""
+    tmp_path = tmp_path_factory.mktemp("dask")
     env = {**os.environ,
            "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0",
            "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0",
