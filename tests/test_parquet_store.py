@@ -305,3 +305,184 @@ def test_records_with_ids_of_any_length_are_deduplicated_on_read(root):
     assert sum(pq.read_table(path).num_rows for path in parquet_files(root)) == 6
     assert sorted(first.scan(columns=["record_id"]).column("record_id").to_pylist()) == [
         "custom-0", "custom-1", "custom-2"]
+
+
+# ---- commits are all-or-nothing: writers stopped and killed between two publications ----------
+
+# A writer whose one commit spans two layouts (two record files) and one target key (one
+# serving file); PAUSE_ENV makes it stop at a named point of the publication until SIGUSR1.
+CRASH_WRITER = f"""
+import sys
+sys.path.insert(0, {str(TESTS_DIR)!r})
+from lorien.warehouse import open_store
+from test_store_contract import workload_records
+store = open_store(sys.argv[1])
+result = store.commit(workload_records("conv#a", 6, layout="NCHW", base_s=5e-6, first_index=100) +
+                      workload_records("conv#a", 6, layout="NHWC", base_s=5e-6, first_index=100))
+print("committed", result.stored, flush=True)
+"""
+CRASH_POINTS = ["serving:1", "record:1"]
+
+
+def crash_records() -> list:
+    return (workload_records("conv#a", 6, layout="NCHW", base_s=5e-6, first_index=100) +
+            workload_records("conv#a", 6, layout="NHWC", base_s=5e-6, first_index=100))
+
+
+def paused_writer(uri: str, point: str) -> subprocess.Popen:
+    """A writer process stopped at ``point`` of its commit's publication (started, and waited for)."""
+    from lorien.warehouse.parquet import PAUSE_ENV
+
+    writer = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, PAUSE_ENV: point})
+    line = writer.stderr.readline()
+    if line.strip() != f"lorien: paused at {point}":
+        writer.kill()
+        raise AssertionError(f"writer did not stop at {point}: {line}{writer.stderr.read()}")
+    return writer
+
+
+def kill(writer: subprocess.Popen) -> None:
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+
+
+def answers(uri: str) -> tuple:
+    """What a fresh reader sees: every record id, the best of each layout, stats, workloads."""
+    reader = open_store(uri)
+    ids = reader.scan(columns=["record_id"]).column("record_id").to_pylist()
+    best = [(record.record_id, record.cost_s) for record in reader.best("conv#a", SKYLAKE, k=20, per_layout=True)]
+    stats = reader.stats()
+    return (sorted(ids), len(ids), best, stats["records"], stats["files"], stats["serving_files"],
+            reader.workloads())
+
+
+def raw_rows(root: Path) -> int:
+    """Rows in every record file on disk, as a reader that knows nothing of commits counts them."""
+    return sum(pq.read_metadata(path).num_rows for path in parquet_files(root))
+
+
+def commit_earlier(store) -> None:
+    store.commit(workload_records("conv#a", 4, layout="NCHW") + workload_records("dense#b", 3))
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_writer_killed_between_two_publications_leaves_nothing_of_its_commit_visible(store, root, point):
+    commit_earlier(store)
+    before = answers(store.uri)
+    files_before = len(parquet_files(root)) + len(parquet_files(root, "best"))
+    writer = paused_writer(store.uri, point)
+    try:
+        on_disk = len(parquet_files(root)) + len(parquet_files(root, "best"))
+        assert on_disk > files_before  # part of the commit is in place ...
+        assert answers(store.uri) == before  # ... and no reader sees it
+        assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)  # a warm reader neither
+    finally:
+        kill(writer)
+    assert answers(store.uri) == before
+    assert len(set(before[0])) == before[1] == 7
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_later_commit_stores_the_records_of_a_killed_commit_once(store, root, point):
+    commit_earlier(store)
+    kill(paused_writer(store.uri, point))
+    retry = open_store(store.uri).commit(crash_records())
+    assert retry.stored == 12  # the killed commit's records do not count as stored
+    ids = store.scan(columns=["record_id"]).column("record_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 7 + 12
+    best = store.best("conv#a", SKYLAKE, k=2, per_layout=True)
+    assert [(record.layout, record.cost_s) for record in best] == [
+        ("NCHW", pytest.approx(5e-6 * 101)), ("NCHW", pytest.approx(5e-6 * 102)),
+        ("NHWC", pytest.approx(5e-6 * 101)), ("NHWC", pytest.approx(5e-6 * 102))]
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_compaction_deletes_an_abandoned_commit_and_keeps_every_answer(store, root, point, monkeypatch):
+    from lorien.warehouse import parquet
+
+    commit_earlier(store)
+    kill(paused_writer(store.uri, point))
+    before = answers(store.uri)
+    store.compact()  # the leftover is younger than the grace period: kept, still invisible
+    assert raw_rows(root) > before[1] or point == "serving:1"
+    assert answers(store.uri)[:4] == before[:4]
+    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    summary = store.compact()
+    assert summary["abandoned_files_removed"] >= 1
+    assert answers(store.uri)[:4] == before[:4]
+    assert raw_rows(root) == before[1]  # nothing on disk but the visible records
+    assert [path.name for path in parquet_files(root, "best")] == [
+        path.name for path in parquet_files(root, "best") if path.name.endswith("-of0.parquet")]
+
+
+def test_a_later_commit_deletes_abandoned_commits_only_after_the_grace_period(store, root, monkeypatch):
+    from lorien.warehouse import parquet
+
+    commit_earlier(store)
+    kill(paused_writer(store.uri, "record:1"))
+    leftovers = raw_rows(root) - 7
+    assert leftovers > 0
+    store.commit(workload_records("dense#c", 1))
+    assert raw_rows(root) == 7 + 1 + leftovers  # too young to be called abandoned
+    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    store.commit(workload_records("dense#c", 1, first_index=1))
+    assert raw_rows(root) == 7 + 2
+    assert len(parquet_files(root, "best")) == 3
+
+
+def test_a_stalled_writer_resumed_after_its_commit_was_removed_never_makes_it_visible(store, root, monkeypatch):
+    from lorien.warehouse import parquet
+
+    commit_earlier(store)
+    before = answers(store.uri)
+    writer = paused_writer(store.uri, "record:1")
+    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    assert store.compact()["abandoned_files_removed"] == 2  # its serving file and first record file
+    writer.send_signal(signal.SIGUSR1)
+    out, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert out.startswith("committed 12")  # the writer believes it committed ...
+    assert raw_rows(root) == 7 + 6  # ... and its last record file is on disk ...
+    assert answers(store.uri)[:4] == before[:4]  # ... but no reader sees it
+
+
+def test_a_reader_that_saw_a_commit_half_published_sees_all_of_it_once_it_is_published(store):
+    commit_earlier(store)
+    writer = paused_writer(store.uri, "serving:1")
+    assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)  # indexed, still not visible
+    writer.send_signal(signal.SIGUSR1)
+    assert writer.wait(timeout=60) == 0, writer.stderr.read()
+    assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(5e-6 * 101)
+    assert store.scan().num_rows == 7 + 12
+
+
+def test_a_writer_killed_mid_commit_on_s3_leaves_nothing_of_its_commit_visible(moto_server, s3_bucket, s3_client):
+    uri = f"parquet:s3://{s3_bucket}/lorien?endpoint_url={moto_server}"
+    commit_earlier(open_store(uri))
+    before = answers(uri)
+    kill(paused_writer(uri, "record:1"))
+    keys = [item["Key"] for item in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    records = [key for key in keys if key.startswith("lorien/records/")]
+    assert len(records) == 2 and any(key.endswith("-1of2.parquet") for key in records)  # earlier, killed
+    assert answers(uri) == before
+    assert open_store(uri).commit(crash_records()).stored == 12
+    assert answers(uri)[1] == 7 + 12
+
+
+def test_compaction_rewrites_a_file_left_alone_in_its_partition_by_a_many_file_commit(store, root):
+    store.commit(workload_records("conv#a", 3, layout="NCHW") + workload_records("conv#a", 3, layout="NHWC"))
+    store.commit(workload_records("conv#a", 3, layout="NCHW", first_index=3))
+    before = answers(store.uri)
+    store.compact()
+    assert answers(store.uri)[:4] == before[:4]
+    assert len(parquet_files(root)) == 2
+    assert all(path.name.endswith("-1of1.parquet") for path in parquet_files(root))
+
+
+def test_a_commit_with_a_record_file_missing_shows_none_of_its_records(store, root):
+    store.commit(workload_records("conv#a", 3, layout="NCHW") + workload_records("conv#a", 3, layout="NHWC"))
+    parquet_files(root)[0].unlink()
+    assert open_store(store.uri).scan().num_rows == 0
+    assert open_store(store.uri).best("conv#a", SKYLAKE) == []

@@ -2,21 +2,36 @@
 
 Layout under the root (Hive partitioning, readable by pandas, DuckDB or Spark)::
 
-    records/target_key=<k>/layout=<l>/part-<uuid>.parquet    every record (append-only)
-    best/target_key=<k>/part-n<nbest>-<uuid>.parquet          serving view: best nbest valid
+    records/target_key=<k>/layout=<l>/part-<commit>-<i>of<n>.parquet   every record (append-only)
+    best/target_key=<k>/part-n<nbest>-<commit>-of<n>.parquet            serving view: best nbest valid
                                                              records per (target, workload, layout)
     _staging/                                                files being written (never read)
 
-Each file is published atomically: written under ``_staging/`` and renamed into place on a
-local disk (fsync'd first with ``?fsync=true``); on S3 one PUT of the whole file is the
-publication (a multi-batch transaction stages objects and copies them into place at the
-end). A writer killed mid-commit leaves only complete files behind. Commits never rewrite a file,
-so concurrent writers cannot lose each other's records. A commit skips records whose
-``record_id`` it already sees in the store; two writers racing on the same record may both
-store it, and every read removes such duplicates by ``record_id`` (compaction removes them
-for good). The serving view is the union of each commit's own best ``nbest`` per group,
-which always contains the true best ``nbest`` of every group; a commit that finds more than
-:data:`SERVING_MERGE_FILES` serving files for a target key folds them into one.
+Publication. Every file is published atomically: written under ``_staging/`` and renamed into
+place on a local disk (fsync'd first with ``?fsync=true``); on S3 one PUT of the whole file (or
+a copy of a staged object) is the publication. A commit publishes several files, one at a
+time, so a commit is made all-or-nothing by the names: each of its ``n`` record files is named
+``part-<commit>-<i>of<n>`` and each of its serving files ``part-n<depth>-<commit>-of<n>``. A
+commit is *complete* when all ``n`` of its record files are listed, and readers (``scan``,
+``best``, ``stats``, ``workloads``, compaction, a commit's duplicate check) see only the files
+of complete commits. A commit publishes its serving files first and its record files last,
+so its serving rows appear exactly when its records do; a writer killed anywhere in between
+leaves an incomplete commit that no reader sees. A serving file named ``-of0`` (written by a
+serving merge or compaction) stands alone, as does a file without a commit in its name.
+
+An incomplete commit whose newest file is older than :data:`ABANDONED_COMMIT_S` is the
+leftover of a killed writer: the next commit or compaction deletes its files. Deleting any
+file of a commit makes it incomplete for good, so a stalled writer that wakes up after that
+can never make it visible. Compaction publishes its merged files before it deletes the ones
+they replace; each merged record file is its own one-file commit.
+
+Commits never rewrite a file, so concurrent writers cannot lose each other's records. A
+commit skips records whose ``record_id`` it already sees in the store; two writers racing on
+the same record may both store it, and every read removes such duplicates by ``record_id``
+(compaction removes them for good). The serving view is the union of each commit's own best
+``nbest`` per group, which always contains the true best ``nbest`` of every group; a commit
+that finds more than :data:`SERVING_MERGE_FILES` serving files for a target key folds them
+into one.
 
 ``best()`` answers from an in-memory index of the serving view, built once per process
 and target key and rebuilt when the list of serving files changes.
@@ -25,7 +40,9 @@ and target key and rebuilt when the list of serving files changes.
 from __future__ import annotations
 
 import bisect
+import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -62,6 +79,13 @@ S3_REFRESH_INTERVAL_S = 1.0
 SERVING_MERGE_FILES = 32
 #: Staged files older than this are leftovers of killed writers; compaction deletes them.
 STALE_STAGING_S = 3600.0
+#: An incomplete commit whose newest file is older than this was abandoned by a killed writer;
+#: the next commit or compaction deletes it. Publishing a commit takes far less than this.
+ABANDONED_COMMIT_S = 3600.0
+#: Test hook: a point of the publication (``serving:<i>`` after the i-th serving file,
+#: ``record:<i>`` after the i-th record file) where a writer stops until SIGUSR1, so a test can
+#: kill it there. Unset in normal use.
+PAUSE_ENV = "LORIEN_PARQUET_PAUSE_AT"
 _READ_RETRIES = 3
 
 
@@ -102,6 +126,66 @@ def _serving_depth(rel_path: str) -> int:
         raise StoreError(f"serving file with a malformed name: {rel_path!r}") from exc
 
 
+def _commit_of(rel_path: str) -> tuple[str, int] | None:
+    """(commit id, number of record files of that commit) from a file name; None for a file
+    that stands alone (a serving file named ``-of0``, or a file without a commit in its name)."""
+    pieces = rel_path.rsplit("/", 1)[-1].removesuffix(".parquet").split("-")
+    if len(pieces) < 3 or "of" not in pieces[-1]:
+        return None
+    try:
+        count = int(pieces[-1].rpartition("of")[2])
+    except ValueError as exc:
+        raise StoreError(f"store file with a malformed name: {rel_path!r}") from exc
+    return (pieces[-2], count) if count else None
+
+
+def _complete_commits(record_files: Iterable[str]) -> set[str]:
+    """Ids of the commits all of whose record files are in ``record_files``."""
+    seen: dict[str, int] = {}
+    wanted: dict[str, int] = {}
+    for rel in record_files:
+        commit = _commit_of(rel)
+        if commit is not None:
+            seen[commit[0]] = seen.get(commit[0], 0) + 1
+            wanted[commit[0]] = commit[1]
+    return {commit for commit, count in seen.items() if count >= wanted[commit]}
+
+
+def _published(files: dict[str, int], complete: set[str]) -> dict[str, int]:
+    """The files that stand alone or belong to a complete commit."""
+    visible = {}
+    for rel, size in files.items():
+        commit = _commit_of(rel)
+        if commit is None or commit[0] in complete:
+            visible[rel] = size
+    return visible
+
+
+class _Resume(Exception):
+    """Raised by the SIGUSR1 handler of :func:`_pause_point` to end the pause."""
+
+
+def _pause_point(name: str) -> None:
+    """Test hook: when :data:`PAUSE_ENV` names this point, say so on stderr and sleep until
+    SIGUSR1 (then go on) or a kill."""
+    if os.environ.get(PAUSE_ENV) != name:
+        return
+    import signal
+
+    def resume(signum: int, frame: object) -> None:
+        raise _Resume
+
+    previous = signal.signal(signal.SIGUSR1, resume)
+    try:
+        sys.stderr.write(f"lorien: paused at {name}\n")
+        sys.stderr.flush()
+        time.sleep(3600)
+    except _Resume:
+        pass
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 # ---- file systems ---------------------------------------------------------------------------
 
 class _LocalFiles:
@@ -120,8 +204,9 @@ class _LocalFiles:
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise StoreUnreachableError(f"store path {self.root!r} exists but is not a directory")
 
-    def list(self, sub: str) -> dict[str, int]:
-        """Published parquet files under ``sub``: relative path -> size in bytes."""
+    def list(self, sub: str, sizes: bool = True) -> dict[str, int]:
+        """Published parquet files under ``sub``: relative path -> size in bytes (0 for every
+        file without ``sizes``, which saves a stat per file)."""
         self.check_readable()
         found: dict[str, int] = {}
         base = self._path(sub)
@@ -140,7 +225,7 @@ class _LocalFiles:
                 if entry.is_dir():
                     stack.append((entry.path, f"{rel}/{entry.name}"))
                 elif entry.name.endswith(".parquet"):
-                    found[f"{rel}/{entry.name}"] = entry.stat().st_size
+                    found[f"{rel}/{entry.name}"] = entry.stat().st_size if sizes else 0
         return found
 
     def names(self, sub: str) -> list[str]:
@@ -175,6 +260,7 @@ class _LocalFiles:
     def publish(self, staged: str, rel: str) -> None:
         target = self._path(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.utime(self._path(staged))  # a file's age counts from its publication
         os.rename(self._path(staged), target)
 
     def write(self, table: pa.Table, rel: str, row_group_size: int | None = None) -> None:
@@ -185,6 +271,17 @@ class _LocalFiles:
             os.remove(self._path(rel))
         except FileNotFoundError:
             pass
+
+    def ages(self, rels: Iterable[str]) -> dict[str, float]:
+        """Seconds since each file was last written (files that are gone are left out)."""
+        now = time.time()
+        found = {}
+        for rel in rels:
+            try:
+                found[rel] = now - os.stat(self._path(rel)).st_mtime
+            except FileNotFoundError:
+                continue
+        return found
 
     def stale_staged(self, older_than_s: float) -> list[str]:
         staging = self._path(STAGING_DIR)
@@ -241,7 +338,7 @@ class _S3Files:
             raise StoreUnreachableError(f"bucket {self.bucket!r} of s3://{self.root} does not exist")
         self._bucket_checked = True
 
-    def list(self, sub: str) -> dict[str, int]:
+    def list(self, sub: str, sizes: bool = True) -> dict[str, int]:
         self.check_readable()
         selector = self._fs_module.FileSelector(f"{self.root}/{sub}", recursive=True, allow_not_found=True)
         try:
@@ -308,6 +405,17 @@ class _S3Files:
             pass
         except OSError as exc:
             raise self._unreachable(f"delete {rel}", exc) from exc
+
+    def ages(self, rels: Iterable[str]) -> dict[str, float]:
+        """Seconds since each object was last written (objects that are gone are left out)."""
+        rels = list(rels)
+        try:
+            infos = self.fs.get_file_info([f"{self.root}/{rel}" for rel in rels])
+        except OSError as exc:
+            raise self._unreachable("list", exc) from exc
+        now = time.time()
+        return {rel: now - info.mtime.timestamp() for rel, info in zip(rels, infos, strict=True)
+                if info.type == self._fs_module.FileType.File and info.mtime is not None}
 
     def stale_staged(self, older_than_s: float) -> list[str]:
         selector = self._fs_module.FileSelector(f"{self.root}/{STAGING_DIR}", allow_not_found=True)
@@ -588,15 +696,22 @@ class _ServingIndex:
 
 @dataclass
 class _PendingFile:
-    staged: str
-    final: str
+    """A file of a commit not yet published: its directory, its serving depth (None for a record
+    file), and either its staged copy or, where one PUT publishes it (S3), the table itself."""
+
+    directory: str
+    depth: int | None
+    staged: str | None = None
+    table: pa.Table | None = None
+    row_group_size: int | None = None
 
 
 class ParquetCommit:
     """One commit, possibly of many batches: files are staged and published at :meth:`finish`.
 
     With ``publish_each_batch`` (the default for :meth:`ParquetStore.commit`) each batch is
-    published as soon as it is written, which keeps memory bounded for long ingests.
+    published as soon as it is written, as a commit of its own, which keeps memory bounded for
+    long ingests. Either way, what is published together becomes visible together.
     """
 
     def __init__(self, store: ParquetStore, nbest: int | None, publish_each_batch: bool):
@@ -609,7 +724,7 @@ class ParquetCommit:
         self._pending_records: list[_PendingFile] = []
         self._pending_serving: list[_PendingFile] = []
         self._unpublished_ids: set[str] = set()
-        self._known = store._known_record_ids()
+        self._known = store._known_record_ids(remove_abandoned=True)
         # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
         self._direct = publish_each_batch and not store._files.is_local
 
@@ -629,38 +744,38 @@ class ParquetCommit:
         batch.stored = table.num_rows
         batch.duplicates = batch.received - batch.stored
         if table.num_rows:
-            self._write(table, batch)
+            self._write(table)
         if self.publish_each_batch:
-            self._publish()
+            batch.files = self._publish()
         self.result.received += batch.received
         self.result.stored += batch.stored
         self.result.duplicates += batch.duplicates
         self.result.files.extend(batch.files)
         return batch
 
-    def _write(self, table: pa.Table, batch: CommitResult) -> None:
+    def _write(self, table: pa.Table) -> None:
         for (target_key, layout), part in _split_by(table, PARTITION_COLUMNS):
-            final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
-            self._put(part.select(RECORD_FILE_SCHEMA.names), final, None, self._pending_records)
-            batch.files.append(final)
+            self._put(part.select(RECORD_FILE_SCHEMA.names), _records_dir(target_key, layout), None, None,
+                      self._pending_records)
         serving = top_per_group(table, self.nbest)
         if serving.num_rows:
             for (target_key,), part in _split_by(serving, ("target_key",)):
-                final = f"{_serving_dir(target_key)}/part-n{self.nbest}-{uuid.uuid4().hex}.parquet"
-                self._put(part.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP, self._pending_serving)
+                self._put(part.select(SERVING_FILE_SCHEMA.names), _serving_dir(target_key), self.nbest,
+                          SERVING_ROW_GROUP, self._pending_serving)
 
-    def _put(self, table: pa.Table, final: str, row_group_size: int | None,
+    def _put(self, table: pa.Table, directory: str, depth: int | None, row_group_size: int | None,
              pending: list[_PendingFile]) -> None:
         if self._direct:
-            self.store._files.write(table, final, row_group_size)
+            pending.append(_PendingFile(directory, depth, table=table, row_group_size=row_group_size))
         else:
-            pending.append(_PendingFile(self.store._files.stage(table, row_group_size), final))
+            pending.append(_PendingFile(directory, depth, staged=self.store._files.stage(table, row_group_size)))
 
-    def _publish(self) -> None:
-        # Records first: a serving row never points at a record that is not yet visible.
-        for pending in self._pending_records + self._pending_serving:
-            self.store._files.publish(pending.staged, pending.final)
-        touched = {_partition_of(pending.final)["target_key"] for pending in self._pending_serving}
+    def _publish(self) -> list[str]:
+        """Publish what is pending as one commit; returns its record files."""
+        if not self._pending_records:
+            return []
+        published = self.store._publish_commit(self._pending_serving, self._pending_records)
+        touched = {_partition_of(pending.directory + "/")["target_key"] for pending in self._pending_serving}
         self._pending_records.clear()
         self._pending_serving.clear()
         self.store._known_ids.update(self._unpublished_ids)
@@ -668,14 +783,16 @@ class ParquetCommit:
         self.store._invalidate()
         for target_key in sorted(touched):
             self.store._merge_serving(target_key)
+        return published
 
     def finish(self) -> CommitResult:
-        self._publish()
+        self.result.files.extend(self._publish())
         return self.result
 
     def abort(self) -> None:
         for pending in self._pending_records + self._pending_serving:
-            self.store._files.delete(pending.staged)
+            if pending.staged is not None:
+                self.store._files.delete(pending.staged)
         self._pending_records.clear()
         self._pending_serving.clear()
 
@@ -689,6 +806,17 @@ class ParquetCommit:
             self.abort()
 
 
+@dataclass
+class _Listing:
+    """A target key's serving files as last listed, and which of them are visible."""
+
+    at: float
+    listed: tuple[str, ...]
+    files: tuple[str, ...]
+    depth: int | None
+    pending: bool  # some file belongs to a commit not (yet) complete: decide again next time
+
+
 class ParquetStore(Store):
     """A warehouse of Parquet files; see the module docstring for the layout and guarantees."""
 
@@ -700,7 +828,8 @@ class ParquetStore(Store):
         self._id_files: set[str] = set()
         self._indexes: dict[str, _ServingIndex] = {}
         self._serving_tables: dict[str, pa.Table] = {}
-        self._listed: dict[str, tuple[float, tuple[str, ...], int | None]] = {}
+        self._listed: dict[str, _Listing] = {}
+        self._complete: set[str] = set()
         self._lookups: dict[str, int] = {}
         self._targets: dict[str, tuple[str, str]] = {}
 
@@ -719,9 +848,58 @@ class ParquetStore(Store):
             commit.add(records)
         return commit.result
 
-    def _known_record_ids(self) -> set[str]:
-        """Record ids of every published record file (read once per file per process)."""
-        listed = self._files.list(RECORDS_DIR)
+    def _publish_commit(self, serving: list[_PendingFile], records: list[_PendingFile]) -> list[str]:
+        """Publish one commit: serving files first, record files last, named so that readers
+        see none of it until its last record file is in place. Returns the record files."""
+        commit, count = uuid.uuid4().hex, len(records)
+        for number, pending in enumerate(serving, 1):
+            self._place(pending, f"{pending.directory}/part-n{pending.depth}-{commit}-of{count}.parquet")
+            _pause_point(f"serving:{number}")
+        published = []
+        for number, pending in enumerate(records, 1):
+            final = f"{pending.directory}/part-{commit}-{number}of{count}.parquet"
+            self._place(pending, final)
+            published.append(final)
+            if number < count:
+                _pause_point(f"record:{number}")
+        self._complete.add(commit)
+        return published
+
+    def _place(self, pending: _PendingFile, final: str) -> None:
+        if pending.staged is not None:
+            self._files.publish(pending.staged, final)
+        else:
+            self._files.write(pending.table, final, pending.row_group_size)
+
+    def _remove_abandoned(self, record_files: dict[str, int], serving_files: dict[str, int],
+                          complete: set[str]) -> int:
+        """Delete the files of incomplete commits whose newest file is older than
+        :data:`ABANDONED_COMMIT_S`; returns how many files were deleted."""
+        incomplete: dict[str, list[str]] = {}
+        for rel in [*record_files, *serving_files]:
+            commit = _commit_of(rel)
+            if commit is not None and commit[0] not in complete:
+                incomplete.setdefault(commit[0], []).append(rel)
+        if not incomplete:
+            return 0
+        ages = self._files.ages(rel for rels in incomplete.values() for rel in rels)
+        removed = 0
+        for rels in incomplete.values():
+            if min((ages[rel] for rel in rels if rel in ages), default=math.inf) > ABANDONED_COMMIT_S:
+                for rel in rels:
+                    self._files.delete(rel)
+                removed += len(rels)
+        return removed
+
+    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]:
+        """Record ids of every published record file (read once per file per process); with
+        ``remove_abandoned``, also delete the leftovers of killed writers."""
+        listed = self._files.list(RECORDS_DIR, sizes=False)
+        complete = _complete_commits(listed)
+        self._complete |= complete
+        if remove_abandoned:
+            self._remove_abandoned(listed, self._files.list(SERVING_DIR, sizes=False), complete)
+        listed = _published(listed, complete)
         for rel in listed.keys() - self._id_files:
             try:
                 ids = self._files.open(rel).read(columns=["record_id"]).column("record_id")
@@ -736,8 +914,11 @@ class ParquetStore(Store):
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _record_files(self, target_keys: set[str] | None, layouts: set[str] | None) -> dict[str, int]:
-        listed = self._files.list(RECORDS_DIR)
+    def _record_files(self, target_keys: set[str] | None, layouts: set[str] | None,
+                      sizes: bool = False) -> dict[str, int]:
+        """The visible record files (of complete commits), optionally of some partitions only."""
+        listed = self._files.list(RECORDS_DIR, sizes)
+        listed = _published(listed, _complete_commits(listed))
         if target_keys is None and layouts is None:
             return listed
         chosen = {}
@@ -803,8 +984,11 @@ class ParquetStore(Store):
     def stats(self) -> dict[str, Any]:
         import pyarrow.compute as pc
 
-        record_files = self._files.list(RECORDS_DIR)
         serving_files = self._files.list(SERVING_DIR)
+        listed = self._files.list(RECORDS_DIR)
+        complete = _complete_commits(listed)
+        record_files = _published(listed, complete)
+        serving_files = _published(serving_files, complete)
         table = self.scan(columns=["record_id", "target", "target_key", "workload_key", "layout", "cost_s"])
         valid = table.filter(pc.is_valid(table.column("cost_s")))
 
@@ -836,18 +1020,41 @@ class ParquetStore(Store):
         return names
 
     def _serving_files(self, target_key: str) -> tuple[tuple[str, ...], int | None]:
-        """A target key's serving files and the serving depth they guarantee (None: no files)."""
+        """A target key's visible serving files and the serving depth they guarantee (None: no
+        files). The decision is kept while the listing stays the same and no file waits on
+        an incomplete commit."""
         now = time.monotonic()
         cached = self._listed.get(target_key)
-        if cached is not None and not self._files.is_local and now - cached[0] < S3_REFRESH_INTERVAL_S:
-            return cached[1], cached[2]
-        files = tuple(sorted(self._files.names(_serving_dir(target_key))))
-        if cached is not None and cached[1] == files:
-            depth = cached[2]
+        if cached is not None and not self._files.is_local and now - cached.at < S3_REFRESH_INTERVAL_S:
+            return cached.files, cached.depth
+        listed = tuple(sorted(self._files.names(_serving_dir(target_key))))
+        if cached is not None and cached.listed == listed and not cached.pending:
+            files, depth, pending = cached.files, cached.depth, False
         else:
+            files, pending = self._visible_serving(listed)
             depth = min((_serving_depth(rel) for rel in files), default=None)
-        self._listed[target_key] = (now, files, depth)
+        self._listed[target_key] = _Listing(now, listed, files, depth, pending)
         return files, depth
+
+    def _visible_serving(self, listed: Iterable[str]) -> tuple[tuple[str, ...], bool]:
+        """The serving files that stand alone or belong to a complete commit, and whether any
+        other was left out. Commits seen complete once are remembered, so the record files are
+        listed only when a serving file of a commit not seen complete yet appears."""
+        visible, waiting = [], []
+        for rel in listed:
+            commit = _commit_of(rel)
+            if commit is None or commit[0] in self._complete:
+                visible.append(rel)
+            else:
+                waiting.append((rel, commit[0]))
+        if waiting:
+            self._complete |= _complete_commits(self._files.list(RECORDS_DIR, sizes=False))
+            visible.extend(rel for rel, commit in waiting if commit in self._complete)
+        return tuple(sorted(visible)), len(visible) < len(listed)
+
+    def _relist_serving(self, target_key: str) -> tuple[str, ...]:
+        self._listed.pop(target_key, None)
+        return self._serving_files(target_key)[0]
 
     def _read_serving(self, rel: str, target_key: str) -> pa.Table:
         cached = self._serving_tables.get(rel)
@@ -897,7 +1104,7 @@ class ParquetStore(Store):
             try:
                 tables = [self._read_serving(rel, target_key) for rel in files]
             except FileNotFoundError:
-                files = tuple(sorted(self._files.names(_serving_dir(target_key))))
+                files = self._relist_serving(target_key)
                 continue
             break
         else:
@@ -928,7 +1135,7 @@ class ParquetStore(Store):
                 return self._best_cold(files, target_key, workload_key, canonical, k, layout,
                                        by_alternate_key, prefix, per_layout)
             except FileNotFoundError:
-                files = tuple(sorted(self._files.names(_serving_dir(target_key))))
+                files = self._relist_serving(target_key)
         index = self._index(target_key, files)
         return index.best(workload_key, canonical, k, layout, by_alternate_key, prefix, per_layout)
 
@@ -956,8 +1163,11 @@ class ParquetStore(Store):
     def _merge_serving(self, target_key: str) -> None:
         """Fold a target key's serving files into one once commits have piled up more than
         :data:`SERVING_MERGE_FILES`; the merged file keeps the shallowest depth it covers."""
-        files = sorted(self._files.names(_serving_dir(target_key)))
-        if len(files) <= SERVING_MERGE_FILES:
+        listed = self._files.names(_serving_dir(target_key))
+        if len(listed) <= SERVING_MERGE_FILES:
+            return
+        files, _ = self._visible_serving(listed)  # files of incomplete commits stay as they are
+        if len(files) <= 1:
             return
         try:
             tables = [self._files.open(rel).read() for rel in files]
@@ -965,7 +1175,7 @@ class ParquetStore(Store):
             return  # another process is merging the same files
         depth = min(_serving_depth(rel) for rel in files)
         merged = top_per_group(_dedupe(pa.concat_tables(tables)), depth)
-        final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}.parquet"
+        final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}-of0.parquet"
         self._files.write(merged.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP)
         for rel in files:
             self._files.delete(rel)
@@ -973,11 +1183,17 @@ class ParquetStore(Store):
 
     def compact(self) -> dict[str, Any]:
         """Merge each partition's files into one sorted file; rebuild the serving view from
-        the records (deduplicated, deepest nbest seen). Query answers do not change."""
-        # Serving files first: each one's records were published before it, so they are in
-        # the record listing that follows, and the rebuilt view covers every file deleted.
-        serving_files = self._files.list(SERVING_DIR)
-        record_files = self._files.list(RECORDS_DIR)
+        the records (deduplicated, deepest nbest seen); delete the leftovers of killed writers.
+        Query answers do not change."""
+        # Serving files first: a serving file listed here whose commit is complete in the
+        # record listing that follows has its records in that listing, so the rebuilt view
+        # covers it; one whose commit is not complete yet is left alone.
+        serving_listed = self._files.list(SERVING_DIR)
+        record_listed = self._files.list(RECORDS_DIR)
+        complete = _complete_commits(record_listed)
+        abandoned = self._remove_abandoned(record_listed, serving_listed, complete)
+        serving_files = _published(serving_listed, complete)
+        record_files = _published(record_listed, complete)
         depths = [_serving_depth(rel) for rel in serving_files]
         depth = max(depths) if depths else DEFAULT_NBEST
         by_partition: dict[tuple[str, str], list[str]] = {}
@@ -985,42 +1201,49 @@ class ParquetStore(Store):
             partition = _partition_of(rel)
             by_partition.setdefault((partition["target_key"], partition["layout"]), []).append(rel)
         serving_parts: dict[str, list[pa.Table]] = {}
-        merged_files = 0
+        replaced: list[str] = []
         for (target_key, layout), rels in sorted(by_partition.items()):
             try:
                 tables = [self._read_record_file(rel, list(ARROW_SCHEMA.names)) for rel in sorted(rels)]
             except FileNotFoundError:
                 continue  # another compaction got here first
             table = _dedupe(pa.concat_tables(tables))
-            if len(rels) > 1:
+            commit = _commit_of(rels[0])
+            # A file of a many-file commit is rewritten even alone: deleting its siblings in
+            # other partitions would leave it in an incomplete commit, which no reader sees.
+            if len(rels) > 1 or (commit is not None and commit[1] > 1):
                 ordered = table.sort_by([("workload_key", "ascending"), ("cost_s", "ascending"),
                                          ("record_id", "ascending")])
-                final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}.parquet"
+                final = f"{_records_dir(target_key, layout)}/part-{uuid.uuid4().hex}-1of1.parquet"
                 self._files.write(ordered.select(RECORD_FILE_SCHEMA.names), final, COMPACT_ROW_GROUP)
-                for rel in rels:
-                    self._files.delete(rel)
-                merged_files += len(rels)
+                replaced.extend(rels)
             serving_parts.setdefault(target_key, []).append(top_per_group(table, depth))
+        # Every merged file is published before any file it replaces is deleted.
         for target_key, parts in serving_parts.items():
             serving = _sort_for_serving(pa.concat_tables(parts)).select(SERVING_FILE_SCHEMA.names)
-            old = [rel for rel in serving_files if rel.startswith(_serving_dir(target_key) + "/")]
             if serving.num_rows:
-                final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}.parquet"
+                final = f"{_serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}-of0.parquet"
                 self._files.write(serving, final, SERVING_ROW_GROUP)
-            for rel in old:
-                self._files.delete(rel)
+        for target_key in serving_parts:
+            for rel in serving_files:
+                if rel.startswith(_serving_dir(target_key) + "/"):
+                    self._files.delete(rel)
+        for rel in replaced:
+            self._files.delete(rel)
         for rel in self._files.stale_staged(STALE_STAGING_S):
             self._files.delete(rel)
         self._invalidate()
         self._indexes.clear()
         self._serving_tables.clear()
+        after = self._files.list(RECORDS_DIR)
         return {
             "record_files_before": len(record_files),
-            "record_files_after": len(self._files.list(RECORDS_DIR)),
-            "record_files_merged": merged_files,
+            "record_files_after": len(_published(after, _complete_commits(after))),
+            "record_files_merged": len(replaced),
             "serving_files_before": len(serving_files),
             "serving_files_after": len(self._files.list(SERVING_DIR)),
             "serving_depth": depth,
+            "abandoned_files_removed": abandoned,
         }
 
 
