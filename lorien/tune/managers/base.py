@@ -17,7 +17,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,12 +138,8 @@ def warm_up_store(store_uri: str | None) -> None:
 
 
 class CommitGuard:
-    """Where the attempts of one job agree on who commits. This default trusts the store
-    alone; the dask manager's guard adds a scheduler-wide lock and memory of the outcome."""
-
-    def lock(self) -> AbstractContextManager[object]:
-        """Held around the check-then-commit of an attempt."""
-        return nullcontext()
+    """Where the attempts of one job learn that the job is already committed. This default
+    knows nothing (the store is asked instead); the dask manager's guard asks the scheduler."""
 
     def committed(self) -> int | None:
         """Records committed by an earlier attempt of the job, or None if none is known."""
@@ -177,21 +173,20 @@ def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
                        for record in (runner or dialect_runner)(task.spec, store_uri)]
         outcome.records = len(records)
         if store_uri is not None and records:
-            with guard.lock():
-                # A retried or resumed job may race an attempt thought lost (a dead master's
-                # worker still running): if that one committed while this one measured,
-                # keep its records, not ours.
-                existing = guard.committed()
-                if existing is None and task.check_existing:
-                    existing = committed_records(store_uri, task.job_id) or None
-                if existing is not None:
-                    outcome.records, outcome.reused = existing, True
-                else:
-                    from lorien.warehouse import open_store
+            # A retried or resumed job may race an attempt thought lost (a dead master's
+            # worker still running): if that one committed while this one measured, keep its
+            # records, not ours.
+            existing = guard.committed()
+            if existing is None and task.check_existing:
+                existing = committed_records(store_uri, task.job_id) or None
+            if existing is not None:
+                outcome.records, outcome.reused = existing, True
+            else:
+                from lorien.warehouse import open_store
 
-                    with open_store(store_uri) as store:
-                        store.commit(records, nbest=task.spec.get("commit_nbest"))
-                guard.remember(outcome.records)
+                with open_store(store_uri) as store:
+                    store.commit(records, nbest=task.spec.get("commit_nbest"))
+            guard.remember(outcome.records)
     except LorienError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     outcome.elapsed_s = time.monotonic() - started

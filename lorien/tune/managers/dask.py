@@ -7,9 +7,8 @@ task with it; Dask reports it as ``KilledWorker`` (a local cluster is started wi
 ``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
 the task that was running) and the master retries it itself, tracing each retry. Worker
 processes are not daemonic, so a job's measurement may start its own worker processes.
-Attempts of one job commit under a scheduler-wide lock and the scheduler remembers which
-jobs are committed, so a finished task that Dask recomputes (its result died with its worker)
-or a resumed master racing a dead master's running task never measures or commits twice. Measurement on one host is serialized by the per-host measurement slot
+The scheduler remembers which jobs are committed, so a finished task that Dask recomputes
+(its result died with its worker) returns the committed outcome instead of measuring again. Measurement on one host is serialized by the per-host measurement slot
 (:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
 """
 
@@ -130,10 +129,12 @@ class DaskManager(JobManager):
 
 
 class SchedulerCommitGuard(CommitGuard):
-    """Attempts of one job on one Dask scheduler commit under a scheduler-wide lock, and the
-    committed record count is kept in the scheduler's metadata. A finished task that Dask
-    recomputes (its result died with its worker), or a resumed master's attempt racing a dead
-    master's still-running one, then finds it and measures or commits nothing again."""
+    """The committed record count of a job is kept in the scheduler's metadata. A finished task
+    that Dask recomputes (its result died with its worker), or a resumed master's attempt of a
+    job the dead master's task committed, then finds it and measures or commits nothing again.
+
+    No scheduler lock is taken around the commit: a lock held by a killed worker stays taken
+    until its lease times out, which stalls every retry of that job."""
 
     def __init__(self, job_id: str):
         from distributed import get_client
@@ -141,11 +142,6 @@ class SchedulerCommitGuard(CommitGuard):
         self.client = get_client()
         self.job_id = job_id
         self.metadata_key = ["lorien-job-committed", job_id]
-
-    def lock(self) -> Any:
-        from distributed import Lock
-
-        return Lock(f"lorien-commit-{self.job_id}")
 
     def committed(self) -> int | None:
         return self.client.get_metadata(self.metadata_key, default=None)
