@@ -458,17 +458,28 @@ def test_a_reader_that_saw_a_commit_half_published_sees_all_of_it_once_it_is_pub
     assert store.scan().num_rows == 7 + 12
 
 
-def test_a_writer_killed_mid_commit_on_s3_leaves_nothing_of_its_commit_visible(moto_server, s3_bucket, s3_client):
+def test_a_writer_killed_mid_commit_on_s3_leaves_nothing_of_its_commit_visible(
+        moto_server, s3_bucket, s3_client, monkeypatch):
+    from lorien.warehouse import parquet
+
     uri = f"parquet:s3://{s3_bucket}/lorien?endpoint_url={moto_server}"
     commit_earlier(open_store(uri))
     before = answers(uri)
     kill(paused_writer(uri, "record:1"))
-    keys = [item["Key"] for item in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
-    records = [key for key in keys if key.startswith("lorien/records/")]
+
+    def keys(prefix: str) -> list[str]:
+        listing = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix=prefix)
+        return [item["Key"] for item in listing.get("Contents", []) if item["Key"].endswith(".parquet")]
+
+    records = keys("lorien/records/")
     assert len(records) == 2 and any(key.endswith("-1of2.parquet") for key in records)  # earlier, killed
     assert answers(uri) == before
     assert open_store(uri).commit(crash_records()).stored == 12
     assert answers(uri)[1] == 7 + 12
+    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    assert open_store(uri).compact()["abandoned_files_removed"] == 2  # the killed commit's files
+    assert answers(uri)[1] == 7 + 12
+    assert all(key.endswith("-1of1.parquet") for key in keys("lorien/records/"))
 
 
 def test_compaction_rewrites_a_file_left_alone_in_its_partition_by_a_many_file_commit(store, root):
