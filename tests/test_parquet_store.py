@@ -381,6 +381,7 @@ def test_a_writer_killed_between_two_publications_leaves_nothing_of_its_commit_v
         kill(writer)
     assert answers(store.uri) == before
     assert len(set(before[0])) == before[1] == 7
+    assert store.stats()["incomplete_commit_files"] == (1 if point == "serving:1" else 2)
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -412,6 +413,7 @@ def test_compaction_deletes_an_abandoned_commit_and_keeps_every_answer(store, ro
     assert summary["abandoned_files_removed"] >= 1
     assert answers(store.uri)[:4] == before[:4]
     assert raw_rows(root) == before[1]  # nothing on disk but the visible records
+    assert store.stats()["incomplete_commit_files"] == 0
     assert [path.name for path in parquet_files(root, "best")] == [
         path.name for path in parquet_files(root, "best") if path.name.endswith("-of0.parquet")]
 

@@ -984,11 +984,12 @@ class ParquetStore(Store):
     def stats(self) -> dict[str, Any]:
         import pyarrow.compute as pc
 
-        serving_files = self._files.list(SERVING_DIR)
+        serving_listed = self._files.list(SERVING_DIR)
         listed = self._files.list(RECORDS_DIR)
         complete = _complete_commits(listed)
         record_files = _published(listed, complete)
-        serving_files = _published(serving_files, complete)
+        serving_files = _published(serving_listed, complete)
+        incomplete = len(listed) + len(serving_listed) - len(record_files) - len(serving_files)
         table = self.scan(columns=["record_id", "target", "target_key", "workload_key", "layout", "cost_s"])
         valid = table.filter(pc.is_valid(table.column("cost_s")))
 
@@ -1007,6 +1008,7 @@ class ParquetStore(Store):
             "bytes": sum(record_files.values()),
             "serving_files": len(serving_files),
             "serving_bytes": sum(serving_files.values()),
+            "incomplete_commit_files": incomplete,  # being published, or left by killed writers
         }
 
     # -- best ---------------------------------------------------------------------------------
