@@ -317,8 +317,15 @@ sys.path.insert(0, {str(TESTS_DIR)!r})
 from lorien.warehouse import open_store
 from test_store_contract import workload_records
 store = open_store(sys.argv[1])
-result = store.commit(workload_records("conv#a", 6, layout="NCHW", base_s=5e-6, first_index=100) +
-                      workload_records("conv#a", 6, layout="NHWC", base_s=5e-6, first_index=100))
+records = (workload_records("conv#a", 6, layout="NCHW", base_s=5e-6, first_index=100) +
+           workload_records("conv#a", 6, layout="NHWC", base_s=5e-6, first_index=100))
+if sys.argv[2:] == ["transaction"]:  # two batches, two target keys: two serving files
+    with store.transaction() as commit:
+        commit.add(records)
+        commit.add(workload_records("conv#a", 3, target="cuda -model=titanx", base_s=5e-6))
+    result = commit.result
+else:
+    result = store.commit(records)
 print("committed", result.stored, flush=True)
 """
 CRASH_POINTS = ["serving:1", "record:1"]
@@ -329,11 +336,11 @@ def crash_records() -> list:
             workload_records("conv#a", 6, layout="NHWC", base_s=5e-6, first_index=100))
 
 
-def paused_writer(uri: str, point: str) -> subprocess.Popen:
+def paused_writer(uri: str, point: str, *mode: str) -> subprocess.Popen:
     """A writer process stopped at ``point`` of its commit's publication (started, and waited for)."""
     from lorien.warehouse.parquet import PAUSE_ENV
 
-    writer = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, uri], stdout=subprocess.PIPE,
+    writer = subprocess.Popen([sys.executable, "-c", CRASH_WRITER, uri, *mode], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**os.environ, PAUSE_ENV: point})
     line = writer.stderr.readline()
     if line.strip() != f"lorien: paused at {point}":
@@ -382,6 +389,23 @@ def test_a_writer_killed_between_two_publications_leaves_nothing_of_its_commit_v
     assert answers(store.uri) == before
     assert len(set(before[0])) == before[1] == 7
     assert store.stats()["incomplete_commit_files"] == (1 if point == "serving:1" else 2)
+
+
+@pytest.mark.parametrize("point", ["serving:1", "serving:2", "record:1", "record:2"])
+def test_a_transaction_over_two_target_keys_killed_mid_publication_shows_nothing(store, root, point):
+    from test_store_contract import CUDA
+
+    commit_earlier(store)
+    before, cuda_before = answers(store.uri), store.best("conv#a", CUDA)
+    writer = paused_writer(store.uri, point, "transaction")
+    try:
+        assert answers(store.uri) == before
+    finally:
+        kill(writer)
+    assert answers(store.uri) == before
+    assert open_store(store.uri).best("conv#a", CUDA) == cuda_before == []
+    # the earlier commit's serving file, and those the killed one had put in place
+    assert len(parquet_files(root, "best")) == 1 + (1 if point == "serving:1" else 2)
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
