@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 #: Training workloads: both dense templates (M < 16 is dense_nopack), dimensions with and
 #: without a factor of 3. The held-out workloads share no (M, N, K) with them.
-TRAIN_SHAPES = [(m, n, k) for m in (1, 4, 16, 64) for n in (96, 256, 768) for k in (128, 320, 512)]
+TRAIN_SHAPES = [(m, n, k) for m in (1, 8, 16, 64) for n in (96, 256, 768) for k in (128, 320, 512)]
 HELD_OUT = [(32, 384, 256), (8, 256, 384), (48, 512, 192)]
 
 

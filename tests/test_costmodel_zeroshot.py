@@ -149,3 +149,17 @@ def test_warm_started_xgb_tuner_first_proposes_what_the_model_likes(trained_mode
         return float(model.score_configs(task_name, args, [space.get(i) for i in batch]).mean())
 
     assert mean_score(warmed) > mean_score(cold)
+
+
+def test_diverse_proposals_try_different_innermost_tiles_first():
+    import numpy as np
+
+    from lorien.costmodel.zeroshot import diverse_top
+
+    def entity(y, x, k):
+        return [["tile_y", "sp", [-1, 1, y]], ["tile_x", "sp", [-1, 2, x]], ["tile_k", "sp", [-1, k]]]
+
+    entities = [entity(4, 16, 8), entity(4, 16, 8), entity(8, 16, 8), entity(4, 16, 8), entity(8, 32, 8)]
+    order = np.arange(len(entities))  # already best first
+    assert diverse_top(order, entities, 3) == [0, 2, 4]
+    assert diverse_top(order, entities, 5) == [0, 2, 4, 1, 3]

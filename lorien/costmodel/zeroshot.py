@@ -84,8 +84,9 @@ def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
 
 def propose(model: CostModel, workload_key: str | None = None, task_name: str | None = None,
             args: Sequence[Any] | None = None, topk: int = 5, samples: int = 16384, seed: int = 0,
-            dialect: str = "autotvm") -> list[Proposal]:
-    """The ``topk`` configs the model scores best among ``samples`` sampled from the space."""
+            dialect: str = "autotvm", diverse: bool = True) -> list[Proposal]:
+    """The ``topk`` configs the model scores best among ``samples`` sampled from the space
+    (``diverse``: with different innermost tiles, see :func:`diverse_top`)."""
     from lorien.dialect import get_dialect
 
     task_name, args = workload_of(workload_key, task_name, args)
@@ -97,9 +98,35 @@ def propose(model: CostModel, workload_key: str | None = None, task_name: str | 
     configs = [space.get(int(i)) for i in indices]
     entities = [config.to_json_entity() for config in configs]
     scores = model.score_configs(task_name, args, entities)
-    order = np.argsort(-scores, kind="stable")[:topk]
+    order = np.argsort(-scores, kind="stable")
+    chosen = diverse_top(order, entities, topk) if diverse else list(order[:topk])
     return [Proposal(rank=rank + 1, score=float(scores[i]), entity=entities[i], index=int(indices[i]))
-            for rank, i in enumerate(order)]
+            for rank, i in enumerate(chosen)]
+
+
+def _inner_tile(entity: list[Any]) -> tuple[Any, ...]:
+    """The innermost factor of every split of a config (its register/vector tile)."""
+    return tuple(value[-1] for _, kind, value in entity if kind == "sp" and value)
+
+
+def diverse_top(order: np.ndarray, entities: list[list[Any]], topk: int) -> list[int]:
+    """The ``topk`` best (``order`` is best first), skipping a config whose innermost split
+    factors repeat those of one already chosen, so the proposals try different tiles; the
+    best skipped ones fill up when too few differ."""
+    chosen: list[int] = []
+    skipped: list[int] = []
+    tiles: set[tuple[Any, ...]] = set()
+    for i in order:
+        tile = _inner_tile(entities[i])
+        if tile in tiles:
+            if len(skipped) < topk:
+                skipped.append(int(i))
+            continue
+        tiles.add(tile)
+        chosen.append(int(i))
+        if len(chosen) == topk:
+            return chosen
+    return chosen + skipped[: topk - len(chosen)]
 
 
 def measure_proposals(proposals: list[Proposal], model_name: str, task_name: str, args: Sequence[Any],
