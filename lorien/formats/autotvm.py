@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import io
 import itertools
 import json
 import multiprocessing
+import operator
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -29,7 +30,7 @@ import pyarrow as pa
 
 from lorien.errors import RecordParseError, TargetError
 from lorien.formats.base import is_skipped, iter_lines, parse_error
-from lorien.record import ARROW_SCHEMA, TuningRecord
+from lorien.record import ARROW_SCHEMA, TuningRecord, record_id_head, record_id_numbers
 from lorien.target import parse_target
 from lorien.workload import autotvm_workload_key, compute_flop, infer_layout
 
@@ -61,6 +62,11 @@ class Workload(NamedTuple):
 
 
 _ABSENT = object()
+_UNSEEN = object()
+#: Maps every digit to ``0``: configs of one template that differ only in their numbers share this form.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+#: Skeletons a decoder remembers before it starts over (bounds memory on logs of many shapes).
+MAX_SKELETONS = 1 << 16
 
 
 class Decoder:
@@ -73,6 +79,14 @@ class Decoder:
         self._by_input: dict[bytes, Workload] = {}
         self.extras: list[str] = []
         self._extra_index: dict[Any, int] = {}
+        #: A variant is one (workload, extra) pair; rows of a batch name theirs by index.
+        self.variants: list[tuple[int, int]] = []
+        self._variant_index: dict[tuple[int, int], int] = {}
+        #: (workload index, raw line tail from ``, "version": ``) -> variant index, for the hot loop.
+        self.variant_of_tail: dict[tuple[int, bytes], int] = {}
+        #: Config skeleton (digits as ``0``) -> getter of the first byte of each multi-digit number,
+        #: or None where configs of that skeleton must be parsed (see :meth:`learn_skeleton`).
+        self.skeletons: dict[bytes, Any] = {}
 
     # -------------------------------------------------------------- cached parts
     def _workload(self, target_raw: Any, task_name: Any, args: Any, kwargs: Any) -> Workload:
@@ -94,7 +108,7 @@ class Decoder:
             index=len(self.workloads), target=canonical, target_key=target.alternate_key,
             target_raw=target_raw, workload_key=workload_key, task_name=task_name,
             args=orjson.dumps(args).decode(), layout=layout, flop=compute_flop(task_name, args),
-            kwargs=kwargs, id_prefix=orjson.dumps([DIALECT, canonical, workload_key, layout])[:-1] + b",",
+            kwargs=kwargs, id_prefix=record_id_head(DIALECT, canonical, workload_key, layout),
         )
         self.workloads.append(found)
         self._by_input[key] = found
@@ -110,6 +124,40 @@ class Decoder:
         if index is None:
             index = self._extra_index[text] = len(self.extras)
             self.extras.append(text.decode())
+        return index
+
+    def learn_skeleton(self, raw: bytes, skeleton: bytes, config: Any, text: bytes | None) -> None:
+        """Remember whether configs of ``skeleton`` (``raw`` with its digits as ``0``) can skip parsing.
+
+        A config may skip it when ``raw`` parsed to an object whose compact JSON ``text`` is ``raw``
+        without its spaces, with no digit inside a string, no fraction or exponent, no escape and
+        no number of 19 digits or more. Another config with the same skeleton then differs from
+        ``raw`` only in the digits of its integers, so it is the same JSON with other integers,
+        and its compact text is itself without spaces -- provided none of its numbers has a
+        leading zero (the getter stored here returns the first byte of every number of two or
+        more digits) and none is ``-0`` (the hot loop parses every config with a minus sign).
+        """
+        if len(self.skeletons) >= MAX_SKELETONS:
+            self.skeletons.clear()
+        cacheable = (
+            text is not None and text == raw.translate(None, b" ")
+            and not any(mark in skeleton for mark in (b"0.", b"0e", b"0E", b"\\", b"0" * 19))
+            and not _has_digit_in_string(config)
+        )
+        if not cacheable:
+            self.skeletons[skeleton] = None
+            return
+        starts = [match.start() for match in _MULTI_DIGIT.finditer(skeleton)]
+        # position 0 holds the "{" of the object, never a digit; it keeps the getter's result a tuple
+        self.skeletons[skeleton] = operator.itemgetter(*starts, 0, 0)
+
+    def variant(self, workload_index: int, extra_index: int) -> int:
+        """Index of the (workload, extra) pair, added on first use."""
+        key = (workload_index, extra_index)
+        index = self._variant_index.get(key)
+        if index is None:
+            index = self._variant_index[key] = len(self.variants)
+            self.variants.append(key)
         return index
 
     # -------------------------------------------------------------- one line
@@ -146,6 +194,7 @@ class Decoder:
                 if type(fields) is not dict:
                     return None
                 extra_index = self._extra_index[extra_key] = self._extra(cached, fields)
+                self.variant_of_tail[extra_key] = self.variant(cached.index, extra_index)
             config = orjson.loads(line[p_config + 12:p_result])
             result = orjson.loads(line[p_result + 12:p_version])
         except orjson.JSONDecodeError:
@@ -190,9 +239,23 @@ class Decoder:
         except TypeError as exc:
             raise RecordParseError(f"result {result!r} has a non-number cost or time") from exc
         error_no = result[1]
-        payload = workload.id_prefix + orjson.dumps([config, costs, error_no, timestamp])[1:]
-        record_id = hashlib.blake2b(payload, digest_size=16).hexdigest()
+        payload = workload.id_prefix + config.encode() + record_id_numbers(costs, error_no, timestamp)
+        record_id = hashlib.sha256(payload).hexdigest()[:32]
         return workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id
+
+
+_MULTI_DIGIT = re.compile(rb"0{2,}")
+
+
+def _has_digit_in_string(value: Any) -> bool:
+    """Whether a parsed JSON value holds a string (or object key) with a digit in it."""
+    if type(value) is str:
+        return any(char.isdigit() for char in value)
+    if type(value) is list:
+        return any(_has_digit_in_string(item) for item in value)
+    if type(value) is dict:
+        return any(_has_digit_in_string(key) or _has_digit_in_string(item) for key, item in value.items())
+    return False
 
 
 def record_from_fields(decoder: Decoder, fields: tuple) -> TuningRecord:
@@ -246,6 +309,8 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
 PARALLEL_MIN_BYTES = 64 << 20
 #: Bytes of log one worker task decodes.
 CHUNK_BYTES = 8 << 20
+#: Bytes read at a time when a log is decoded in this process.
+READ_BYTES = 4 << 20
 
 
 def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None
@@ -267,25 +332,42 @@ def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536,
         return
     decoder = Decoder(str(path))
     with open(path, "rb") as handle:
-        yield from _decode_lines(decoder, handle, 1, strict, batch_size)
+        yield from _decode_lines(decoder, itertools.chain.from_iterable(_read_blocks(handle)), 1, strict, batch_size)
+
+
+def _read_blocks(handle: Any, block_bytes: int = READ_BYTES) -> Iterator[list[bytes]]:
+    """The lines of a binary file, one list per block of about ``block_bytes`` (newlines dropped)."""
+    rest = b""
+    while True:
+        block = handle.read(block_bytes)
+        if not block:
+            break
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        yield lines
+    if rest:
+        yield [rest]
 
 
 def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, strict: bool, batch_size: int
                   ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
-    """The ingest hot path: a line whose workload and version tail were seen before costs two
-    small JSON parses, one dump and one hash; any other line goes through :meth:`Decoder.decode`,
-    which produces the same values and reports what is wrong.
+    """The ingest hot path: a line whose workload and version tail were seen before costs a cut
+    at its top-level keys, one config lookup (see :meth:`Decoder.learn_skeleton`; other configs
+    are parsed) and one small JSON parse of its result; numbers, record ids and the Arrow
+    columns are then built for the whole batch (:meth:`_Batch.table`). Any other line goes
+    through :meth:`Decoder.decode`, which produces the same values and reports what is wrong.
 
     The cyclic garbage collector is paused while a batch is decoded (its rows hold no cycles,
     and collections passing over a growing batch cost more than the decoding itself); it is
     resumed whenever a table is handed to the caller.
     """
     source = decoder.source
-    batch = _Columns()
+    batch = _Batch()
     errors: list[RecordParseError] = []
-    by_raw_input, extra_index_of = decoder._by_raw_input, decoder._extra_index
-    add_workload, add_extra, add_config, add_costs, add_error, add_all_cost, add_time, add_id = batch.appenders()
-    loads, dumps, blake2b, decode_error = orjson.loads, orjson.dumps, hashlib.blake2b, orjson.JSONDecodeError
+    by_raw_input, variant_of_tail, skeletons = decoder._by_raw_input, decoder.variant_of_tail, decoder.skeletons
+    learn_skeleton = decoder.learn_skeleton
+    add_variant, add_config, add_result, add_line, add_lineno = batch.appenders()
+    loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -296,54 +378,57 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                 p_result = line.rfind(_RESULT_MARK, p_config, p_version)
                 workload = by_raw_input.get(line[10:p_config]) if p_config > 0 else None
                 if workload is not None and p_result > 0 and p_version > 0:
-                    extra_index = extra_index_of.get((workload.index, line[p_version:]))
-                    if extra_index is not None:
+                    variant = variant_of_tail.get((workload.index, line[p_version:]))
+                    if variant is not None:
+                        raw_config = line[p_config + 12:p_result]
+                        skeleton = raw_config.translate(_DIGITS_TO_ZERO)
+                        run_starts = skeletons.get(skeleton, _UNSEEN)
                         try:
-                            config = loads(line[p_config + 12:p_result])
-                            costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
-                            costs = [cost + 0.0 for cost in costs]
-                            all_cost += 0.0
-                            timestamp += 0.0
-                        except (decode_error, TypeError, ValueError):
+                            if run_starts is None or run_starts is _UNSEEN or b"-" in raw_config \
+                                    or 48 in run_starts(raw_config):  # a leading zero: not JSON
+                                config = loads(raw_config)
+                                config_text = dumps(config) if type(config) is dict else None
+                                if run_starts is _UNSEEN:
+                                    learn_skeleton(raw_config, skeleton, config, config_text)
+                            else:  # same bytes as a checked config except its digits: same JSON shape
+                                config_text = raw_config.translate(None, b" ")
+                            result = loads(line[p_result + 12:p_version])
+                        except decode_error:
                             pass  # the full decoder below reports what is wrong
                         else:
-                            if type(config) is dict and type(error_no) is int:
-                                config_text = dumps(config).decode()
-                                add_workload(workload.index)
-                                add_extra(extra_index)
+                            if config_text is not None:
+                                add_variant(variant)
                                 add_config(config_text)
-                                add_costs(costs)
-                                add_error(error_no)
-                                add_all_cost(all_cost)
-                                add_time(timestamp)
-                                add_id(blake2b(workload.id_prefix + dumps([config_text, costs, error_no, timestamp])[1:],
-                                               digest_size=16).hexdigest())
-                                if len(batch.record_id) < batch_size:
+                                add_result(result)
+                                add_line(line)
+                                add_lineno(lineno)
+                                if len(batch.variant) < batch_size:
                                     continue
                                 line = b""  # the batch is full: hand it over below
             elif is_skipped(line):
                 continue
             if line:
                 try:
-                    batch.add(decoder.decode(line))
+                    batch.add(decoder, decoder.decode(line), line, lineno)
                 except (RecordParseError, decode_error, ValueError, TypeError) as exc:
                     error = parse_error(exc, source, lineno)
                     if strict:
+                        if batch.size and batch.numbers() is None:
+                            batch.redecode(decoder, [], strict)  # raises the error of an earlier line, if any
                         raise error from exc
                     errors.append(error)
                     continue
             if batch.size >= batch_size:
-                table = batch.table(decoder)
+                table = batch.table(decoder, errors, strict)
                 if collecting:
                     gc.enable()
                 yield table, errors
                 collecting = gc.isenabled()
                 gc.disable()
-                batch, errors = _Columns(), []
-                (add_workload, add_extra, add_config, add_costs, add_error, add_all_cost, add_time,
-                 add_id) = batch.appenders()
+                batch, errors = _Batch(), []
+                add_variant, add_config, add_result, add_line, add_lineno = batch.appenders()
         if batch.size or errors:
-            table = batch.table(decoder)
+            table = batch.table(decoder, errors, strict)
             if collecting:
                 gc.enable()
             collecting = False
@@ -383,7 +468,7 @@ def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list
         data = handle.read(end - start)
     n_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     tables, errors = [], []
-    for table, batch_errors in _decode_lines(decoder, io.BytesIO(data), 1, False, 1 << 30):
+    for table, batch_errors in _decode_lines(decoder, data.split(b"\n"), 1, False, 1 << 30):
         tables.append(table)
         errors.extend((error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in batch_errors)
     return tables, errors, n_lines
@@ -425,40 +510,92 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
             for future in pending:
                 future.cancel()
     if held_rows or errors:
-        merged = pa.concat_tables(held) if held else _Columns().table(Decoder(source))
+        merged = pa.concat_tables(held) if held else _Batch().table(Decoder(source), [], strict)
         yield merged, errors
 
 
-class _Columns:
-    """Column values of one batch; per-workload columns are gathered by index when the table is built."""
+_NUMBER_TYPES = {int, float}
+_ITEMS = [operator.itemgetter(i) for i in range(4)]
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+class _Batch:
+    """Rows of one batch as the hot loop found them: variant index, compact config (UTF-8),
+    parsed result, and the line itself with its number (to decode it again should its result
+    need the careful path). :meth:`table` turns them into columns."""
 
     def __init__(self) -> None:
-        self.workload_index: list[int] = []
-        self.extra_index: list[int] = []
-        self.config: list[str] = []
-        self.costs: list[list[float]] = []
-        self.error_no: list[int] = []
-        self.all_cost: list[float] = []
-        self.timestamp: list[float] = []
-        self.record_id: list[str] = []
+        self.variant: list[int] = []
+        self.config: list[bytes] = []
+        self.result: list[Any] = []
+        self.line: list[bytes] = []
+        self.lineno: list[int] = []
 
     def appenders(self) -> tuple:
-        """Bound ``append`` of every column, in :meth:`add` order, for the hot loop."""
-        return (self.workload_index.append, self.extra_index.append, self.config.append, self.costs.append,
-                self.error_no.append, self.all_cost.append, self.timestamp.append, self.record_id.append)
+        """Bound ``append`` of every column, for the hot loop."""
+        return (self.variant.append, self.config.append, self.result.append, self.line.append,
+                self.lineno.append)
 
     @property
     def size(self) -> int:
-        return len(self.record_id)
+        return len(self.variant)
 
-    def add(self, fields: tuple) -> None:
-        workload, *values = fields
-        for append, value in zip(self.appenders(), (workload.index, *values), strict=True):
-            append(value)
+    def add(self, decoder: Decoder, fields: tuple, line: bytes, lineno: int) -> None:
+        """A row decoded by :meth:`Decoder.decode`."""
+        workload, extra_index, config, costs, error_no, all_cost, timestamp, _ = fields
+        self.variant.append(decoder.variant(workload.index, extra_index))
+        self.config.append(config.encode())
+        self.result.append([costs, error_no, all_cost, timestamp])
+        self.line.append(line)
+        self.lineno.append(lineno)
 
-    def table(self, decoder: Decoder) -> pa.Table:
+    def numbers(self) -> tuple[pa.ListArray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """(costs, error_no int64, all_cost, timestamp) of every row, or None when some result is
+        not plainly ``[[number, ...], int, number, number]`` (then rows are decoded one by one)."""
+        results = self.result
+        if set(map(type, results)) != {list} or set(map(len, results)) != {4}:
+            return None
+        costs, error_no, all_cost, timestamp = (list(map(_ITEMS[i], results)) for i in range(4))
+        if (set(map(type, costs)) != {list} or set(map(type, error_no)) != {int}
+                or not set(map(type, all_cost)) | set(map(type, timestamp)) <= _NUMBER_TYPES
+                or not set(map(type, itertools.chain.from_iterable(costs))) <= _NUMBER_TYPES):
+            return None
+        try:
+            return (pa.array(costs, type=pa.list_(pa.float64())), np.array(error_no, dtype=np.int64),
+                    np.array(all_cost, dtype=np.float64), np.array(timestamp, dtype=np.float64))
+        except (pa.ArrowInvalid, OverflowError):  # an integer no float64 holds exactly
+            return None
+
+    def redecode(self, decoder: Decoder, errors: list[RecordParseError], strict: bool) -> None:
+        """Decode every row again with :meth:`Decoder.decode`; rows it refuses become errors."""
+        rows = list(zip(self.line, self.lineno, strict=True))
+        self.__init__()
+        for line, lineno in rows:
+            try:
+                self.add(decoder, decoder.decode(line), line, lineno)
+            except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
+                error = parse_error(exc, decoder.source, lineno)
+                if strict:
+                    raise error from exc
+                errors.append(error)
+        errors.sort(key=lambda error: error.line or 0)
+
+    def table(self, decoder: Decoder, errors: list[RecordParseError], strict: bool) -> pa.Table:
+        """The rows as an Arrow table in ARROW_SCHEMA, record ids computed for the whole batch."""
+        numbers = self.numbers() if self.size else None
+        if numbers is None and self.size:
+            self.redecode(decoder, errors, strict)
+            numbers = self.numbers() if self.size else None
         n = self.size
-        wl_index = pa.array(np.asarray(self.workload_index, dtype=np.int32))
+        if numbers is None:
+            costs_array = pa.array([], type=pa.list_(pa.float64()))
+            error_no, all_cost, timestamp = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+        else:
+            costs_array, error_no, all_cost, timestamp = numbers
+        variants = np.array(decoder.variants, dtype=np.int32).reshape(-1, 2)
+        variant = np.array(self.variant, dtype=np.int32)
+        wl_index = pa.array(variants[variant, 0] if n else np.zeros(0, dtype=np.int32))
+        extra_index = pa.array(variants[variant, 1] if n else np.zeros(0, dtype=np.int32))
         zeros = pa.array(np.zeros(n, dtype=np.int32))
         workloads = decoder.workloads
 
@@ -468,10 +605,9 @@ class _Columns:
         def constant(value: str) -> pa.Array:
             return pa.array([value], type=pa.string()).take(zeros)
 
-        costs_array = pa.array(self.costs, type=pa.list_(pa.float64()))
-        error_array = np.asarray(self.error_no, dtype=np.int32)
+        error_array = error_no.astype(np.int32)
         columns = {
-            "record_id": pa.array(self.record_id, type=pa.string()),
+            "record_id": self._record_ids(decoder, costs_array, error_no, timestamp),
             "dialect": constant(DIALECT),
             "target": per_workload("target", pa.string()),
             "target_key": per_workload("target_key", pa.string()),
@@ -480,19 +616,52 @@ class _Columns:
             "task_name": per_workload("task_name", pa.string()),
             "args": per_workload("args", pa.string()),
             "layout": per_workload("layout", pa.string()),
-            "config": pa.array(self.config, type=pa.string()),
+            "config": pa.array(self.config, type=pa.binary()).cast(pa.string()),
             "costs": costs_array,
             "cost_s": mean_costs(costs_array, error_array),
             "error_no": pa.array(error_array),
-            "all_cost": pa.array(np.asarray(self.all_cost, dtype=np.float64)),
-            "timestamp": pa.array(np.asarray(self.timestamp, dtype=np.float64)),
+            "all_cost": pa.array(all_cost),
+            "timestamp": pa.array(timestamp),
             "flop": per_workload("flop", pa.float64()),
             "build": constant("{}"),
-            "extra": pa.array(decoder.extras, type=pa.string()).take(
-                pa.array(np.asarray(self.extra_index, dtype=np.int32))),
+            "extra": pa.array(decoder.extras, type=pa.string()).take(extra_index),
             "source": constant(decoder.source),
         }
         return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+    def _record_ids(self, decoder: Decoder, costs: pa.ListArray, error_no: np.ndarray, timestamp: np.ndarray
+                    ) -> pa.Array:
+        """:func:`lorien.record.compute_record_id` of every row: the numbers part of each payload
+        (:func:`lorien.record.record_id_numbers`) is laid out for the whole batch at once."""
+        n = self.size
+        if n == 0:
+            return pa.array([], type=pa.string())
+        offsets = np.asarray(costs.offsets, dtype=np.int64)
+        counts = np.diff(offsets)
+        words = counts + 3
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(words, out=starts[1:])
+        packed = np.empty(starts[-1], dtype="<u8")
+        values = np.asarray(costs.values, dtype="<f8")
+        packed[np.repeat(starts[:-1] - offsets[:-1], counts) + np.arange(len(values))] = values.view("<u8")
+        ends = starts[1:]
+        packed[ends - 3] = error_no.astype("<i8").view("<u8")
+        packed[ends - 2] = timestamp.astype("<f8").view("<u8")
+        packed[ends - 1] = counts
+        numbers = packed.tobytes()
+        byte_starts, byte_ends = (starts[:-1] * 8).tolist(), (ends * 8).tolist()
+        workloads = decoder.workloads
+        head_of_variant = [workloads[workload_index].id_prefix for workload_index, _ in decoder.variants]
+        sha256 = hashlib.sha256
+        digests = b"".join([
+            sha256(head_of_variant[variant] + config + numbers[start:end]).digest()
+            for variant, config, start, end in zip(self.variant, self.config, byte_starts, byte_ends, strict=True)])
+        raw = np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16].ravel()
+        text = np.empty(2 * len(raw), dtype=np.uint8)
+        text[0::2] = _HEX_DIGITS[raw >> 4]
+        text[1::2] = _HEX_DIGITS[raw & 15]
+        return pa.StringArray.from_buffers(n, pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32)),
+                                           pa.py_buffer(text.tobytes()))
 
 
 def mean_costs(costs: pa.ListArray, error_no: np.ndarray) -> pa.Array:
