@@ -172,6 +172,30 @@ def test_store_and_log_featurization_give_the_same_features(tmp_path, llvm_log, 
     assert all(f["path"].startswith("records/target_key=") for f in from_store.source["file_list"])
 
 
+def test_a_half_published_commit_in_the_store_is_not_featurized(tmp_path, llvm_log, store_uri):
+    """Featurization streams only files of complete commits, like every store reader."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lorien.formats import read_log
+    from lorien.warehouse import open_store
+
+    with open_store(store_uri) as store:
+        store.commit(read_log(llvm_log).records)
+        published = sorted(store.visible_record_files())
+    root = tmp_path / "warehouse"
+    source = root / published[0]
+    orphan = source.parent / "part-0123456789abcdef0123456789abcdef-1of2.parquet"
+    table = pq.read_table(source)
+    fresh_ids = pa.array([f"{index:032x}" for index in range(table.num_rows)])
+    # One file of a two-file commit whose writer was killed: records not stored anywhere else.
+    pq.write_table(table.set_column(table.schema.get_field_index("record_id"), "record_id", fresh_ids), orphan)
+
+    report = featurize(tmp_path / "out", store=store_uri, jobs=1, progress=False)
+    assert report.records_read == 35
+    assert all(not f["path"].endswith("1of2.parquet") for f in report.source["file_list"])
+
+
 def test_parallel_workers_write_the_same_features_as_one_process(tmp_path, shared_data):
     logs = [shared_data / "tophub"]
     featurize(tmp_path / "serial", paths=logs, jobs=1, batch_size=200, progress=False)

@@ -104,7 +104,9 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
     try:
         location = getattr(store, "location", None)
         if store.uri.startswith("parquet:") and isinstance(location, str) and "://" not in location:
-            yield from _iter_parquet_files(Path(location.removeprefix("file:")), filters, batch_size, info, store.uri)
+            visible = [rel for rel in sorted(store.visible_record_files()) if rel.startswith("records/")]
+            yield from _iter_parquet_files(Path(location.removeprefix("file:")), visible, filters, batch_size,
+                                           info, store.uri)
             return
         stats = store.stats()
         info.kind = "store"
@@ -123,10 +125,12 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
         store.close()
 
 
-def _iter_parquet_files(root: Path, filters: dict[str, Any] | None, batch_size: int, info: SourceInfo,
-                        uri: str) -> Iterator[pa.Table]:
+def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] | None, batch_size: int,
+                        info: SourceInfo, uri: str) -> Iterator[pa.Table]:
+    """Stream the store's visible record files (``visible``: paths relative to ``root``, of
+    complete commits only, so a killed writer's half-published commit is never featurized)."""
     records_dir = root / "records"
-    files = sorted(str(p) for p in records_dir.rglob("*.parquet")) if records_dir.is_dir() else []
+    files = [str(root / rel) for rel in visible]
     info.kind = "store"
     info.description = {"uri": uri, "files": len(files), "bytes": sum(os.path.getsize(f) for f in files),
                         "file_list": [{"path": os.path.relpath(f, root), "bytes": os.path.getsize(f),

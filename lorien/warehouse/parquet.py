@@ -931,6 +931,11 @@ class ParquetStore(Store):
             chosen[rel] = size
         return chosen
 
+    def visible_record_files(self) -> dict[str, int]:
+        """Record files of complete commits (relative path -> bytes): what readers that stream
+        the store file by file (featurization) must restrict themselves to."""
+        return self._record_files(None, None, sizes=True)
+
     def _read_record_file(self, rel: str, columns: list[str]) -> pa.Table:
         file_columns = [name for name in columns if name not in PARTITION_COLUMNS]
         table = self._files.open(rel).read(columns=file_columns)
