@@ -1,7 +1,7 @@
 """The ``lorien`` command line. One parser, read top to bottom; each command is a thin
 call into the library.
 
-  lorien tune CONFIG.yaml          tune workloads, stream records into the warehouse
+  lorien tune CONFIG.yaml          tune workloads (here, Dask, AWS Batch), stream records into the warehouse
   lorien apply                     build and measure a given config (e.g. a TopHub line)
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     # ---- tune -------------------------------------------------------------------------
-    tune = _parser(sub, "tune", "tune the workloads of a YAML config on this machine, streaming records "
-                   "into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse")
+    tune = _parser(sub, "tune", "tune the workloads of a YAML config (here, or as jobs on a Dask cluster "
+                   "or AWS Batch), streaming records into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse")
     tune.add_argument("config", nargs="?", help="tuning YAML (see docs/tuning.md and configs/samples/)")
     tune.add_argument("--store", help=STORE_HELP + " (overrides the config's store)")
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     workloads.add_argument("--store", help=STORE_HELP)
     workloads.set_defaults(run=_run_warehouse_workloads)
 
-    # ---- warehouse dynamodb (cloud work) ----------------------------------------------
+    # ---- warehouse dynamodb -------------------------------------------------------
     dynamodb = _parser(warehouse_sub, "dynamodb",
                        "create, list, describe, delete, scan and load DynamoDB tables (awslabs/lorien schema)",
                        "lorien warehouse dynamodb create lorien-records --endpoint-url http://127.0.0.1:5000")
