@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -53,7 +53,7 @@ def available_dialects() -> list[str]:
     return sorted(_entry_points())
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_dialect(name: str) -> Dialect:
     """Load the dialect registered under ``name``."""
     eps = _entry_points()

@@ -72,7 +72,7 @@ class Store(ABC):
         """Merge small files without changing any query answer. A no-op where meaningless."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most stores hold nothing to release
         """Release connections."""
 
     def __enter__(self) -> Store:
