@@ -198,3 +198,76 @@ def test_xgb_transfer_reads_same_template_records_normalized_per_workload(store_
     assert sorted(scores)[-2:] == [1.0, 1.0] and 0 < scores.min() <= 1.0
     progress = tune_job({**dense_job(32), "tuner": "xgb", "transfer": True, "trials": 2, "batch_size": 2}, store_uri)
     assert progress.trials == 2
+
+
+def dense_args(m: int, n: int, k: int) -> list:
+    return [["TENSOR", [m, k], "float32"], ["TENSOR", [n, k], "float32"], None, "float32"]
+
+
+def synthetic_dense_records(shapes, per_shape: int = 80) -> list:
+    """dense_pack.x86 records whose throughput peaks at 8-wide inner x tiles and 8-deep k tiles."""
+    from dialects.autotvm.records import make_record
+    from dialects.autotvm.templates import instantiate
+    from lorien.costmodel.zeroshot import sample_indices
+
+    records = []
+    for m, n, k in shapes:
+        args = dense_args(m, n, k)
+        space = instantiate("dense_pack.x86", args).space
+        for index in sample_indices(len(space), per_shape, seed=m + n + k):
+            config = space.get(int(index))
+            tiles = {name: value for name, _, value in config.to_json_entity()}
+            gflops = 40.0 * np.exp(-(np.log2(tiles["tile_x"][-1]) - 3) ** 2) * np.exp(
+                -(np.log2(tiles["tile_k"][-1]) - 3) ** 2 / 2) + 0.1
+            records.append(make_record("llvm", "dense_pack.x86", args, config, [float(2.0 * m * n * k / (gflops * 1e9))],
+                                       0, 0.1, float(len(records)), source="synthetic"))
+    return records
+
+
+@pytest.fixture(scope="module")
+def dense_cost_model(tmp_path_factory) -> Path:
+    from lorien.costmodel import train_cost_model
+    from lorien.features import featurize
+
+    root = tmp_path_factory.mktemp("warm")
+    uri = f"parquet:{root / 'warehouse'}"
+    with open_store(uri) as store:
+        store.commit(synthetic_dense_records([(16, 64, 64), (16, 128, 64), (32, 64, 128), (8, 128, 128)]))
+    featurize(root / "features", store=uri, jobs=1, progress=False)
+    train_cost_model(root / "features", root / "model", folds=2, params={"n_estimators": 40}, baseline=None,
+                     plots=False, progress=False, name="synthetic-dense")
+    return root / "model"
+
+
+def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cost_model):
+    from dialects.autotvm.templates import instantiate
+    from dialects.autotvm.tuning import tune_job
+    from lorien.costmodel import load_cost_model
+    from lorien.search import create
+
+    args = dense_args(16, 96, 64)
+    job = {"dialect": "autotvm", "task_name": "dense_pack.x86", "target": "llvm", "tuner": "xgb", "args": args,
+           "trials": 8, "batch_size": 8, "measure": MEASURE, "warm_start_model": str(dense_cost_model)}
+    first_batches = []
+    tune_job(job, None, on_batch=lambda progress, records: first_batches.append(records))
+    assert len(first_batches) == 1 and len(first_batches[0]) == 8
+    model = load_cost_model(dense_cost_model)
+    warm = model.score_configs("dense_pack.x86", args, [__import__("orjson").loads(r.config)["entity"]
+                                                         for r in first_batches[0]])
+    space = instantiate("dense_pack.x86", args).space
+    random_batch = create("random", space, seed=0).next_batch(8)
+    cold = model.score_configs("dense_pack.x86", args, [space.get(i).to_json_entity() for i in random_batch])
+    assert np.median(warm) > np.max(cold)
+
+
+def test_warm_start_model_needs_the_xgb_tuner(dense_cost_model):
+    from dialects.autotvm.tuning import tune_job
+
+    job = {"task_name": "dense_pack.x86", "args": dense_args(16, 96, 64), "tuner": "random", "trials": 2,
+           "warm_start_model": str(dense_cost_model)}
+    with pytest.raises(ConfigError, match="warm_start_model needs tuner 'xgb'"):
+        tune_job(job, None)
+    with pytest.raises(ConfigError, match="'warm_start_model' needs tuner 'xgb'"):
+        parse_tune_config({"tuner": "ga", "warm_start_model": "m", "workloads": [TINY_DENSE]})
+    assert parse_tune_config({"tuner": "xgb", "warm_start_model": "m",
+                              "workloads": [TINY_DENSE]}).jobs[0]["warm_start_model"] == "m"

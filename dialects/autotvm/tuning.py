@@ -183,6 +183,14 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     if job.get("transfer") and store is not None and job.get("tuner") == "xgb":
         features, scores = transfer_history(task, store, target.alternate_key)
         tuner.load_history(features, scores)  # type: ignore[attr-defined]
+    if job.get("warm_start_model"):
+        if job.get("tuner") != "xgb":
+            raise ConfigError(f"warm_start_model needs tuner 'xgb', got tuner {job.get('tuner')!r} "
+                              f"for {task_name} with model {job['warm_start_model']!r}")
+        from lorien.costmodel import warm_start_tuner
+
+        warm_start_tuner(tuner, str(job["warm_start_model"]), task_name, args,
+                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
 
     progress = TuneProgress(total=trials)
     last_improvement = 0

@@ -238,7 +238,8 @@ def warm_start_tuner(tuner: Any, model: CostModel | str, task_name: str, args: S
     Scores ``samples`` configs of ``tuner.space`` with the model and hands them, scaled to
     [0, 1], to ``tuner.load_history(features, scores)`` in the tuner's own feature space
     (``tuner.feature_fn(indices)``), so its first plan already favours what the model
-    predicts fast. Returns the number of configs scored.
+    predicts fast; history the tuner already holds (transfer records) is kept. Returns the
+    number of configs scored.
     """
     if not isinstance(model, CostModel):
         model = CostModel.load(model)
@@ -247,5 +248,9 @@ def warm_start_tuner(tuner: Any, model: CostModel | str, task_name: str, args: S
     scores = model.score_configs(task_name, args, [space.get(int(i)).to_json_entity() for i in indices])
     spread = float(np.ptp(scores)) if scores.size else 0.0
     scaled = (scores - scores.min()) / spread if spread > 0 else np.ones_like(scores)
-    tuner.load_history(tuner.feature_fn(indices), scaled)
+    features = tuner.feature_fn(indices)
+    prior_x, prior_y = getattr(tuner, "history_x", None), getattr(tuner, "history_y", None)
+    if prior_x is not None and prior_y is not None and prior_x.shape[1:] == features.shape[1:]:
+        features, scaled = np.concatenate([prior_x, features]), np.concatenate([prior_y, scaled])
+    tuner.load_history(features, scaled)
     return int(indices.size)

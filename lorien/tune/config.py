@@ -12,6 +12,7 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
     early_stopping: 32                   # stop a workload after this many trials without improvement
     seed: 0
     commit_nbest: 20                     # best records per workload kept in the serving view
+    warm_start_model: models/dense       # xgb only: prime the tuner with a trained cost model (lorien train)
     measure: {number: 1, repeat: 3, min_repeat_ms: 0, flush_cache: false,
               build_timeout_s: 10, run_timeout_s: 10, check_correctness: true}
     workloads:
@@ -36,10 +37,10 @@ import yaml
 from lorien.errors import ConfigError, DialectError
 
 TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
-                  "seed", "commit_nbest", "measure", "workloads", "transfer"}
+                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer"}
+            "name", "dialect", "transfer", "warm_start_model"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
@@ -142,6 +143,12 @@ def _check_job(job: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
     if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
         raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
+    model = job.get("warm_start_model")
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"{where}: 'warm_start_model' must be a model directory path, got {model!r}")
+        if job["tuner"] != "xgb":
+            raise ConfigError(f"{where}: 'warm_start_model' needs tuner 'xgb', got {job['tuner']!r}")
     measure = job.get("measure") or {}
     if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
         raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")
