@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import io
 import itertools
 import json
 import multiprocessing
@@ -80,6 +81,7 @@ class Decoder:
         self.extras: list[str] = []
         self._extra_index: dict[Any, int] = {}
         #: A variant is one (workload, extra) pair; rows of a batch name theirs by index.
+        self._workload_columns: dict[str, pa.Array] = {}
         self.variants: list[tuple[int, int]] = []
         self._variant_index: dict[tuple[int, int], int] = {}
         #: (workload index, raw line tail from ``, "version": ``) -> variant index, for the hot loop.
@@ -150,6 +152,16 @@ class Decoder:
         starts = [match.start() for match in _MULTI_DIGIT.finditer(skeleton)]
         # position 0 holds the "{" of the object, never a digit; it keeps the getter's result a tuple
         self.skeletons[skeleton] = operator.itemgetter(*starts, 0, 0)
+
+    def workload_column(self, name: str, type_: pa.DataType) -> pa.Array:
+        """One field of every workload seen so far, as an Arrow array (extended, not rebuilt)."""
+        built = self._workload_columns.get(name)
+        if built is None or len(built) < len(self.workloads):
+            start = 0 if built is None else len(built)
+            fresh = pa.array([getattr(workload, name) for workload in self.workloads[start:]], type=type_)
+            built = fresh if built is None else pa.concat_arrays([built, fresh])
+            self._workload_columns[name] = built
+        return built
 
     def variant(self, workload_index: int, extra_index: int) -> int:
         """Index of the (workload, extra) pair, added on first use."""
@@ -309,8 +321,6 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
 PARALLEL_MIN_BYTES = 64 << 20
 #: Bytes of log one worker task decodes.
 CHUNK_BYTES = 8 << 20
-#: Bytes read at a time when a log is decoded in this process.
-READ_BYTES = 4 << 20
 
 
 def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None
@@ -332,21 +342,7 @@ def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536,
         return
     decoder = Decoder(str(path))
     with open(path, "rb") as handle:
-        yield from _decode_lines(decoder, itertools.chain.from_iterable(_read_blocks(handle)), 1, strict, batch_size)
-
-
-def _read_blocks(handle: Any, block_bytes: int = READ_BYTES) -> Iterator[list[bytes]]:
-    """The lines of a binary file, one list per block of about ``block_bytes`` (newlines dropped)."""
-    rest = b""
-    while True:
-        block = handle.read(block_bytes)
-        if not block:
-            break
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()
-        yield lines
-    if rest:
-        yield [rest]
+        yield from _decode_lines(decoder, handle, 1, strict, batch_size)
 
 
 def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, strict: bool, batch_size: int
@@ -366,13 +362,20 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     errors: list[RecordParseError] = []
     by_raw_input, variant_of_tail, skeletons = decoder._by_raw_input, decoder.variant_of_tail, decoder.skeletons
     learn_skeleton = decoder.learn_skeleton
-    add_variant, add_config, add_result, add_line, add_lineno = batch.appenders()
+    add_variant, add_config, add_costs, add_error, add_all_cost, add_time, add_line, add_lineno = batch.appenders()
     loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
     collecting = gc.isenabled()
     gc.disable()
     try:
+        last_head, last_tail, last_variant = b"\n", b"\n", None  # never a line's head or tail
         for lineno, line in enumerate(lines, first_lineno):
-            if line.startswith(_INPUT_HEAD):
+            if line.startswith(last_head) and line.endswith(last_tail):
+                # the same input and version tail as the line before (the usual case): same cuts
+                p_config = len(last_head) - 12
+                p_version = len(line) - len(last_tail)
+                p_result = line.rfind(_RESULT_MARK, p_config, p_version)
+                variant = last_variant if p_result > 0 else None
+            elif line.startswith(_INPUT_HEAD):
                 p_config = line.find(_CONFIG_MARK, 10)
                 p_version = line.rfind(_VERSION_MARK)
                 p_result = line.rfind(_RESULT_MARK, p_config, p_version)
@@ -380,33 +383,42 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                 if workload is not None and p_result > 0 and p_version > 0:
                     variant = variant_of_tail.get((workload.index, line[p_version:]))
                     if variant is not None:
-                        raw_config = line[p_config + 12:p_result]
-                        skeleton = raw_config.translate(_DIGITS_TO_ZERO)
-                        run_starts = skeletons.get(skeleton, _UNSEEN)
-                        try:
-                            if run_starts is None or run_starts is _UNSEEN or b"-" in raw_config \
-                                    or 48 in run_starts(raw_config):  # a leading zero: not JSON
-                                config = loads(raw_config)
-                                config_text = dumps(config) if type(config) is dict else None
-                                if run_starts is _UNSEEN:
-                                    learn_skeleton(raw_config, skeleton, config, config_text)
-                            else:  # same bytes as a checked config except its digits: same JSON shape
-                                config_text = raw_config.translate(None, b" ")
-                            result = loads(line[p_result + 12:p_version])
-                        except decode_error:
-                            pass  # the full decoder below reports what is wrong
-                        else:
-                            if config_text is not None:
-                                add_variant(variant)
-                                add_config(config_text)
-                                add_result(result)
-                                add_line(line)
-                                add_lineno(lineno)
-                                if len(batch.variant) < batch_size:
-                                    continue
-                                line = b""  # the batch is full: hand it over below
+                        last_head, last_tail, last_variant = line[:p_config + 12], line[p_version:], variant
+                else:
+                    variant = None
             elif is_skipped(line):
                 continue
+            else:
+                variant = None
+            if variant is not None:
+                raw_config = line[p_config + 12:p_result]
+                skeleton = raw_config.translate(_DIGITS_TO_ZERO)
+                run_starts = skeletons.get(skeleton, _UNSEEN)
+                try:
+                    if run_starts is None or run_starts is _UNSEEN or b"-" in raw_config \
+                            or 48 in run_starts(raw_config):  # a leading zero: not JSON
+                        config = loads(raw_config)
+                        config_text = dumps(config) if type(config) is dict else None
+                        if run_starts is _UNSEEN:
+                            learn_skeleton(raw_config, skeleton, config, config_text)
+                    else:  # same bytes as a checked config except its digits: same JSON shape
+                        config_text = raw_config.translate(None, b" ")
+                    costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
+                except (decode_error, ValueError, TypeError):
+                    pass  # the full decoder below reports what is wrong
+                else:
+                    if config_text is not None:
+                        add_variant(variant)
+                        add_config(config_text)
+                        add_costs(costs)
+                        add_error(error_no)
+                        add_all_cost(all_cost)
+                        add_time(timestamp)
+                        add_line(line)
+                        add_lineno(lineno)
+                        if len(batch.variant) < batch_size:
+                            continue
+                        line = b""  # the batch is full: hand it over below
             if line:
                 try:
                     batch.add(decoder, decoder.decode(line), line, lineno)
@@ -426,7 +438,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                 collecting = gc.isenabled()
                 gc.disable()
                 batch, errors = _Batch(), []
-                add_variant, add_config, add_result, add_line, add_lineno = batch.appenders()
+                add_variant, add_config, add_costs, add_error, add_all_cost, add_time, add_line, add_lineno = batch.appenders()
         if batch.size or errors:
             table = batch.table(decoder, errors, strict)
             if collecting:
@@ -468,7 +480,7 @@ def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list
         data = handle.read(end - start)
     n_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
     tables, errors = [], []
-    for table, batch_errors in _decode_lines(decoder, data.split(b"\n"), 1, False, 1 << 30):
+    for table, batch_errors in _decode_lines(decoder, io.BytesIO(data), 1, False, 1 << 30):
         tables.append(table)
         errors.extend((error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in batch_errors)
     return tables, errors, n_lines
@@ -515,26 +527,28 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
 
 
 _NUMBER_TYPES = {int, float}
-_ITEMS = [operator.itemgetter(i) for i in range(4)]
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 class _Batch:
-    """Rows of one batch as the hot loop found them: variant index, compact config (UTF-8),
-    parsed result, and the line itself with its number (to decode it again should its result
-    need the careful path). :meth:`table` turns them into columns."""
+    """Rows of one batch as the hot loop found them: variant index, compact config (UTF-8), the
+    four parts of the result as parsed, and the line itself with its number (to decode it again
+    should its result need the careful path). :meth:`table` turns them into columns."""
 
     def __init__(self) -> None:
         self.variant: list[int] = []
         self.config: list[bytes] = []
-        self.result: list[Any] = []
+        self.costs: list[Any] = []
+        self.error_no: list[Any] = []
+        self.all_cost: list[Any] = []
+        self.timestamp: list[Any] = []
         self.line: list[bytes] = []
         self.lineno: list[int] = []
 
     def appenders(self) -> tuple:
         """Bound ``append`` of every column, for the hot loop."""
-        return (self.variant.append, self.config.append, self.result.append, self.line.append,
-                self.lineno.append)
+        return (self.variant.append, self.config.append, self.costs.append, self.error_no.append,
+                self.all_cost.append, self.timestamp.append, self.line.append, self.lineno.append)
 
     @property
     def size(self) -> int:
@@ -545,17 +559,17 @@ class _Batch:
         workload, extra_index, config, costs, error_no, all_cost, timestamp, _ = fields
         self.variant.append(decoder.variant(workload.index, extra_index))
         self.config.append(config.encode())
-        self.result.append([costs, error_no, all_cost, timestamp])
+        self.costs.append(costs)
+        self.error_no.append(error_no)
+        self.all_cost.append(all_cost)
+        self.timestamp.append(timestamp)
         self.line.append(line)
         self.lineno.append(lineno)
 
     def numbers(self) -> tuple[pa.ListArray, np.ndarray, np.ndarray, np.ndarray] | None:
         """(costs, error_no int64, all_cost, timestamp) of every row, or None when some result is
         not plainly ``[[number, ...], int, number, number]`` (then rows are decoded one by one)."""
-        results = self.result
-        if set(map(type, results)) != {list} or set(map(len, results)) != {4}:
-            return None
-        costs, error_no, all_cost, timestamp = (list(map(_ITEMS[i], results)) for i in range(4))
+        costs, error_no, all_cost, timestamp = self.costs, self.error_no, self.all_cost, self.timestamp
         if (set(map(type, costs)) != {list} or set(map(type, error_no)) != {int}
                 or not set(map(type, all_cost)) | set(map(type, timestamp)) <= _NUMBER_TYPES
                 or not set(map(type, itertools.chain.from_iterable(costs))) <= _NUMBER_TYPES):
@@ -597,10 +611,9 @@ class _Batch:
         wl_index = pa.array(variants[variant, 0] if n else np.zeros(0, dtype=np.int32))
         extra_index = pa.array(variants[variant, 1] if n else np.zeros(0, dtype=np.int32))
         zeros = pa.array(np.zeros(n, dtype=np.int32))
-        workloads = decoder.workloads
 
         def per_workload(name: str, type_: pa.DataType) -> pa.Array:
-            return pa.array([getattr(w, name) for w in workloads], type=type_).take(wl_index)
+            return decoder.workload_column(name, type_).take(wl_index)
 
         def constant(value: str) -> pa.Array:
             return pa.array([value], type=pa.string()).take(zeros)
