@@ -78,6 +78,7 @@ class Decoder:
         self.workloads: list[Workload] = []
         self._by_raw_input: dict[bytes, Workload] = {}
         self._by_input: dict[bytes, Workload] = {}
+        self._targets: dict[str, Any] = {}
         self.extras: list[str] = []
         self._extra_index: dict[Any, int] = {}
         #: A variant is one (workload, extra) pair; rows of a batch name theirs by index.
@@ -99,10 +100,12 @@ class Decoder:
         if type(target_raw) is not str or type(task_name) is not str or type(args) is not list:
             raise RecordParseError(
                 f"input needs [target string, task name, args list, ...], got {[target_raw, task_name, args]!r}")
-        try:
-            target = parse_target(target_raw)
-        except TargetError as exc:
-            raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
+        target = self._targets.get(target_raw)
+        if target is None:
+            try:
+                target = self._targets[target_raw] = parse_target(target_raw)
+            except TargetError as exc:
+                raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
         workload_key = autotvm_workload_key(task_name, args)
         layout = infer_layout(task_name, args)
         canonical = target.canonical
@@ -128,7 +131,7 @@ class Decoder:
             self.extras.append(text.decode())
         return index
 
-    def learn_skeleton(self, raw: bytes, skeleton: bytes, config: Any, text: bytes | None) -> None:
+    def learn_skeleton(self, raw: bytes, skeleton: bytes, text: bytes | None) -> None:
         """Remember whether configs of ``skeleton`` (``raw`` with its digits as ``0``) can skip parsing.
 
         A config may skip it when ``raw`` parsed to an object whose compact JSON ``text`` is ``raw``
@@ -144,7 +147,8 @@ class Decoder:
         cacheable = (
             text is not None and text == raw.translate(None, b" ")
             and not any(mark in skeleton for mark in (b"0.", b"0e", b"0E", b"\\", b"0" * 19))
-            and not _has_digit_in_string(config)
+            # without escapes, every other piece between quotes is the inside of a string
+            and _DIGIT.search(b"".join(text.split(b'"')[1::2])) is None
         )
         if not cacheable:
             self.skeletons[skeleton] = None
@@ -257,17 +261,7 @@ class Decoder:
 
 
 _MULTI_DIGIT = re.compile(rb"0{2,}")
-
-
-def _has_digit_in_string(value: Any) -> bool:
-    """Whether a parsed JSON value holds a string (or object key) with a digit in it."""
-    if type(value) is str:
-        return any(char.isdigit() for char in value)
-    if type(value) is list:
-        return any(_has_digit_in_string(item) for item in value)
-    if type(value) is dict:
-        return any(_has_digit_in_string(key) or _has_digit_in_string(item) for key, item in value.items())
-    return False
+_DIGIT = re.compile(rb"[0-9]")
 
 
 def record_from_fields(decoder: Decoder, fields: tuple) -> TuningRecord:
@@ -368,11 +362,12 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     gc.disable()
     try:
         last_head, last_tail, last_variant = b"\n", b"\n", None  # never a line's head or tail
+        last_p_config = tail_length = 0
         for lineno, line in enumerate(lines, first_lineno):
             if line.startswith(last_head) and line.endswith(last_tail):
                 # the same input and version tail as the line before (the usual case): same cuts
-                p_config = len(last_head) - 12
-                p_version = len(line) - len(last_tail)
+                p_config = last_p_config
+                p_version = len(line) - tail_length
                 p_result = line.rfind(_RESULT_MARK, p_config, p_version)
                 variant = last_variant if p_result > 0 else None
             elif line.startswith(_INPUT_HEAD):
@@ -384,6 +379,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                     variant = variant_of_tail.get((workload.index, line[p_version:]))
                     if variant is not None:
                         last_head, last_tail, last_variant = line[:p_config + 12], line[p_version:], variant
+                        last_p_config, tail_length = p_config, len(last_tail)
                 else:
                     variant = None
             elif is_skipped(line):
@@ -400,7 +396,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
                         config = loads(raw_config)
                         config_text = dumps(config) if type(config) is dict else None
                         if run_starts is _UNSEEN:
-                            learn_skeleton(raw_config, skeleton, config, config_text)
+                            learn_skeleton(raw_config, skeleton, config_text)
                     else:  # same bytes as a checked config except its digits: same JSON shape
                         config_text = raw_config.translate(None, b" ")
                     costs, error_no, all_cost, timestamp = loads(line[p_result + 12:p_version])
@@ -495,6 +491,9 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
     held_rows = 0
     errors: list[RecordParseError] = []
     line_offset = 0
+    # pyarrow imports pandas (when installed) on its first array conversion, about half a second
+    # of CPU: do it here once, before the fork, rather than in every worker
+    pa.array(np.zeros(0))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         try:
             for start, end in itertools.islice(bounds, 2 * workers):
