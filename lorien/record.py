@@ -73,8 +73,9 @@ def mean_cost_s(costs: list[float] | tuple[float, ...], error_no: int) -> float 
 
 
 def record_id_head(dialect: str, target: str, workload_key: str, layout: str) -> bytes:
-    """First part of a record id's hashed payload: what names the workload (shared by its records)."""
-    return orjson.dumps([dialect, target, workload_key, layout]) + b"\n"
+    """First part of a record id's hashed payload: the SHA-256 of what names the workload (shared
+    by all its records, so computed once per workload, and short whatever the workload key)."""
+    return hashlib.sha256(orjson.dumps([dialect, target, workload_key, layout])).digest()
 
 
 def record_id_numbers(costs: list[float] | tuple[float, ...], error_no: int, timestamp: float) -> bytes:
@@ -87,8 +88,8 @@ def compute_record_id(dialect: str, target: str, workload_key: str, layout: str,
                       costs: list[float] | tuple[float, ...], error_no: int, timestamp: float) -> str:
     """Content hash of a record's identity fields; equal records get equal ids.
 
-    The first 16 bytes (as hex) of the SHA-256 of :func:`record_id_head` + the config text
-    (UTF-8) + :func:`record_id_numbers`; numbers are hashed by value (``1`` and ``1.0`` are the
+    The first 16 bytes (as hex) of the SHA-256 of :func:`record_id_head` (32 bytes) + the config
+    text (UTF-8) + :func:`record_id_numbers`; numbers are hashed by value (``1`` and ``1.0`` are the
     same cost), so ingest can build the payloads of a whole batch from its Arrow columns.
     SHA-256 because CPUs hash it in hardware (SHA extensions): the fastest digest hashlib offers.
     """

@@ -363,6 +363,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     try:
         last_head, last_tail, last_variant = b"\n", b"\n", None  # never a line's head or tail
         last_p_config = tail_length = 0
+        last_skeleton, last_run_starts = None, None
         for lineno, line in enumerate(lines, first_lineno):
             if line.startswith(last_head) and line.endswith(last_tail):
                 # the same input and version tail as the line before (the usual case): same cuts
@@ -389,7 +390,12 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
             if variant is not None:
                 raw_config = line[p_config + 12:p_result]
                 skeleton = raw_config.translate(_DIGITS_TO_ZERO)
-                run_starts = skeletons.get(skeleton, _UNSEEN)
+                if skeleton == last_skeleton:
+                    run_starts = last_run_starts
+                else:
+                    run_starts = skeletons.get(skeleton, _UNSEEN)
+                    if run_starts is not _UNSEEN:
+                        last_skeleton, last_run_starts = skeleton, run_starts
                 try:
                     if run_starts is None or run_starts is _UNSEEN or b"-" in raw_config \
                             or 48 in run_starts(raw_config):  # a leading zero: not JSON
