@@ -164,3 +164,14 @@ def test_worker_processes_read_the_same_table_as_one_process(shared_data, tmp_pa
     assert [table.to_pylist() for table, _ in parallel] == [table.to_pylist() for table, _ in serial]
     assert [(error.line, str(error)) for _, errors in parallel for error in errors] == \
         [(error.line, str(error)) for _, errors in serial for error in errors] == [(1235, str(serial[0][1][0]))]
+
+
+def test_an_error_no_beyond_int32_is_a_bad_line_not_a_wrapped_number(shared_data, tmp_path):
+    record = real_line(shared_data)
+    path = tmp_path / "error_no.log"
+    path.write_text("".join(json.dumps(dict(record, result=[[0.1], error_no, 1.0, 2.0])) + "\n"
+                            for error_no in (0, 2**31, -2**31 - 1, 2**63 + 5, 4)))
+    rows, errors = tables_and_errors(path)
+    assert [row["error_no"] for row in rows] == [0, 4]
+    assert [error.line for error in errors] == [2, 3, 4]
+    assert all("int32" in str(error) for error in errors)

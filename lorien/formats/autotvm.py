@@ -255,6 +255,8 @@ class Decoder:
         except TypeError as exc:
             raise RecordParseError(f"result {result!r} has a non-number cost or time") from exc
         error_no = result[1]
+        if not -_INT32_LIMIT <= error_no < _INT32_LIMIT:
+            raise RecordParseError(f"result {result!r} has an error_no out of the int32 range")
         payload = workload.id_prefix + config.encode() + record_id_numbers(costs, error_no, timestamp)
         record_id = hashlib.sha256(payload).hexdigest()[:32]
         return workload, extra_index, config, costs, error_no, all_cost, timestamp, record_id
@@ -532,6 +534,7 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
 
 
 _NUMBER_TYPES = {int, float}
+_INT32_LIMIT = 1 << 31
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
@@ -580,10 +583,14 @@ class _Batch:
                 or not set(map(type, itertools.chain.from_iterable(costs))) <= _NUMBER_TYPES):
             return None
         try:
-            return (pa.array(costs, type=pa.list_(pa.float64())), np.array(error_no, dtype=np.int64),
-                    np.array(all_cost, dtype=np.float64), np.array(timestamp, dtype=np.float64))
-        except (pa.ArrowInvalid, OverflowError):  # an integer no float64 holds exactly
+            numbers = (pa.array(costs, type=pa.list_(pa.float64())), np.array(error_no, dtype=np.int64),
+                       np.array(all_cost, dtype=np.float64), np.array(timestamp, dtype=np.float64))
+        except (pa.ArrowInvalid, OverflowError):  # an integer no float64 (or int64) holds exactly
             return None
+        errors = numbers[1]
+        if len(errors) and not (-_INT32_LIMIT <= errors.min() and errors.max() < _INT32_LIMIT):
+            return None
+        return numbers
 
     def redecode(self, decoder: Decoder, errors: list[RecordParseError], strict: bool) -> None:
         """Decode every row again with :meth:`Decoder.decode`; rows it refuses become errors."""
