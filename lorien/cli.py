@@ -334,6 +334,25 @@ def _run_apply(args: argparse.Namespace) -> int:
     return 1
 
 
+def _open_for_reading(uri: str | None):
+    """Open a store for a command that only reads it; a local store directory that does not
+    exist is an error (a mistyped --store), not an empty warehouse."""
+    import os
+
+    from lorien.errors import StoreError
+    from lorien.warehouse import open_store
+
+    store = open_store(uri)
+    location = getattr(store, "location", None)
+    if isinstance(location, str) and "://" not in location:
+        path = location.removeprefix("file:")
+        if not os.path.isdir(path):
+            store.close()
+            raise StoreError(f"no warehouse at {path!r} (the directory does not exist; "
+                             "check --store or $LORIEN_STORE)")
+    return store
+
+
 # ---- run functions: query ----------------------------------------------------------------
 
 QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
@@ -342,7 +361,9 @@ QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
 def _query_records(args: argparse.Namespace) -> list:
     from lorien.warehouse import open_store
 
-    with open_store(args.store) as store:
+    # With --build a missing store is fine: the default schedule is built, and said so.
+    opener = open_store if args.build else _open_for_reading
+    with opener(args.store) as store:
         return store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
                           by_alternate_key=args.alternate_key, prefix=args.prefix,
                           per_layout=args.per_layout)
@@ -423,10 +444,9 @@ def _run_ingest(args: argparse.Namespace) -> int:
 
 def _run_export(args: argparse.Namespace) -> int:
     from lorien.formats import encode_record, write_log
-    from lorien.warehouse import open_store
     from lorien.warehouse.query import export_records
 
-    with open_store(args.store) as store:
+    with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
                                  by_alternate_key=args.alternate_key)
     if not records:
@@ -487,9 +507,8 @@ def _run_train(args: argparse.Namespace) -> int:
 # ---- run functions: warehouse ------------------------------------------------------------
 
 def _run_warehouse_stats(args: argparse.Namespace) -> int:
-    from lorien.warehouse import open_store
 
-    with open_store(args.store) as store:
+    with _open_for_reading(args.store) as store:
         stats = store.stats()
     if args.json:
         import json
@@ -502,9 +521,8 @@ def _run_warehouse_stats(args: argparse.Namespace) -> int:
 
 
 def _run_warehouse_compact(args: argparse.Namespace) -> int:
-    from lorien.warehouse import open_store
 
-    with open_store(args.store) as store:
+    with _open_for_reading(args.store) as store:
         summary = store.compact()
     for name, value in summary.items():
         print(f"{name:>22}: {value}")
@@ -512,9 +530,8 @@ def _run_warehouse_compact(args: argparse.Namespace) -> int:
 
 
 def _run_warehouse_workloads(args: argparse.Namespace) -> int:
-    from lorien.warehouse import open_store
 
-    with open_store(args.store) as store:
+    with _open_for_reading(args.store) as store:
         for workload_key in store.workloads(args.target):
             print(workload_key)
     return 0

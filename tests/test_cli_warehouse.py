@@ -308,3 +308,12 @@ def test_lorien_store_in_the_environment_names_the_default_store(capsys, llvm_lo
     with Warehouse.open() as warehouse:
         assert warehouse.uri == store_uri
         assert len(warehouse.workloads(SKYLAKE)) == 35
+
+
+def test_reading_a_store_directory_that_does_not_exist_is_an_error_naming_it(tmp_path, capsys):
+    missing = tmp_path / "no-such-warehouse"
+    for argv in (["warehouse", "stats"], ["warehouse", "workloads"],
+                 ["query", "--workload-key", "k", "--target", "llvm"]):
+        assert main([*argv, "--store", f"parquet:{missing}"]) == 1
+        assert f"no warehouse at '{missing}'" in capsys.readouterr().err
+    assert not missing.exists()
