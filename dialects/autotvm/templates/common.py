@@ -62,6 +62,25 @@ def vectorize_by_lanes(stage: Any, axis: Any, extent: int) -> None:
         stage.vectorize(axis)
 
 
+def schedule_nchw_output(s: Any, conv: te.Tensor, data: te.Tensor, padded: te.Tensor,
+                         tile_channel: Any, tile_ow: Any) -> te.Tensor:
+    """The NCHW output schedule conv2d_nchw and depthwise conv2d share: padding parallel over
+    (n, c, y); output tiled by ``tile_channel`` x ``tile_ow``, parallel over (n, channel outer,
+    y), ow vectorized; a register accumulator computed at the ow outer loop, which is returned."""
+    if padded is not data:
+        b, c, y, _ = s[padded].op.axis
+        s[padded].parallel(s[padded].fuse(b, c, y))
+    cache = s.cache_write(conv, "local")
+    b, f, y, x = s[conv].op.axis
+    fo, fi = tile_channel.apply(s, conv, f)
+    xo, xi = tile_ow.apply(s, conv, x)
+    s[conv].reorder(b, fo, y, xo, fi, xi)
+    s[conv].parallel(s[conv].fuse(b, fo, y))
+    vectorize_by_lanes(s[conv], xi, tile_ow.size[-1])
+    s[cache].compute_at(s[conv], xo)
+    return cache
+
+
 def pad_nchw_like(data: te.Tensor, pads: Sequence[tuple[int, int]], name: str) -> te.Tensor:
     """Zero-pad ``data`` by (before, after) per dimension; ``data`` itself when nothing pads."""
     if all(before == 0 and after == 0 for before, after in pads):

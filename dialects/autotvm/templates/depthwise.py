@@ -17,6 +17,7 @@ from dialects.autotvm.templates.common import (
     pad_nchw_like,
     pair,
     scaled,
+    schedule_nchw_output,
     tensor_arg,
     vectorize_by_lanes,
 )
@@ -69,18 +70,8 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
             axis=[ry, rx]),
         name="depthwise_conv2d_nchw")
     s = te.create_schedule(conv)
-    if padded is not data:
-        b, c, y, _ = s[padded].op.axis
-        s[padded].parallel(s[padded].fuse(b, c, y))
-    cache = s.cache_write(conv, "local")
-    b, f, y, x = s[conv].op.axis
-    fo, fi = cfg["tile_c"].apply(s, conv, f)
-    xo, xi = cfg["tile_ow"].apply(s, conv, x)
-    s[conv].reorder(b, fo, y, xo, fi, xi)
-    s[conv].parallel(s[conv].fuse(b, fo, y))
+    cache = schedule_nchw_output(s, conv, data, padded, cfg["tile_c"], cfg["tile_ow"])
     tile_ow = cfg["tile_ow"].size[-1]
-    vectorize_by_lanes(s[conv], xi, tile_ow)
-    s[cache].compute_at(s[conv], xo)
     _, f, y, x = s[cache].op.axis
     ry, rx = s[cache].op.reduce_axis
     if cfg["unroll_kw"].val:
