@@ -10,14 +10,11 @@ JIT-compiled kernels call ``lorien_parallel_for``; Python times kernels through
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
-from lorien.errors import LorienError
+from lorien.native import NativeBuildError, cache_dir, install, load_shared
+
+__all__ = ["RuntimeBuildError", "cache_dir", "install", "library", "num_threads", "set_num_threads",
+           "symbol_addresses"]
 
 C_SOURCE = r"""
 #define _GNU_SOURCE
@@ -172,21 +169,8 @@ EXPORTS = ("lorien_parallel_for", "lorien_time", "lorien_alloc", "lorien_free",
 _LIB: ctypes.CDLL | None = None
 
 
-class RuntimeBuildError(LorienError, RuntimeError):
+class RuntimeBuildError(NativeBuildError):
     """The native runtime could not be compiled (no C compiler, or it failed)."""
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("LORIEN_CACHE_DIR", Path.home() / ".cache" / "lorien"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def install(built: Path, target: Path) -> None:
-    """Move a freshly built file into the cache atomically (readers never see half a file)."""
-    staging = target.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(built, staging)
-    os.replace(staging, target)
 
 
 def library() -> ctypes.CDLL:
@@ -194,20 +178,7 @@ def library() -> ctypes.CDLL:
     global _LIB
     if _LIB is not None:
         return _LIB
-    digest = hashlib.sha256(C_SOURCE.encode()).hexdigest()[:16]
-    so_path = cache_dir() / f"runtime-{digest}.so"
-    if not so_path.exists():
-        compiler = os.environ.get("CC", "gcc")
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "runtime.c"
-            src.write_text(C_SOURCE)
-            out = Path(tmp) / "runtime.so"
-            proc = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(out)],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeBuildError(f"compiling the runtime with {compiler!r} failed:\n{proc.stderr}")
-            install(out, so_path)
-    lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_GLOBAL)
+    lib = load_shared(C_SOURCE, "runtime", ("-O2", "-pthread"), mode=ctypes.RTLD_GLOBAL, error=RuntimeBuildError)
     lib.lorien_time.restype = ctypes.c_double
     lib.lorien_time.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.lorien_set_num_threads.argtypes = [ctypes.c_int]

@@ -11,14 +11,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
-import os
-import subprocess
-import tempfile
-from pathlib import Path
 
-from lorien.engine import runtime
 from lorien.engine.lower import Program, UOp
-from lorien.errors import LorienError
+from lorien.native import NativeBuildError, compile_shared
 
 CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "_Bool"}
 ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
@@ -33,7 +28,7 @@ ALU = {
 }
 
 
-class CCompileError(LorienError, RuntimeError):
+class CCompileError(NativeBuildError):
     """The C compiler rejected a rendered kernel."""
 
 
@@ -153,18 +148,7 @@ def compile_c(source: str, fn_name: str) -> int:
     """Compile ``source`` into a shared object (cached by source hash); address of ``fn_name``."""
     key = hashlib.sha256(source.encode()).hexdigest()
     if key not in _LIBS:
-        path = runtime.cache_dir() / "kernels" / f"{key}.so"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            compiler = os.environ.get("CC", "gcc")
-            with tempfile.TemporaryDirectory() as tmp:
-                src = Path(tmp) / "kernel.c"
-                src.write_text(source)
-                out = Path(tmp) / "kernel.so"
-                proc = subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=gnu11",
-                                       "-shared", "-fPIC", str(src), "-o", str(out), "-lm"], capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise CCompileError(f"{compiler} failed on kernel {fn_name}:\n{proc.stderr[-4000:]}")
-                runtime.install(out, path)
+        path = compile_shared(source, "kernel", ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=gnu11"),
+                              subdir="kernels", error=CCompileError, libs=("-lm",))
         _LIBS[key] = ctypes.CDLL(str(path))
     return ctypes.cast(getattr(_LIBS[key], fn_name), ctypes.c_void_p).value
