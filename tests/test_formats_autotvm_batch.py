@@ -175,3 +175,13 @@ def test_an_error_no_beyond_int32_is_a_bad_line_not_a_wrapped_number(shared_data
     assert [row["error_no"] for row in rows] == [0, 4]
     assert [error.line for error in errors] == [2, 3, 4]
     assert all("int32" in str(error) for error in errors)
+
+
+def test_a_blank_line_before_the_first_run_of_a_workload_is_skipped_not_an_error(shared_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("LORIEN_NATIVE", "0")  # the Python decoder (the native scanner has its own tests)
+    record = real_line(shared_data)
+    path = tmp_path / "blank.log"
+    path.write_text("\n" + json.dumps(record) + "\n\n" + json.dumps(dict(record, result=[[0.5], 0, 1.0, 9.0])) + "\n")
+    rows, errors = tables_and_errors(path)
+    assert not errors
+    assert [row["costs"] for row in rows] == [record["result"][0], [0.5]]

@@ -9,11 +9,13 @@ and the result are parsed per line; any other layout goes through a full JSON pa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import io
 import itertools
 import json
+import mmap
 import multiprocessing
 import operator
 import os
@@ -78,7 +80,7 @@ class Decoder:
         self.workloads: list[Workload] = []
         self._by_raw_input: dict[bytes, Workload] = {}
         self._by_input: dict[bytes, Workload] = {}
-        self._targets: dict[str, Any] = {}
+        self._targets: dict[str, tuple[str, str]] = {}  # raw target -> (canonical, alternate key)
         self.extras: list[str] = []
         self._extra_index: dict[Any, int] = {}
         #: A variant is one (workload, extra) pair; rows of a batch name theirs by index.
@@ -100,17 +102,18 @@ class Decoder:
         if type(target_raw) is not str or type(task_name) is not str or type(args) is not list:
             raise RecordParseError(
                 f"input needs [target string, task name, args list, ...], got {[target_raw, task_name, args]!r}")
-        target = self._targets.get(target_raw)
-        if target is None:
+        names = self._targets.get(target_raw)
+        if names is None:
             try:
-                target = self._targets[target_raw] = parse_target(target_raw)
+                target = parse_target(target_raw)
             except TargetError as exc:
                 raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
+            names = self._targets[target_raw] = (target.canonical, target.alternate_key)
+        canonical, target_key = names
         workload_key = autotvm_workload_key(task_name, args)
         layout = infer_layout(task_name, args)
-        canonical = target.canonical
         found = Workload(
-            index=len(self.workloads), target=canonical, target_key=target.alternate_key,
+            index=len(self.workloads), target=canonical, target_key=target_key,
             target_raw=target_raw, workload_key=workload_key, task_name=task_name,
             args=orjson.dumps(args).decode(), layout=layout, flop=compute_flop(task_name, args),
             kwargs=kwargs, id_prefix=record_id_head(DIALECT, canonical, workload_key, layout),
@@ -336,9 +339,111 @@ def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536,
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         yield from _iter_tables_parallel(path, strict, batch_size, workers, CHUNK_BYTES)
         return
+    yield from _rebatch(_decode_in_process(path, CHUNK_BYTES), batch_size, strict, str(path))
+
+
+def _decode_in_process(path: str | Path, chunk_bytes: int) -> Iterator[tuple[list[pa.Table], list[RecordParseError]]]:
+    """(tables, errors) of each block of the log in file order, decoded in this process."""
     decoder = Decoder(str(path))
+    first_lineno = 1
+    for start, end in _block_bounds(path, chunk_bytes):
+        with _mapped(path, start, end) as data:
+            tables, errors, n_lines = _decode_block(decoder, data, first_lineno)
+        yield tables, errors
+        first_lineno += n_lines
+
+
+@contextlib.contextmanager
+def _mapped(path: str | Path, start: int, end: int) -> Iterator[memoryview]:
+    """Bytes ``start:end`` of a file, mapped rather than read (no copy; unmapped on exit)."""
     with open(path, "rb") as handle:
-        yield from _decode_lines(decoder, handle, 1, strict, batch_size)
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mapping = mmap.mmap(handle.fileno(), end - base, access=mmap.ACCESS_READ, offset=base)
+    view = memoryview(mapping)[start - base:]
+    try:
+        yield view
+    finally:
+        view.release()
+        try:
+            mapping.close()
+        except BufferError:  # a caller still holds a view: the mapping goes with it
+            pass
+
+
+def _decode_block(decoder: Decoder, data: bytes | memoryview, first_lineno: int, wire: bool = False
+                  ) -> tuple[list[pa.Table], list[RecordParseError], int]:
+    """Tables, errors (in line order) and the number of lines of a block of whole lines, the
+    first numbered ``first_lineno``.
+
+    The native scanner (:mod:`lorien.formats.native`) takes blocks whose every line it can
+    reproduce exactly; any other block is decoded line by line in Python (:func:`_decode_lines`).
+    With ``wire`` the tables are in the form to send to another process (see :func:`_assemble`).
+    """
+    native_table = _native_table(decoder, data, wire)
+    if native_table is not None:
+        table, n_lines = native_table
+        return [table], [], n_lines
+    data = bytes(data)
+    tables, errors = [], []
+    for table, batch_errors in _decode_lines(decoder, io.BytesIO(data), first_lineno, False, 1 << 62):
+        tables.append(_to_wire(table) if wire else table)
+        errors.extend(batch_errors)
+    return tables, errors, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _native_table(decoder: Decoder, data: bytes | memoryview, wire: bool = False) -> tuple[pa.Table, int] | None:
+    """The table and line count of a block through the native scanner, or None where the block
+    needs Python."""
+    from lorien.formats import native
+
+    if native.library() is None:
+        return None
+    scan = native.scan_autotvm(data)
+    if isinstance(scan, int) or scan.rows == 0:
+        return None
+    group_rows = np.flatnonzero(scan.group_start)
+    group_variants = []
+    for row in group_rows.tolist():
+        start = int(scan.line_start[row])
+        line = bytes(data[start:start + int(scan.line_len[row])])
+        variant = _line_variant(decoder, line, int(scan.cut_config[row]), int(scan.cut_version[row]))
+        if variant is None:
+            return None
+        group_variants.append(variant)
+    group_lengths = np.diff(np.append(group_rows, scan.rows))
+    variant = np.repeat(np.array(group_variants, dtype=np.int32), group_lengths)
+    workloads = decoder.workloads
+    heads = b"".join(workloads[decoder.variants[v][0]].id_prefix for v in group_variants)
+    row_head = np.repeat(np.arange(len(group_variants), dtype=np.int32), group_lengths)
+    costs = pa.ListArray.from_arrays(pa.array(scan.cost_offsets), pa.array(scan.cost_values))
+    config = pa.StringArray.from_buffers(scan.rows, pa.py_buffer(scan.config_offsets), pa.py_buffer(scan.config_bytes))
+    hex_ids = native.record_ids(scan, heads, row_head)
+    if hex_ids is not None:
+        record_ids = _fixed_width_strings(scan.rows, hex_ids)
+    else:
+        config_bytes, bounds = scan.config_bytes.tobytes(), scan.config_offsets.tolist()
+        record_ids = hash_record_ids([heads[32 * g:32 * g + 32] for g in row_head.tolist()],
+                                     [config_bytes[a:b] for a, b in itertools.pairwise(bounds)],
+                                     costs, scan.error_no, scan.timestamp)
+    table = _assemble(decoder, variant, record_ids, config, costs, scan.error_no, scan.all_cost, scan.timestamp, wire)
+    return table, scan.lines
+
+
+def _line_variant(decoder: Decoder, line: bytes, p_config: int, p_version: int) -> int | None:
+    """The variant of a line cut at ``p_config`` and ``p_version``, decoding it should its input
+    or version tail be new; None when the line is not what the cuts say (Python decides then)."""
+    for attempt in range(2):
+        workload = decoder._by_raw_input.get(line[10:p_config])
+        if workload is not None:
+            variant = decoder.variant_of_tail.get((workload.index, line[p_version:]))
+            if variant is not None:
+                return variant
+        if attempt == 0:
+            try:
+                decoder.decode(line)
+            except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError):
+                return None
+    return None
 
 
 def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, strict: bool, batch_size: int
@@ -363,7 +468,7 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
     collecting = gc.isenabled()
     gc.disable()
     try:
-        last_head, last_tail, last_variant = b"\n", b"\n", None  # never a line's head or tail
+        last_head, last_tail, last_variant = b"\n\n", b"\n\n", None  # two newlines: never in one line
         last_p_config = tail_length = 0
         last_skeleton, last_run_starts = None, None
         for lineno, line in enumerate(lines, first_lineno):
@@ -454,9 +559,8 @@ def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, s
             gc.enable()
 
 
-def _chunk_bounds(path: str | Path, chunk_bytes: int) -> list[tuple[int, int]]:
+def _block_bounds(path: str | Path, chunk_bytes: int) -> Iterator[tuple[int, int]]:
     """(start, end) byte ranges of about ``chunk_bytes`` each, cut after a newline."""
-    bounds = []
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
         start = 0
@@ -464,9 +568,8 @@ def _chunk_bounds(path: str | Path, chunk_bytes: int) -> list[tuple[int, int]]:
             handle.seek(min(start + chunk_bytes, size))
             handle.readline()
             end = min(handle.tell(), size)
-            bounds.append((start, end))
+            yield start, end
             start = end
-    return bounds
 
 
 #: Per worker process: the decoder of each log it works on, so workloads are parsed once.
@@ -479,25 +582,22 @@ def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list
     if decoder is None:
         _WORKER_DECODERS.clear()
         decoder = _WORKER_DECODERS[path] = Decoder(path)
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        data = handle.read(end - start)
-    n_lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    tables, errors = [], []
-    for table, batch_errors in _decode_lines(decoder, io.BytesIO(data), 1, False, 1 << 30):
-        tables.append(table)
-        errors.extend((error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in batch_errors)
-    return tables, errors, n_lines
+    with _mapped(path, start, end) as data:
+        tables, errors, n_lines = _decode_block(decoder, data, 1, wire=True)
+    return tables, [(error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in errors], n_lines
 
 
 def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, workers: int, chunk_bytes: int
                           ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     source = str(path)
-    bounds = iter(_chunk_bounds(path, chunk_bytes))
+    yield from _rebatch(_decode_in_workers(source, workers, chunk_bytes), batch_size, strict, source)
+
+
+def _decode_in_workers(source: str, workers: int, chunk_bytes: int
+                       ) -> Iterator[tuple[list[pa.Table], list[RecordParseError]]]:
+    """(tables, errors) of each block of the log in file order, decoded by ``workers`` forked processes."""
+    bounds = _block_bounds(source, chunk_bytes)
     pending: deque = deque()
-    held: list[pa.Table] = []
-    held_rows = 0
-    errors: list[RecordParseError] = []
     line_offset = 0
     # pyarrow imports pandas (when installed) on its first array conversion, about half a second
     # of CPU: do it here once, before the fork, rather than in every worker
@@ -510,24 +610,35 @@ def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, worke
                 tables, chunk_errors, n_lines = pending.popleft().result()
                 for start, end in itertools.islice(bounds, 1):
                     pending.append(pool.submit(_decode_chunk, source, start, end))
-                for line, message in chunk_errors:
-                    error = RecordParseError(message, source, line_offset + line)
-                    if strict:
-                        raise error
-                    errors.append(error)
+                yield [_from_wire(table) for table in tables], [
+                    RecordParseError(message, source, line_offset + line) for line, message in chunk_errors]
                 line_offset += n_lines
-                for table in tables:
-                    held.append(table)
-                    held_rows += table.num_rows
-                while held_rows >= batch_size:
-                    merged = pa.concat_tables(held)
-                    yield merged.slice(0, batch_size), errors
-                    errors = []
-                    rest = merged.slice(batch_size)
-                    held, held_rows = ([rest] if rest.num_rows else []), rest.num_rows
         finally:
             for future in pending:
                 future.cancel()
+
+
+def _rebatch(blocks: Iterable[tuple[list[pa.Table], list[RecordParseError]]], batch_size: int, strict: bool,
+             source: str) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+    """Tables of ``batch_size`` rows (the last may be shorter) from the tables of each block, in
+    order; each block's errors go with the next table handed out. With ``strict`` the first
+    error is raised before any row of its block is handed out."""
+    held: list[pa.Table] = []
+    held_rows = 0
+    errors: list[RecordParseError] = []
+    for tables, block_errors in blocks:
+        if strict and block_errors:
+            raise block_errors[0]
+        errors.extend(block_errors)
+        for table in tables:
+            held.append(table)
+            held_rows += table.num_rows
+        while held_rows >= batch_size:
+            merged = pa.concat_tables(held)
+            yield merged.slice(0, batch_size), errors
+            errors = []
+            rest = merged.slice(batch_size)
+            held, held_rows = ([rest] if rest.num_rows else []), rest.num_rows
     if held_rows or errors:
         merged = pa.concat_tables(held) if held else _Batch().table(Decoder(source), [], strict)
         yield merged, errors
@@ -612,81 +723,137 @@ class _Batch:
         if numbers is None and self.size:
             self.redecode(decoder, errors, strict)
             numbers = self.numbers() if self.size else None
-        n = self.size
         if numbers is None:
             costs_array = pa.array([], type=pa.list_(pa.float64()))
             error_no, all_cost, timestamp = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
         else:
             costs_array, error_no, all_cost, timestamp = numbers
-        variants = np.array(decoder.variants, dtype=np.int32).reshape(-1, 2)
         variant = np.array(self.variant, dtype=np.int32)
-        wl_index = pa.array(variants[variant, 0] if n else np.zeros(0, dtype=np.int32))
-        extra_index = pa.array(variants[variant, 1] if n else np.zeros(0, dtype=np.int32))
-        zeros = pa.array(np.zeros(n, dtype=np.int32))
-
-        def per_workload(name: str, type_: pa.DataType) -> pa.Array:
-            return decoder.workload_column(name, type_).take(wl_index)
-
-        def constant(value: str) -> pa.Array:
-            return pa.array([value], type=pa.string()).take(zeros)
-
-        error_array = error_no.astype(np.int32)
-        columns = {
-            "record_id": self._record_ids(decoder, costs_array, error_no, timestamp),
-            "dialect": constant(DIALECT),
-            "target": per_workload("target", pa.string()),
-            "target_key": per_workload("target_key", pa.string()),
-            "target_raw": per_workload("target_raw", pa.string()),
-            "workload_key": per_workload("workload_key", pa.string()),
-            "task_name": per_workload("task_name", pa.string()),
-            "args": per_workload("args", pa.string()),
-            "layout": per_workload("layout", pa.string()),
-            "config": pa.array(self.config, type=pa.binary()).cast(pa.string()),
-            "costs": costs_array,
-            "cost_s": mean_costs(costs_array, error_array),
-            "error_no": pa.array(error_array),
-            "all_cost": pa.array(all_cost),
-            "timestamp": pa.array(timestamp),
-            "flop": per_workload("flop", pa.float64()),
-            "build": constant("{}"),
-            "extra": pa.array(decoder.extras, type=pa.string()).take(extra_index),
-            "source": constant(decoder.source),
-        }
-        return pa.Table.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+        record_ids = self._record_ids(decoder, costs_array, error_no, timestamp)
+        config = pa.array(self.config, type=pa.binary()).cast(pa.string())
+        return _assemble(decoder, variant, record_ids, config, costs_array, error_no, all_cost, timestamp)
 
     def _record_ids(self, decoder: Decoder, costs: pa.ListArray, error_no: np.ndarray, timestamp: np.ndarray
                     ) -> pa.Array:
-        """:func:`lorien.record.compute_record_id` of every row: the numbers part of each payload
-        (:func:`lorien.record.record_id_numbers`) is laid out for the whole batch at once."""
-        n = self.size
-        if n == 0:
-            return pa.array([], type=pa.string())
-        offsets = np.asarray(costs.offsets, dtype=np.int64)
-        counts = np.diff(offsets)
-        words = counts + 3
-        starts = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(words, out=starts[1:])
-        packed = np.empty(starts[-1], dtype="<u8")
-        values = np.asarray(costs.values, dtype="<f8")
-        packed[np.repeat(starts[:-1] - offsets[:-1], counts) + np.arange(len(values))] = values.view("<u8")
-        ends = starts[1:]
-        packed[ends - 3] = error_no.astype("<i8").view("<u8")
-        packed[ends - 2] = timestamp.astype("<f8").view("<u8")
-        packed[ends - 1] = counts
-        numbers = packed.tobytes()
-        byte_starts, byte_ends = (starts[:-1] * 8).tolist(), (ends * 8).tolist()
         workloads = decoder.workloads
         head_of_variant = [workloads[workload_index].id_prefix for workload_index, _ in decoder.variants]
-        sha256 = hashlib.sha256
-        digests = b"".join([
-            sha256(head_of_variant[variant] + config + numbers[start:end]).digest()
-            for variant, config, start, end in zip(self.variant, self.config, byte_starts, byte_ends, strict=True)])
-        raw = np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16].ravel()
-        text = np.empty(2 * len(raw), dtype=np.uint8)
-        text[0::2] = _HEX_DIGITS[raw >> 4]
-        text[1::2] = _HEX_DIGITS[raw & 15]
-        return pa.StringArray.from_buffers(n, pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32)),
-                                           pa.py_buffer(text.tobytes()))
+        return hash_record_ids([head_of_variant[variant] for variant in self.variant], self.config, costs, error_no,
+                               timestamp)
+
+
+def hash_record_ids(heads: list[bytes], configs: list[bytes], costs: pa.ListArray, error_no: np.ndarray,
+                    timestamp: np.ndarray) -> pa.Array:
+    """:func:`lorien.record.compute_record_id` of every row (its head, its config text as UTF-8):
+    the numbers part of each payload (:func:`lorien.record.record_id_numbers`) is laid out for
+    the whole batch at once."""
+    n = len(heads)
+    if n == 0:
+        return pa.array([], type=pa.string())
+    offsets = np.asarray(costs.offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    words = counts + 3
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(words, out=starts[1:])
+    packed = np.empty(starts[-1], dtype="<u8")
+    values = np.asarray(costs.values, dtype="<f8")[offsets[0]:offsets[-1]]
+    packed[np.repeat(starts[:-1] - (offsets[:-1] - offsets[0]), counts) + np.arange(len(values))] = values.view("<u8")
+    ends = starts[1:]
+    packed[ends - 3] = error_no.astype("<i8").view("<u8")
+    packed[ends - 2] = timestamp.astype("<f8").view("<u8")
+    packed[ends - 1] = counts
+    numbers = packed.tobytes()
+    byte_starts, byte_ends = (starts[:-1] * 8).tolist(), (ends * 8).tolist()
+    sha256 = hashlib.sha256
+    digests = b"".join([sha256(head + config + numbers[start:end]).digest()
+                        for head, config, start, end in zip(heads, configs, byte_starts, byte_ends, strict=True)])
+    raw = np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16].ravel()
+    text = np.empty(2 * len(raw), dtype=np.uint8)
+    text[0::2] = _HEX_DIGITS[raw >> 4]
+    text[1::2] = _HEX_DIGITS[raw & 15]
+    return _fixed_width_strings(n, text.tobytes())
+
+
+def _fixed_width_strings(n: int, data: bytes) -> pa.Array:
+    """A string array of ``n`` values of 32 ASCII characters each, laid one after another in ``data``."""
+    return pa.StringArray.from_buffers(n, pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32)),
+                                       pa.py_buffer(data))
+
+
+#: Columns whose value is one of a few per table (per workload, per version tail, or constant):
+#: worker processes send them dictionary-encoded (:func:`_assemble` with ``wire``).
+SHARED_VALUE_COLUMNS = ("dialect", "target", "target_key", "target_raw", "workload_key", "task_name", "args",
+                        "layout", "flop", "build", "extra", "source")
+
+
+def _assemble(decoder: Decoder, variant: np.ndarray, record_ids: pa.Array, config: pa.Array, costs: pa.ListArray,
+              error_no: np.ndarray, all_cost: np.ndarray, timestamp: np.ndarray, wire: bool = False) -> pa.Table:
+    """The table (ARROW_SCHEMA) of rows given their variants and their own columns.
+
+    With ``wire`` the columns of :data:`SHARED_VALUE_COLUMNS` are dictionary arrays holding only
+    the values these rows use (a table to send to another process; :func:`_from_wire` undoes it)."""
+    n = len(variant)
+    variants = np.array(decoder.variants, dtype=np.int32).reshape(-1, 2)
+    wl_index = variants[variant, 0] if n else np.zeros(0, dtype=np.int32)
+    extra_index = variants[variant, 1] if n else np.zeros(0, dtype=np.int32)
+
+    def gather(values: pa.Array, index: np.ndarray) -> pa.Array:
+        if not wire:
+            return values.take(pa.array(index))
+        used, positions = np.unique(index, return_inverse=True)
+        return pa.DictionaryArray.from_arrays(pa.array(positions.astype(np.int32).reshape(-1)), values.take(pa.array(used)))
+
+    def per_workload(name: str, type_: pa.DataType) -> pa.Array:
+        return gather(decoder.workload_column(name, type_), wl_index)
+
+    zeros = np.zeros(n, dtype=np.int32)
+
+    def constant(value: str) -> pa.Array:
+        return gather(pa.array([value], type=pa.string()), zeros)
+
+    error_array = error_no.astype(np.int32)
+    columns = {
+        "record_id": record_ids,
+        "dialect": constant(DIALECT),
+        "target": per_workload("target", pa.string()),
+        "target_key": per_workload("target_key", pa.string()),
+        "target_raw": per_workload("target_raw", pa.string()),
+        "workload_key": per_workload("workload_key", pa.string()),
+        "task_name": per_workload("task_name", pa.string()),
+        "args": per_workload("args", pa.string()),
+        "layout": per_workload("layout", pa.string()),
+        "config": config,
+        "costs": costs,
+        "cost_s": mean_costs(costs, error_array),
+        "error_no": pa.array(error_array),
+        "all_cost": pa.array(all_cost),
+        "timestamp": pa.array(timestamp),
+        "flop": per_workload("flop", pa.float64()),
+        "build": constant("{}"),
+        "extra": gather(pa.array(decoder.extras, type=pa.string()), extra_index),
+        "source": constant(decoder.source),
+    }
+    arrays = [columns[f.name] for f in ARROW_SCHEMA]
+    if wire:
+        return pa.Table.from_arrays(arrays, names=ARROW_SCHEMA.names)
+    return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _to_wire(table: pa.Table) -> pa.Table:
+    """A table of ARROW_SCHEMA in the form :func:`_assemble` gives with ``wire``."""
+    return pa.Table.from_arrays([column.combine_chunks().dictionary_encode() if name in SHARED_VALUE_COLUMNS
+                                 else column for name, column in zip(table.column_names, table.columns, strict=True)],
+                                names=table.column_names)
+
+
+def _from_wire(table: pa.Table) -> pa.Table:
+    """The ARROW_SCHEMA table of a table sent by a worker process (dictionaries decoded)."""
+    columns = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if name in SHARED_VALUE_COLUMNS:
+            column = pa.chunked_array([chunk.dictionary.take(chunk.indices) for chunk in column.chunks],
+                                      type=ARROW_SCHEMA.field(name).type)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def mean_costs(costs: pa.ListArray, error_no: np.ndarray) -> pa.Array:
