@@ -735,9 +735,12 @@ class ParquetCommit:
         table = _dedupe(table)
         ids = table.column("record_id").to_pylist()
         known, unpublished = self._known, self._unpublished_ids
-        fresh = np.fromiter((rid not in known and rid not in unpublished for rid in ids), dtype=bool,
-                            count=len(ids))
-        if not fresh.all():
+        if known.isdisjoint(ids) and unpublished.isdisjoint(ids):  # the usual case, checked in C
+            fresh = None
+        else:
+            fresh = np.fromiter((rid not in known and rid not in unpublished for rid in ids), dtype=bool,
+                                count=len(ids))
+        if fresh is not None and not fresh.all():
             table = table.filter(pa.array(fresh))
             ids = [rid for rid, keep in zip(ids, fresh, strict=True) if keep]
         unpublished.update(ids)
