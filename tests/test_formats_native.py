@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from lorien.formats import autotvm, native
@@ -203,3 +204,23 @@ def test_mutated_lines_give_the_same_records_and_errors_either_way(shared_data, 
     blocks = [native.scan_autotvm(b"".join(chunk)) for chunk in np.array_split(
         np.array([(line + "\n").encode() for line in lines], dtype=object), 120)]
     assert any(not isinstance(scan, int) for scan in blocks) and any(isinstance(scan, int) for scan in blocks)
+
+
+def test_worker_processes_send_shared_columns_dictionary_encoded_and_lose_nothing(shared_data, tmp_path):
+    """Every TopHub log in one file (unknown FLOPs and several targets included), decoded by two
+    workers in small blocks: the same tables as one process."""
+    lines = []
+    for log in sorted((shared_data / "tophub").glob("*.log")):
+        lines.extend(line for line in log.read_text().splitlines() if line.startswith("{"))
+    record = real_record(shared_data)
+    lines.append(json.dumps(dict(record, input=["llvm", "no_such_op", [7], {}])))  # FLOPs unknown: null
+    path = write(tmp_path, "all.log", lines)
+    serial = list(autotvm.iter_tables(path, workers=1, batch_size=300))
+    parallel = list(autotvm._iter_tables_parallel(path, False, 300, 2, 32 << 10))
+    assert [t.num_rows for t, _ in parallel] == [t.num_rows for t, _ in serial]
+    assert all(t.schema.equals(s.schema) for (t, _), (s, _) in zip(parallel, serial, strict=True))
+    assert [t.to_pylist() for t, _ in parallel] == [t.to_pylist() for t, _ in serial]
+    assert parallel[-1][0].column("flop").to_pylist()[-1] is None
+    wire = autotvm._to_wire(serial[0][0])
+    assert all(pa.types.is_dictionary(wire.schema.field(name).type) for name in autotvm.SHARED_VALUE_COLUMNS)
+    assert autotvm._from_wire(wire).equals(serial[0][0])

@@ -5,6 +5,8 @@ Decoding is cached per distinct workload (target, task, args): target parsing, t
 workload key, the layout and the FLOP count are computed once per workload, not per line.
 Lines laid out as TVM writes them are cut at their top-level keys so that only the config
 and the result are parsed per line; any other layout goes through a full JSON parse.
+Blocks of such lines go through the native scanner (:mod:`lorien.formats.native`) when it
+can reproduce every line of the block exactly, and through the Python decoder otherwise.
 """
 
 from __future__ import annotations
@@ -363,10 +365,10 @@ def _mapped(path: str | Path, start: int, end: int) -> Iterator[memoryview]:
     try:
         yield view
     finally:
-        view.release()
         try:
+            view.release()
             mapping.close()
-        except BufferError:  # a caller still holds a view: the mapping goes with it
+        except BufferError:  # something still holds a view: the mapping goes with it
             pass
 
 
