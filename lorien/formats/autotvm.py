@@ -34,6 +34,7 @@ import orjson
 import pyarrow as pa
 
 from lorien.errors import RecordParseError, TargetError
+from lorien.formats import native
 from lorien.formats.base import is_skipped, iter_lines, parse_error
 from lorien.record import ARROW_SCHEMA, TuningRecord, record_id_head, record_id_numbers
 from lorien.target import parse_target
@@ -396,8 +397,6 @@ def _decode_block(decoder: Decoder, data: bytes | memoryview, first_lineno: int,
 def _native_table(decoder: Decoder, data: bytes | memoryview, wire: bool = False) -> tuple[pa.Table, int] | None:
     """The table and line count of a block through the native scanner, or None where the block
     needs Python."""
-    from lorien.formats import native
-
     if native.library() is None:
         return None
     scan = native.scan_autotvm(data)
@@ -602,8 +601,10 @@ def _decode_in_workers(source: str, workers: int, chunk_bytes: int
     pending: deque = deque()
     line_offset = 0
     # pyarrow imports pandas (when installed) on its first array conversion, about half a second
-    # of CPU: do it here once, before the fork, rather than in every worker
+    # of CPU: do it here once, before the fork, rather than in every worker; the same for loading
+    # the native scanner and finding libcrypto
     pa.array(np.zeros(0))
+    native.sha256_functions()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         try:
             for start, end in itertools.islice(bounds, 2 * workers):
