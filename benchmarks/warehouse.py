@@ -11,7 +11,16 @@ peak memory is its own), then:
 - the baseline answers the same queries with a plain pandas scan of the same records
   (boolean filter + sort on an in-memory DataFrame), and cold (a fresh Python process that
   reads the Parquet records with pandas, then filters) for the cold comparison;
-- TVM's JSONDatabase is timed loading the same records when apache-tvm is importable.
+- TVM's MetaSchedule JSONDatabase, where apache-tvm is importable (otherwise one line says why
+  it was skipped). It does not read AutoTVM logs, so this baseline has records of its own: a
+  JSONDatabase of ``--tvm-records`` records (20,000 by default, 2,000 with ``--quick``) made from
+  the real pairs in ../shared/data/meta_schedule (the workloads unchanged, their records repeated
+  with varied run_secs). A fresh process imports TVM, loads the database and asks get_top_k for
+  one workload (import time reported apart), then times get_top_k warm; Lorien ingests the same
+  database into a fresh parquet store (ingest_paths) and answers the same workloads with
+  ``best()`` warm and a cold ``lorien query`` process. Warm latencies are p50 per workload
+  (get_top_k's cost depends on the workload), summarized as their mean. TVM's best records are
+  checked against Lorien's, and Lorien's export of its best records is loaded back by TVM.
 
 The last line is ``ingest_rps=... best_p50_ms=... best_p99_ms=... cold_query_s=... speedup_vs_pandas=...``
 (speed-up = pandas p50 / best() p50, both warm).
@@ -20,6 +29,7 @@ The last line is ``ingest_rps=... best_p50_ms=... best_p99_ms=... cold_query_s=.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -36,6 +46,8 @@ import orjson
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("LORIEN_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 CONFIGS_PER_WORKLOAD = 50
+MS_WORKLOAD_FILE = "database_workload.json"
+MS_RECORD_FILE = "database_tuning_record.json"
 
 INGEST_CHILD = """
 import json, resource, sys, time
@@ -80,6 +92,44 @@ hits = frame[(frame["workload_key"] == sys.argv[2]) & (frame["target"] == sys.ar
 print(hits.dropna(subset=["cost_s"]).nsmallest(1, "cost_s").to_json(orient="records"))
 """
 
+# A fresh process answering "the best record of this workload" from a MetaSchedule JSONDatabase:
+# import TVM, decode the first workload's module, load the database, commit_workload + get_top_k.
+# It reports when that answer was ready (epoch seconds, so the parent can time the process end to
+# end), then times get_top_k warm over every workload and gives each workload's best run_secs.
+TVM_CHILD = """
+import json, statistics, sys, time
+started = time.perf_counter()
+from tvm.s_tir.meta_schedule.database import JSONDatabase, Workload
+import_s = time.perf_counter() - started
+directory, warm_queries = sys.argv[1], int(sys.argv[2])
+with open(directory + "/database_workload.json") as handle:
+    entries = [json.loads(line) for line in handle if line.strip()]
+started = time.perf_counter()
+database = JSONDatabase(path_workload=directory + "/database_workload.json",
+                        path_tuning_record=directory + "/database_tuning_record.json", allow_missing=False)
+load_s = time.perf_counter() - started
+started = time.perf_counter()
+first = database.commit_workload(Workload.from_json(entries[0]).mod)
+top = database.get_top_k(first, 1)
+query_s = time.perf_counter() - started
+answered_at = time.time()
+assert top, "get_top_k found no record of the first workload"
+workloads = [database.commit_workload(Workload.from_json(entry).mod) for entry in entries]
+best = {}
+for entry, workload in zip(entries, workloads):
+    found = database.get_top_k(workload, 1)
+    best[str(entry[0])] = statistics.fmean(float(s) for s in found[0].run_secs) if found else None
+latencies = {str(entry[0]): [] for entry in entries}
+for number in range(warm_queries):
+    entry, workload = entries[number % len(entries)], workloads[number % len(workloads)]
+    started = time.perf_counter()
+    database.get_top_k(workload, 1)
+    latencies[str(entry[0])].append(time.perf_counter() - started)
+print(json.dumps({"records": len(database), "import_s": import_s, "load_s": load_s, "query_s": query_s,
+                  "answered_at": answered_at, "best": best,
+                  "warm_s_by_workload": {key: values for key, values in latencies.items() if values}}))
+"""
+
 
 def tophub_lines(data: Path) -> list[dict]:
     lines = []
@@ -122,6 +172,166 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def lorien_command() -> str:
+    """The ``lorien`` script of this interpreter's environment when it has one, else the one on PATH."""
+    beside = Path(sys.executable).parent / "lorien"
+    return str(beside) if beside.is_file() else "lorien"
+
+
+def tvm_unavailable() -> str | None:
+    """Why TVM's MetaSchedule JSONDatabase cannot be used here, or None when it can.
+
+    The import is tried in a child process, so a TVM build that crashes on import (a mismatched
+    apache-tvm-ffi, say) is reported instead of ending the benchmark.
+    """
+    if importlib.util.find_spec("tvm") is None:
+        return "apache-tvm is not installed"
+    probe = subprocess.run([sys.executable, "-c", "import tvm.s_tir.meta_schedule.database"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines()
+        return (f"apache-tvm is installed but `import tvm.s_tir.meta_schedule.database` failed "
+                f"(exit {probe.returncode}): {lines[-1] if lines else 'no message'}")
+    return None
+
+
+def meta_schedule_sources(data: Path) -> tuple[list[bytes], list[tuple[int, list]]]:
+    """Workload lines of every shared MetaSchedule database (renumbered in directory order) and
+    its records as (new workload index, [trace, run_secs, target, args_info])."""
+    workload_lines: list[bytes] = []
+    records: list[tuple[int, list]] = []
+    for directory in sorted(path for path in (data / "meta_schedule").iterdir() if path.is_dir()):
+        lines = [line for line in (directory / MS_WORKLOAD_FILE).read_bytes().splitlines() if line.strip()]
+        for line in (directory / MS_RECORD_FILE).read_bytes().splitlines():
+            if line.strip():
+                index, fields = orjson.loads(line)
+                records.append((len(workload_lines) + index, fields))
+        workload_lines.extend(lines)
+    if not records:
+        raise FileNotFoundError(f"no MetaSchedule database pairs under {data / 'meta_schedule'}")
+    return workload_lines, records
+
+
+def write_meta_schedule_database(directory: Path, records: int, data: Path = SHARED_DATA, seed: int = 0) -> list[str]:
+    """A MetaSchedule JSONDatabase pair of ``records`` records in ``directory``; returns the
+    workloads' structural hashes.
+
+    The workload file holds the shared databases' workloads unchanged; the record file cycles
+    through their records, each copy with its run_secs scaled by a random factor in [1, 2) (so
+    every record differs, and the real best stays the best). Lines are written as TVM writes them.
+    """
+    workload_lines, base = meta_schedule_sources(data)
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MS_WORKLOAD_FILE).write_bytes(b"".join(line + b"\n" for line in workload_lines))
+    with open(directory / MS_RECORD_FILE, "wb") as out:
+        for number in range(records):
+            index, fields = base[number % len(base)]
+            varied = list(fields)
+            if varied[1] is not None:
+                varied[1] = [cost * (1 + rng.random()) for cost in varied[1]]
+            out.write(orjson.dumps([index, varied]) + b"\n")
+    return [str(orjson.loads(line)[0]) for line in workload_lines]
+
+
+def run_tvm_child(directory: Path, warm_queries: int) -> dict:
+    """Run TVM_CHILD on a database; adds ``process_s``, from spawning it to its first answer."""
+    spawned_at = time.time()
+    child = subprocess.run([sys.executable, "-c", TVM_CHILD, str(directory), str(warm_queries)],
+                           capture_output=True, text=True)
+    if child.returncode != 0:
+        raise RuntimeError(f"TVM JSONDatabase child failed on {directory} (exit {child.returncode}): "
+                           f"{child.stderr.strip()[-2000:]}")
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    result["process_s"] = result["answered_at"] - spawned_at
+    return result
+
+
+def same_cost(left: float | None, right: float | None) -> bool:
+    """Costs equal up to TVM keeping run_secs as float32-typed values."""
+    return left is not None and right is not None and abs(left - right) <= 1e-6 * max(abs(left), abs(right))
+
+
+def tvm_baseline(workdir: Path, records: int, queries: int, cold_runs: int, nbest: int) -> str:
+    """TVM's JSONDatabase beside Lorien on the same MetaSchedule records; prints the details and
+    returns the summary line."""
+    from lorien.formats import write_log
+    from lorien.ingest import ingest_paths
+    from lorien.warehouse import open_store
+    from lorien.warehouse.query import export_records
+
+    database = workdir / "meta_schedule-database"
+    shashes = write_meta_schedule_database(database, records)
+    print(f"MetaSchedule database: {records:,} records of {len(shashes)} real workloads, "
+          f"{(database / MS_RECORD_FILE).stat().st_size / 2**20:.0f} MiB")
+
+    tvm = run_tvm_child(database, queries)
+    assert tvm["records"] == records, (tvm["records"], records)
+    tvm_p50_ms = {shash: percentile(tvm["warm_s_by_workload"][shash], 0.5) * 1e3 for shash in shashes}
+    tvm_warm_ms = statistics.fmean(tvm_p50_ms.values())
+    print(f"  TVM: import {tvm['import_s']:.2f} s, JSONDatabase load {tvm['load_s']:.2f} s "
+          f"({records / tvm['load_s']:,.0f} records/s), commit_workload+get_top_k {tvm['query_s'] * 1e3:.1f} ms; "
+          f"fresh process to first answer {tvm['process_s']:.2f} s; get_top_k warm p50 by workload: "
+          f"{', '.join(f'{shash} {value:.4f} ms' for shash, value in tvm_p50_ms.items())}")
+
+    store_dir = workdir / "meta_schedule-warehouse"
+    shutil.rmtree(store_dir, ignore_errors=True)
+    store_uri = f"parquet:{store_dir}"
+    report = ingest_paths([database], store_uri=store_uri, nbest=nbest)
+    assert report.records == records and not report.errors, report.summary()
+    ingest_rps = report.records / report.seconds
+    store = open_store(store_uri)
+    targets = dict(store.scan(columns=["workload_key", "target"]).to_pandas()
+                   .drop_duplicates("workload_key").itertuples(index=False))
+    pairs = [(shash, targets[shash]) for shash in shashes]
+    lorien_best = {shash: store.best(shash, target, k=1)[0].cost_s for shash, target in pairs}
+    for shash, target in pairs:  # warm up, as for the AutoTVM store
+        store.best(shash, target, k=1)
+    latencies: dict[str, list[float]] = {shash: [] for shash in shashes}
+    for number in range(queries):
+        shash, target = pairs[number % len(pairs)]
+        started = time.perf_counter()
+        found = store.best(shash, target, k=1)
+        latencies[shash].append(time.perf_counter() - started)
+        assert found, (shash, target)
+    lorien_p50_ms = {shash: percentile(values, 0.5) * 1e3 for shash, values in latencies.items()}
+    best_p50_ms = statistics.fmean(lorien_p50_ms.values())
+    cold = []
+    for number in range(cold_runs):
+        shash, target = pairs[number % len(pairs)]
+        started = time.perf_counter()
+        subprocess.run([lorien_command(), "query", "--workload-key", shash, "--target", target,
+                        "--store", store_uri, "--format", "json"], check=True, capture_output=True)
+        cold.append(time.perf_counter() - started)
+    cold_s = statistics.median(cold)
+    print(f"  Lorien: ingest {report.records:,} records in {report.seconds:.2f} s ({ingest_rps:,.0f} records/s), "
+          f"best() warm p50 by workload: {', '.join(f'{shash} {value:.4f} ms' for shash, value in lorien_p50_ms.items())} "
+          f"({queries} queries in all), "
+          f"cold `lorien query` median {cold_s:.3f} s over {cold_runs} runs")
+
+    disagree = [shash for shash in shashes if not same_cost(tvm["best"].get(shash), lorien_best[shash])]
+    print("  best records: TVM and Lorien agree on every workload" if not disagree else
+          f"  best records DISAGREE on {disagree}: TVM {tvm['best']}, Lorien {lorien_best}")
+    exported = workdir / "meta_schedule-export"
+    shutil.rmtree(exported, ignore_errors=True)
+    export_dirs = {target: exported / str(n) for n, target in enumerate(sorted({target for _, target in pairs}))}
+    written = sum(write_log(export_records(store, target, "meta_schedule"), "meta_schedule", directory)
+                  for target, directory in export_dirs.items())
+    store.close()
+    round_trip = [run_tvm_child(directory, 0) for directory in export_dirs.values()]
+    loaded = {shash: cost for result in round_trip for shash, cost in result["best"].items()}
+    lost = [shash for shash in shashes if not same_cost(loaded.get(shash), lorien_best[shash])]
+    print(f"  round trip: Lorien's export (best per workload, {written} records) loaded by TVM: "
+          + ("the same best records" if not lost else f"MISMATCH for {lost}: TVM read {loaded}, Lorien {lorien_best}"))
+
+    return (f"TVM JSONDatabase baseline: {records:,} records; load+top-k in a fresh process "
+            f"{tvm['process_s']:.2f} s (import {tvm['import_s']:.2f} s, load {tvm['load_s']:.2f} s); "
+            f"get_top_k warm p50 {tvm_warm_ms:.4f} ms; Lorien: ingest {ingest_rps:,.0f} records/s, "
+            f"best() p50 {best_p50_ms:.4f} ms, cold query {cold_s:.3f} s (warm p50s: mean over the "
+            f"{len(shashes)} workloads); "
+            f"speed-up: warm {tvm_warm_ms / best_p50_ms:.2f}x, cold {tvm['process_s'] / cold_s:.1f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="50,000 records instead of 1,000,000")
@@ -129,9 +339,13 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=2000, help="warm best() calls timed")
     parser.add_argument("--cold-runs", type=int, default=5, help="cold `lorien query` processes timed")
     parser.add_argument("--nbest", type=int, default=20, help="serving depth committed")
+    parser.add_argument("--tvm-records", type=int,
+                        help="records of the MetaSchedule database for the TVM baseline "
+                             "(default 20,000; 2,000 with --quick)")
     parser.add_argument("--workdir", help="keep the log and store here (default: a temporary directory)")
     options = parser.parse_args()
     records = options.records or (50_000 if options.quick else 1_000_000)
+    tvm_records = options.tvm_records or (2_000 if options.quick else 20_000)
 
     workdir = Path(options.workdir or tempfile.mkdtemp(prefix="lorien-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +402,7 @@ def main() -> int:
         cold = []
         for workload_key, target in queries[:options.cold_runs]:
             started = time.perf_counter()
-            subprocess.run(["lorien", "query", "--workload-key", workload_key, "--target", target,
+            subprocess.run([lorien_command(), "query", "--workload-key", workload_key, "--target", target,
                             "--store", store_uri, "--format", "json"], check=True, capture_output=True)
             cold.append(time.perf_counter() - started)
         cold_query_s = statistics.median(cold)
@@ -219,13 +433,11 @@ def main() -> int:
         speedup = pandas_p50_ms / best_p50_ms
         print(f"speed-up vs pandas: warm {speedup:.0f}x, cold {pandas_cold_s / cold_query_s:.1f}x")
 
-        try:
-            import tvm  # noqa: F401
-        except ImportError:
-            print("TVM JSONDatabase baseline: skipped (apache-tvm is not installed)")
+        why_not = tvm_unavailable()
+        if why_not:
+            print(f"TVM JSONDatabase baseline: skipped ({why_not})")
         else:
-            print("TVM JSONDatabase baseline: skipped (apache-tvm found, but records are AutoTVM, "
-                  "which JSONDatabase does not load)")
+            print(tvm_baseline(workdir, tvm_records, options.queries, options.cold_runs, options.nbest))
 
         load_1, load_5, _ = os.getloadavg()
         print(f"machine: {os.cpu_count()} cores, load average {load_1:.1f} (1 min) {load_5:.1f} (5 min)")
