@@ -446,14 +446,19 @@ def _run_export(args: argparse.Namespace) -> int:
     from lorien.formats import encode_record, write_log
     from lorien.warehouse.query import export_records
 
+    workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
                                  by_alternate_key=args.alternate_key)
+        if args.format == "meta_schedule":
+            from lorien.formats import meta_schedule
+
+            workloads = store.get_workloads(meta_schedule.referenced_hashes(records))
     if not records:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
     if args.output:
-        count = write_log(records, args.format, args.output)
+        count = write_log(records, args.format, args.output, workloads)
         print(f"wrote {count} records to {args.output}", file=sys.stderr)
     elif args.format == "meta_schedule":
         raise LorienError("export --format meta_schedule writes a directory: give it with -o DIR")

@@ -1,7 +1,9 @@
 """Pour tuning logs into a warehouse: files or whole directories, any of TVM's three formats.
 
 Lines that fail to parse are reported with file and line and skipped; with ``strict`` the
-whole ingest is refused and nothing is committed.
+whole ingest is refused and nothing is committed. A MetaSchedule database's workload entries
+are kept in the store (``Store.put_workloads``) before its first records; entries are
+content-addressed, so one kept by an ingest that is then refused is invisible and harmless.
 """
 
 from __future__ import annotations
@@ -120,18 +122,18 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     store = open_store(store_uri)
     report = IngestReport(store_uri=store.uri)
 
-    def ingest_all(add) -> None:
-        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add) for log in logs]
+    def ingest_all(add, put_workloads) -> None:
+        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads) for log in logs]
 
     try:
         transaction = getattr(store, "transaction", None)
         if transaction is not None:
             with transaction(nbest, publish_each_batch=not strict) as commit:
-                ingest_all(commit.add)
+                ingest_all(commit.add, store.put_workloads)
         else:
-            if strict:
-                ingest_all(lambda table: CommitResult())  # validate every line before committing any
-            ingest_all(lambda table: store.commit(table, nbest))
+            if strict:  # validate every line before committing any
+                ingest_all(lambda table: CommitResult(), lambda entries: 0)
+            ingest_all(lambda table: store.commit(table, nbest), store.put_workloads)
     finally:
         store.close()
     report.seconds = time.perf_counter() - started
@@ -139,16 +141,22 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
 
 def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int,
-                add: Callable[[pa.Table], CommitResult]) -> FileReport:
-    from lorien.formats import detect_format, iter_log_tables
+                add: Callable[[pa.Table], CommitResult],
+                put_workloads: Callable[[dict[str, str]], int]) -> FileReport:
+    from lorien.formats import detect_format, iter_log_tables, meta_schedule
 
     log_format = chosen_format or detect_format(log)
     file_report = FileReport(path=str(log), format=log_format)
+    workloads_kept = False
     for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size):
         if errors:
             if strict:
                 raise errors[0]
             file_report.errors.extend(errors)
+        if table.num_rows and log_format == "meta_schedule" and not workloads_kept:
+            # records name their workload by hash: its entry is kept first, once per database
+            put_workloads(meta_schedule.workload_texts(log))
+            workloads_kept = True
         if table.num_rows:
             result = add(table)
             file_report.records += table.num_rows

@@ -112,3 +112,16 @@ def test_an_unreachable_s3_endpoint_is_named():
 def test_archiving_a_missing_log_file_names_it(tmp_path):
     with pytest.raises(StoreError, match="absent.log"):
         archive_log(Path(tmp_path / "absent.log"), str(tmp_path / "dest"))
+
+
+def test_meta_schedule_records_are_archived_with_the_workload_entries_they_name(shared_data, tmp_path):
+    from lorien.formats import meta_schedule, read_log
+
+    database = shared_data / "meta_schedule" / "matmul_128"
+    records = read_log(database).records
+    written = archive_records(records, str(tmp_path / "logs"), name="run2")
+    assert [Path(uri).name for uri in written] == ["run2-meta_schedule.lorien.jsonl",
+                                                    "run2-meta_schedule.workloads.jsonl"]
+    lines = [orjson.loads(line) for line in Path(written[1]).read_text().splitlines()]
+    assert {line["workload_hash"]: meta_schedule.entry_text(line["entry"]) for line in lines} == \
+        meta_schedule.workload_texts(database)

@@ -317,3 +317,24 @@ def test_reading_a_store_directory_that_does_not_exist_is_an_error_naming_it(tmp
         assert main([*argv, "--store", f"parquet:{missing}"]) == 1
         assert f"no warehouse at '{missing}'" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_a_meta_schedule_database_exported_by_another_process_comes_back_json_equal(capsys, shared_data, tmp_path):
+    """The warehouse keeps each workload entry once (not in every record), and a fresh process,
+    which never read the database, exports it from there."""
+    database = shared_data / "meta_schedule" / "conv_56_64"
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    run_cli(capsys, "ingest", str(database), "--store", store_uri)
+    kept = sorted(path.name for path in (tmp_path / "warehouse" / "workloads").iterdir())
+    workload_lines = (database / "database_workload.json").read_text().splitlines()
+    assert len(kept) == len(workload_lines)
+    store = open_store(store_uri)
+    assert max(len(extra) for extra in store.scan(columns=["extra"]).column("extra").to_pylist()) < 200
+    target = store.scan(columns=["target"]).column("target")[0].as_py()
+    out = tmp_path / "exported"
+    subprocess.run([sys.executable, "-m", "lorien.cli", "export", "--target", target, "--format", "meta_schedule",
+                    "--all", "--store", store_uri, "-o", str(out)], check=True, capture_output=True)
+    lines = lambda path: sorted(json.dumps(json.loads(line), sort_keys=True)  # noqa: E731
+                                for line in path.read_text().splitlines())
+    assert lines(out / "database_workload.json") == lines(database / "database_workload.json")
+    assert lines(out / "database_tuning_record.json") == lines(database / "database_tuning_record.json")

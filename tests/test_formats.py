@@ -351,3 +351,52 @@ def test_a_record_is_written_only_in_its_own_dialect_format(shared_data, tmp_pat
         encode_record(record, "autotvm")
     with pytest.raises(DialectError, match="cannot be written as 'meta_schedule'"):
         write_log([record], "meta_schedule", tmp_path / "db")
+
+
+# ---------------------------------------------------------------- MetaSchedule workload entries
+
+def test_meta_schedule_records_name_their_workload_by_hash_not_by_module(shared_data):
+    from lorien.formats import meta_schedule
+
+    database = shared_data / "meta_schedule" / "conv_56_64"
+    records = read_log(database).records
+    entries = meta_schedule.workload_texts(database)
+    extras = [json.loads(record.extra) for record in records]
+    assert all("workload" not in extra and extra["workload_hash"] in entries for extra in extras)
+    assert max(len(record.extra) for record in records) < 200  # the module (tens of KB) is kept once
+    assert meta_schedule.referenced_hashes(records) == set(entries)
+
+
+def test_a_meta_schedule_record_whose_entry_is_not_at_hand_is_refused_before_writing(shared_data, tmp_path,
+                                                                                       monkeypatch):
+    from lorien.formats import meta_schedule
+
+    database = shared_data / "meta_schedule" / "matmul_128"
+    records = read_log(database).records
+    entries = meta_schedule.workload_texts(database)
+    monkeypatch.setattr(meta_schedule, "_KNOWN", {})  # a process that never read the database
+    digest = next(iter(entries))
+    with pytest.raises(RecordParseError, match=f"workload {digest}.*not at hand"):
+        write_log(records, "meta_schedule", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert write_log(records, "meta_schedule", tmp_path / "out", workloads=entries) == len(records)
+    assert [json.loads(line) for line in (tmp_path / "out" / "database_workload.json").read_text().splitlines()] == \
+        [json.loads(line) for line in (database / "database_workload.json").read_text().splitlines()]
+
+
+def test_meta_schedule_records_of_older_versions_carry_their_module_and_still_write(shared_data, tmp_path,
+                                                                                     monkeypatch):
+    from lorien.formats import meta_schedule
+
+    database = shared_data / "meta_schedule" / "matmul_128"
+    records = read_log(database).records
+    entries = meta_schedule.workload_texts(database)
+    monkeypatch.setattr(meta_schedule, "_KNOWN", {})
+    old = []
+    for record in records:
+        extra = json.loads(record.extra)
+        extra["workload"] = json.loads(entries[extra.pop("workload_hash")])
+        old.append(record.with_changes(extra=json.dumps(extra), record_id=record.record_id))
+    write_log(old, "meta_schedule", tmp_path / "old")
+    assert [json.loads(line) for line in (tmp_path / "old" / "database_tuning_record.json").read_text().splitlines()] == \
+        [json.loads(line) for line in (database / "database_tuning_record.json").read_text().splitlines()]

@@ -239,3 +239,15 @@ def test_compaction_keeps_every_answer(store):
     after = (store.best("dense#a", SKYLAKE, k=4), store.best("conv#b", SKYLAKE, k=2, per_layout=True),
              sorted(store.scan().column("record_id").to_pylist()), store.workloads(SKYLAKE))
     assert after == before
+
+
+def test_workload_entries_are_kept_once_and_read_back_by_hash(store):
+    entries = {"0" * 31 + "1": '["123", {"module": "a"}]', "f" * 32: '["456", {"module": "' + "b" * 30000 + '"}]'}
+    assert store.get_workloads(entries) == {}
+    assert store.put_workloads(entries) == 2
+    assert store.put_workloads(entries) == 0  # content-addressed: nothing new
+    assert store.get_workloads(["f" * 32, "0" * 31 + "1", "e" * 32]) == entries
+    store.commit(workload_records("dense#a", 2))
+    assert store.workloads() == ["dense#a"]  # entries are not records
+    assert store.scan().num_rows == 2
+    assert store.stats()["workloads"] == 1

@@ -10,7 +10,7 @@ Reading then writing a log gives back records JSON-equal to the input, line for 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -158,8 +158,11 @@ def decode_line(line: str | bytes, format: str, path: str | Path | None = None,
     return codec.decode_line(line, None if path is None else str(path), lineno)
 
 
-def write_log(records: Iterable[TuningRecord], format: str, path: str | Path) -> int:
-    """Write records in a native format; for meta_schedule ``path`` is the database directory.
+def write_log(records: Iterable[TuningRecord], format: str, path: str | Path,
+              workloads: Mapping[str, str] | None = None) -> int:
+    """Write records in a native format; for meta_schedule ``path`` is the database directory
+    and ``workloads`` (hash -> entry, e.g. ``Store.get_workloads``) the workload entries the
+    records refer to, beyond those this process has read.
 
     Returns the number of records written.
     """
@@ -168,7 +171,7 @@ def write_log(records: Iterable[TuningRecord], format: str, path: str | Path) ->
         records = list(records)
         for record in records:
             _check_dialect(record, format)
-        return meta_schedule.write_database(records, path)
+        return meta_schedule.write_database(records, path, workloads)
     codec = _CODECS[format]
     count = 0
     with open(path, "w", encoding="utf-8") as handle:

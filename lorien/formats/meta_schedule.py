@@ -2,14 +2,22 @@
 per line) and ``database_tuning_record.json`` (one ``[workload_index, [trace, run_secs,
 target, args_info]]`` per line).
 
-A record's workload key is the workload's structural hash; its ``extra`` keeps the workload
-entry and index, so the pair can be written back JSON-equal to the input.
+A record's workload key is the workload's structural hash. Its ``extra`` keeps the workload
+index and ``workload_hash``, the content hash of the workload entry (:func:`entry_hash`).
+Entries (an IRModule each, often tens of kilobytes) are kept once per workload, never once
+per record: this module remembers every entry it reads (:func:`remember_workloads`), a
+warehouse stores them beside the records (``Store.put_workloads``), and
+:func:`write_database` looks them up there, so the pair can be written back JSON-equal to the
+input. Records written by older Lorien versions carry the entry itself (``extra.workload``);
+they are read as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import hashlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +36,64 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
 
+def entry_text(entry: Any) -> str:
+    """The compact JSON of a workload entry (what the workload file holds, one per line)."""
+    return orjson.dumps(entry).decode()
+
+
+def entry_hash(text: str) -> str:
+    """The content hash of a workload entry's compact JSON: 32 hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class WorkloadEntry:
     """One line of database_workload.json and what Lorien reads from its module."""
 
     entry: list[Any]
     summary: TirSummary
+    text: str = field(default="", compare=False)
+    digest: str = field(default="", compare=False)
 
     @property
     def shash(self) -> str:
         return str(self.entry[0])
+
+
+#: Workload entries met in this process (content hash -> compact JSON): what lets records read
+#: from a database be written back without carrying their module. Bounded; see remember_workloads.
+_KNOWN: dict[str, str] = {}
+_KNOWN_LOCK = threading.Lock()
+MAX_KNOWN_BYTES = 256 << 20
+
+
+def remember_workloads(entries: Mapping[str, str]) -> None:
+    """Keep workload entries (hash -> compact JSON) for :func:`write_database` in this process."""
+    with _KNOWN_LOCK:
+        if sum(map(len, _KNOWN.values())) + sum(map(len, entries.values())) > MAX_KNOWN_BYTES:
+            _KNOWN.clear()
+        _KNOWN.update(entries)
+
+
+def known_workloads(hashes: Iterable[str]) -> dict[str, str]:
+    """The entries of ``hashes`` that this process has read (hash -> compact JSON)."""
+    with _KNOWN_LOCK:
+        return {digest: _KNOWN[digest] for digest in hashes if digest in _KNOWN}
+
+
+def workload_texts(path: str | Path) -> dict[str, str]:
+    """The workload entries of a database (hash -> compact JSON), lines that parse."""
+    return {entry.digest: entry.text for entry in read_workloads(path)[0].values()}
+
+
+def referenced_hashes(records: Iterable[TuningRecord]) -> set[str]:
+    """Workload hashes the records refer to (records carrying their entry refer to none)."""
+    found = set()
+    for record in records:
+        extra = orjson.loads(record.extra) if record.extra else {}
+        if "workload_hash" in extra and "workload" not in extra:
+            found.add(str(extra["workload_hash"]))
+    return found
 
 
 def pair_paths(path: str | Path) -> tuple[Path, Path]:
@@ -68,13 +124,15 @@ def read_workloads(path: str | Path, strict: bool = False
             entry = orjson.loads(line)
             if type(entry) is not list or len(entry) < 2 or type(entry[0]) not in (str, int):
                 raise RecordParseError(f"a workload line is [shash, module], got {str(entry)[:80]!r}")
-            workloads[index] = WorkloadEntry(entry, safe_summarize(entry[1]))
+            text = entry_text(entry)
+            workloads[index] = WorkloadEntry(entry, safe_summarize(entry[1]), text, entry_hash(text))
         except (RecordParseError, orjson.JSONDecodeError) as exc:
             error = parse_error(exc, str(workload_file), lineno)
             if strict:
                 raise error from exc
             errors.append(error)
         index += 1
+    remember_workloads({entry.digest: entry.text for entry in workloads.values()})
     return workloads, errors
 
 
@@ -107,7 +165,7 @@ def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "
     if type(trace) is not list:
         raise RecordParseError(f"trace {str(trace)[:80]!r} is not a JSON array")
     target, target_key, target_raw = _target(target_value)
-    extra: dict[str, Any] = {"workload_index": index, "workload": workload.entry}
+    extra: dict[str, Any] = {"workload_index": index, "workload_hash": workload.digest}
     if run_secs is None:
         costs, error_no = [], int(ErrorNo.UNKNOWN_ERROR)
         extra["run_secs"] = None
@@ -166,12 +224,20 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
             yield error
 
 
-def _workload_of(record: TuningRecord) -> tuple[int | None, list[Any]]:
+def _workload_of(record: TuningRecord, entries: Mapping[str, str]) -> tuple[int | None, str]:
+    """(workload index, entry as compact JSON) of a record."""
     extra = orjson.loads(record.extra) if record.extra else {}
-    entry = extra.get("workload")
-    if entry is None:
-        raise RecordParseError(f"record {record.record_id} has no MetaSchedule workload entry in its extra")
-    return extra.get("workload_index"), entry
+    if "workload" in extra:  # written by an older Lorien: the entry itself
+        return extra.get("workload_index"), entry_text(extra["workload"])
+    digest = extra.get("workload_hash")
+    if digest is None:
+        raise RecordParseError(f"record {record.record_id} has no MetaSchedule workload in its extra")
+    text = entries.get(digest) or known_workloads([digest]).get(digest)
+    if text is None:
+        raise RecordParseError(
+            f"record {record.record_id} refers to MetaSchedule workload {digest}, whose entry is not at hand "
+            f"(read its database, or export from the warehouse it was ingested into)")
+    return extra.get("workload_index"), text
 
 
 def encode_record(record: TuningRecord, workload_index: int | None = None) -> str:
@@ -185,32 +251,35 @@ def encode_record(record: TuningRecord, workload_index: int | None = None) -> st
     return orjson.dumps([index, fields]).decode()
 
 
-def write_database(records: Iterable[TuningRecord], directory: str | Path) -> int:
+def write_database(records: Iterable[TuningRecord], directory: str | Path,
+                   entries: Mapping[str, str] | None = None) -> int:
     """Write the JSONDatabase pair into ``directory``; returns the number of records written.
 
-    Workloads keep their original indices when the records carry a consistent, gap-free set;
-    otherwise they are numbered in order of first appearance.
+    A record's workload entry is looked up by its hash in ``entries`` (hash -> compact JSON,
+    e.g. ``Store.get_workloads``), then among the entries this process has read; a record
+    that names none at hand raises RecordParseError before anything is written. Workloads
+    keep their original indices when the records carry a consistent, gap-free set; otherwise
+    they are numbered in order of first appearance.
     """
     records = list(records)
-    keyed = [_workload_of(record) for record in records]
+    keyed = [_workload_of(record, entries or {}) for record in records]
     by_original: dict[int, str] = {}
     consistent = True
-    for index, entry in keyed:
-        text = orjson.dumps(entry).decode()
+    for index, text in keyed:
         if index is None or by_original.setdefault(index, text) != text:
             consistent = False
     if consistent and sorted(by_original) == list(range(len(by_original))) and \
             len(set(by_original.values())) == len(by_original):
         order = [by_original[i] for i in range(len(by_original))]
     else:
-        order = list(dict.fromkeys(orjson.dumps(entry).decode() for _, entry in keyed))
+        order = list(dict.fromkeys(text for _, text in keyed))
     position = {text: i for i, text in enumerate(order)}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     workload_file, record_file = pair_paths(directory)
     workload_file.write_text("".join(f"{text}\n" for text in order), encoding="utf-8")
     with open(record_file, "w", encoding="utf-8") as handle:
-        for record, (_, entry) in zip(records, keyed, strict=True):
-            handle.write(encode_record(record, position[orjson.dumps(entry).decode()]))
+        for record, (_, text) in zip(records, keyed, strict=True):
+            handle.write(encode_record(record, position[text]))
             handle.write("\n")
     return len(records)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,15 @@ class Store(ABC):
 
     def compact(self) -> dict[str, Any]:
         """Merge small files without changing any query answer. A no-op where meaningless."""
+        return {}
+
+    def put_workloads(self, entries: Mapping[str, str]) -> int:
+        """Keep workload entries (content hash -> text) that records refer to by hash, e.g. the
+        IRModules of MetaSchedule records, once each; returns how many were new."""
+        raise StoreError(f"{self.uri}: this store cannot keep workload entries")
+
+    def get_workloads(self, hashes: Iterable[str]) -> dict[str, str]:
+        """The workload entries (hash -> text) of ``hashes`` that the store keeps."""
         return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook: most stores hold nothing to release

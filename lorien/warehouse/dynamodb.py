@@ -23,7 +23,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +59,10 @@ ALTERNATE_INDEX = "TargetIDKeysIndex"
 CONFIGS_ATTRIBUTE = "BestConfigs"
 VERSION_ATTRIBUTE = "LorienVersion"
 FAILED_ATTRIBUTE = "FailedRecordIds"
+#: Hash key of the items holding workload entries that records refer to by content hash
+#: (MetaSchedule IRModules); the range key is the hash, the entry is in ENTRY_ATTRIBUTE.
+WORKLOADS_HASH_KEY = "lorien:workloads"
+ENTRY_ATTRIBUTE = "WorkloadEntry"
 
 #: The seed's cap on configs per item (``MAX_CONFIG_PER_ITEM``).
 MAX_CONFIGS_PER_ITEM = 100
@@ -922,12 +926,36 @@ class DynamoDBStore(Store):
         return list(records.values())
 
     def scan_items(self, target: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every raw item of the table (or of one target), paginated."""
+        """Every raw item of the table (or of one target), paginated; workload-entry items aside."""
         if target is not None:
             yield from self.items(None, target)
             return
-        yield from paginate(self.client, self.location, "scan", TableName=self.location.table,
-                            **self._page_limit())
+        for item in paginate(self.client, self.location, "scan", TableName=self.location.table,
+                             **self._page_limit()):
+            if item[HASH_KEY]["S"] != WORKLOADS_HASH_KEY:
+                yield item
+
+    # -- workload entries --
+
+    def put_workloads(self, entries: Mapping[str, str]) -> int:
+        """Keep entries as items of hash key :data:`WORKLOADS_HASH_KEY` (range key: the hash);
+        entries already kept are not written again."""
+        kept = self._read_items([(WORKLOADS_HASH_KEY, digest) for digest in entries])
+        new = 0
+        for digest, text in sorted(entries.items()):
+            if (WORKLOADS_HASH_KEY, digest) in kept:
+                continue
+            item = {HASH_KEY: {"S": WORKLOADS_HASH_KEY}, RANGE_KEY: {"S": digest}, ENTRY_ATTRIBUTE: {"S": text}}
+            if item_size(item) > ITEM_SIZE_LIMIT_BYTES:
+                raise StoreError(f"{self.uri}: workload entry {digest} is {item_size(item)} bytes, more than a "
+                                 f"DynamoDB item holds ({ITEM_SIZE_LIMIT_BYTES}); keep it in a parquet store")
+            call(self.client, self.location, "put_item", TableName=self.location.table, Item=item)
+            new += 1
+        return new
+
+    def get_workloads(self, hashes: Iterable[str]) -> dict[str, str]:
+        items = self._read_items([(WORKLOADS_HASH_KEY, digest) for digest in set(hashes)])
+        return {key[1]: item[ENTRY_ATTRIBUTE]["S"] for key, item in items.items() if ENTRY_ATTRIBUTE in item}
 
     def scan(self, filters: dict[str, Any] | None = None, columns: list[str] | None = None) -> pa.Table:
         """The records the table holds (its best configs) matching ``filters``."""
@@ -956,11 +984,13 @@ class DynamoDBStore(Store):
     def workloads(self, target: str | None = None) -> list[str]:
         projection = {"ProjectionExpression": "#k", "ExpressionAttributeNames": {"#k": RANGE_KEY}}
         if target is None:
+            projection["ProjectionExpression"] = "#k, #h"
+            projection["ExpressionAttributeNames"]["#h"] = HASH_KEY
             items: Iterable[dict[str, Any]] = paginate(
                 self.client, self.location, "scan", TableName=self.location.table, **projection)
         else:
             items = self.items(None, target)
-        return sorted({item[RANGE_KEY]["S"] for item in items})
+        return sorted({item[RANGE_KEY]["S"] for item in items if item.get(HASH_KEY, {}).get("S") != WORKLOADS_HASH_KEY})
 
     def stats(self) -> dict[str, Any]:
         items = records = valid = 0

@@ -5,6 +5,8 @@ Layout under the root (Hive partitioning, readable by pandas, DuckDB or Spark)::
     records/target_key=<k>/layout=<l>/part-<commit>-<i>of<n>.parquet   every record (append-only)
     best/target_key=<k>/part-n<nbest>-<commit>-of<n>.parquet            serving view: best nbest valid
                                                              records per (target, workload, layout)
+    workloads/<hash>.parquet                                 a workload entry records refer to by
+                                                             content hash (a MetaSchedule IRModule)
     _staging/                                                files being written (never read)
 
 Publication. Every file is published atomically: written under ``_staging/`` and renamed into
@@ -42,10 +44,11 @@ from __future__ import annotations
 import bisect
 import math
 import os
+import re
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -61,6 +64,10 @@ from lorien.warehouse.base import CommitResult, Store, register_store
 
 RECORDS_DIR = "records"
 SERVING_DIR = "best"
+#: Workload entries records refer to by content hash (MetaSchedule IRModules): one file each.
+WORKLOADS_DIR = "workloads"
+WORKLOAD_FILE_SCHEMA = pa.schema([("workload_hash", pa.string()), ("entry", pa.string())])
+_HASH_TEXT = re.compile(r"[0-9a-f]{32}")
 STAGING_DIR = "_staging"
 #: Serving depth when a commit names none: best records kept per (target, workload, layout).
 DEFAULT_NBEST = 20
@@ -914,6 +921,36 @@ class ParquetStore(Store):
 
     def _invalidate(self) -> None:
         self._listed.clear()
+
+    # -- workload entries ---------------------------------------------------------------------
+
+    def put_workloads(self, entries: Mapping[str, str]) -> int:
+        """Keep entries as ``workloads/<hash>.parquet``, one file each, published atomically;
+        an entry already kept is not written again (same hash, same content)."""
+        for digest in entries:
+            if not _HASH_TEXT.fullmatch(digest):
+                raise StoreError(f"workload hash {digest!r} is not 32 lowercase hex digits")
+        kept = set(self._files.names(WORKLOADS_DIR))
+        new = 0
+        for digest, text in sorted(entries.items()):
+            rel = f"{WORKLOADS_DIR}/{digest}.parquet"
+            if rel in kept:
+                continue
+            self._files.write(pa.table({"workload_hash": [digest], "entry": [text]}, schema=WORKLOAD_FILE_SCHEMA), rel)
+            new += 1
+        return new
+
+    def get_workloads(self, hashes: Iterable[str]) -> dict[str, str]:
+        found = {}
+        for digest in set(hashes):
+            if not _HASH_TEXT.fullmatch(digest):
+                continue
+            try:
+                table = self._files.open(f"{WORKLOADS_DIR}/{digest}.parquet").read()
+            except FileNotFoundError:
+                continue
+            found[digest] = table.column("entry")[0].as_py()
+        return found
 
     # -- reading ------------------------------------------------------------------------------
 
