@@ -625,7 +625,19 @@ def _rebatch(blocks: Iterable[tuple[list[pa.Table], list[RecordParseError]]], ba
              source: str) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     """Tables of ``batch_size`` rows (the last may be shorter) from the tables of each block, in
     order; each block's errors go with the next table handed out. With ``strict`` the first
-    error is raised before any row of its block is handed out."""
+    error is raised before any row of its block is handed out. ``blocks`` is closed on the way
+    out, however it is left (its worker processes stop in this thread, not in the GC's)."""
+    block_iter = iter(blocks)
+    try:
+        yield from _rebatch_blocks(block_iter, batch_size, strict, source)
+    finally:
+        close = getattr(block_iter, "close", None)
+        if close is not None:
+            close()
+
+
+def _rebatch_blocks(blocks: Iterator[tuple[list[pa.Table], list[RecordParseError]]], batch_size: int, strict: bool,
+                    source: str) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     held: list[pa.Table] = []
     held_rows = 0
     errors: list[RecordParseError] = []
