@@ -329,6 +329,7 @@ def test_a_meta_schedule_database_exported_by_another_process_comes_back_json_eq
     workload_lines = (database / "database_workload.json").read_text().splitlines()
     assert len(kept) == len(workload_lines)
     store = open_store(store_uri)
+    assert store.stats()["workload_entries"] == len(workload_lines)
     assert max(len(extra) for extra in store.scan(columns=["extra"]).column("extra").to_pylist()) < 200
     target = store.scan(columns=["target"]).column("target")[0].as_py()
     out = tmp_path / "exported"

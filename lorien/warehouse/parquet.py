@@ -1054,6 +1054,7 @@ class ParquetStore(Store):
             "serving_files": len(serving_files),
             "serving_bytes": sum(serving_files.values()),
             "incomplete_commit_files": incomplete,  # being published, or left by killed writers
+            "workload_entries": len(self._files.names(WORKLOADS_DIR)),  # kept once each (MetaSchedule modules)
         }
 
     # -- best ---------------------------------------------------------------------------------
