@@ -198,25 +198,35 @@ class Decoder:
                     return fast
         return self._decode_generic(orjson.loads(line))
 
-    def _decode_tvm_layout(self, line: bytes, p_config: int, p_result: int, p_version: int):
+    def cut_variant(self, line: bytes, p_config: int, p_version: int) -> tuple[Workload, int] | None:
+        """(workload, extra index) of a line laid out as TVM writes it, cut at ``p_config`` and
+        ``p_version``; its input and version tail are decoded once and cached. None when a piece
+        is not what the cut says; raises RecordParseError or a JSON error."""
         raw_input = line[10:p_config]
         tail = line[p_version:]
         cached = self._by_raw_input.get(raw_input)
+        if cached is None:
+            inp = orjson.loads(raw_input)
+            if type(inp) is not list or len(inp) not in (3, 4):
+                return None
+            cached = self._workload(inp[0], inp[1], inp[2], inp[3] if len(inp) == 4 else _ABSENT)
+            self._by_raw_input[raw_input] = cached
+        extra_key = (cached.index, tail)
+        extra_index = self._extra_index.get(extra_key)
+        if extra_index is None:
+            fields = orjson.loads(b"{" + tail[2:].rstrip())
+            if type(fields) is not dict:
+                return None
+            extra_index = self._extra_index[extra_key] = self._extra(cached, fields)
+            self.variant_of_tail[extra_key] = self.variant(cached.index, extra_index)
+        return cached, extra_index
+
+    def _decode_tvm_layout(self, line: bytes, p_config: int, p_result: int, p_version: int):
         try:
-            if cached is None:
-                inp = orjson.loads(raw_input)
-                if type(inp) is not list or len(inp) not in (3, 4):
-                    return None
-                cached = self._workload(inp[0], inp[1], inp[2], inp[3] if len(inp) == 4 else _ABSENT)
-                self._by_raw_input[raw_input] = cached
-            extra_key = (cached.index, tail)
-            extra_index = self._extra_index.get(extra_key)
-            if extra_index is None:
-                fields = orjson.loads(b"{" + tail[2:].rstrip())
-                if type(fields) is not dict:
-                    return None
-                extra_index = self._extra_index[extra_key] = self._extra(cached, fields)
-                self.variant_of_tail[extra_key] = self.variant(cached.index, extra_index)
+            cut = self.cut_variant(line, p_config, p_version)
+            if cut is None:
+                return None
+            cached, extra_index = cut
             config = orjson.loads(line[p_config + 12:p_result])
             result = orjson.loads(line[p_result + 12:p_version])
         except orjson.JSONDecodeError:
@@ -431,20 +441,14 @@ def _native_table(decoder: Decoder, data: bytes | memoryview, wire: bool = False
 
 
 def _line_variant(decoder: Decoder, line: bytes, p_config: int, p_version: int) -> int | None:
-    """The variant of a line cut at ``p_config`` and ``p_version``, decoding it should its input
-    or version tail be new; None when the line is not what the cuts say (Python decides then)."""
-    for attempt in range(2):
-        workload = decoder._by_raw_input.get(line[10:p_config])
-        if workload is not None:
-            variant = decoder.variant_of_tail.get((workload.index, line[p_version:]))
-            if variant is not None:
-                return variant
-        if attempt == 0:
-            try:
-                decoder.decode(line)
-            except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError):
-                return None
-    return None
+    """The variant of a line the native scanner cut at ``p_config`` and ``p_version`` (it has
+    checked the config and result); None when its input or tail is not what the cut says, or
+    is refused (Python then decodes the block and reports it)."""
+    try:
+        cut = decoder.cut_variant(line, p_config, p_version)
+    except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError):
+        return None
+    return None if cut is None else decoder.variant_of_tail[(cut[0].index, line[p_version:])]
 
 
 def _decode_lines(decoder: Decoder, lines: Iterable[bytes], first_lineno: int, strict: bool, batch_size: int
@@ -811,16 +815,23 @@ def _assemble(decoder: Decoder, variant: np.ndarray, record_ids: pa.Array, confi
     wl_index = variants[variant, 0] if n else np.zeros(0, dtype=np.int32)
     extra_index = variants[variant, 1] if n else np.zeros(0, dtype=np.int32)
 
+    zeros = np.zeros(n, dtype=np.int32)
+    compact: dict[int, tuple[pa.Array, pa.Array]] = {}  # per index array: (values used, positions among them)
+
     def gather(values: pa.Array, index: np.ndarray) -> pa.Array:
         if not wire:
             return values.take(pa.array(index))
-        used, positions = np.unique(index, return_inverse=True)
-        return pa.DictionaryArray.from_arrays(pa.array(positions.astype(np.int32).reshape(-1)), values.take(pa.array(used)))
+        if id(index) not in compact:
+            if index is zeros:
+                used, positions = np.zeros(1 if n else 0, dtype=np.int32), zeros
+            else:
+                used, positions = np.unique(index, return_inverse=True)
+            compact[id(index)] = pa.array(used), pa.array(positions.astype(np.int32).reshape(-1))
+        used_array, positions_array = compact[id(index)]
+        return pa.DictionaryArray.from_arrays(positions_array, values.take(used_array))
 
     def per_workload(name: str, type_: pa.DataType) -> pa.Array:
         return gather(decoder.workload_column(name, type_), wl_index)
-
-    zeros = np.zeros(n, dtype=np.int32)
 
     def constant(value: str) -> pa.Array:
         return gather(pa.array([value], type=pa.string()), zeros)
