@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +111,31 @@ def test_an_aborted_transaction_publishes_nothing(store, root):
         raise RuntimeError("stop")
     assert store.scan().num_rows == 0
     assert list((root / "_staging").iterdir()) == []
+
+
+def test_a_file_that_fails_to_stage_aborts_the_commit_and_leaves_nothing(store, root, monkeypatch):
+    """Files are staged by background threads; one failing write fails the commit, and every
+    file its siblings staged is deleted: nothing is published, nothing is left in _staging."""
+    files = store._files
+    real_stage, calls = files.stage, []
+
+    def stage(table, row_group_size):
+        calls.append(table.num_rows)
+        if len(calls) == 2:
+            raise StoreError("disk full (injected)")
+        return real_stage(table, row_group_size)
+
+    monkeypatch.setattr(files, "stage", stage)
+    records = workload_records("dense#a", 5) + workload_records("dense#b", 5, layout="NHWC")
+    with pytest.raises(StoreError, match="disk full"):
+        store.commit(records)
+    assert len(calls) >= 3  # the other files were written before the failure was raised
+    monkeypatch.undo()
+    assert store.scan().num_rows == 0
+    assert list((root / "_staging").iterdir()) == []
+    assert [thread.name for thread in threading.enumerate() if thread.name.startswith("lorien-staging")] == []
+    store.commit(records)  # the store is usable afterwards
+    assert store.scan().num_rows == 10
 
 
 def test_a_transaction_publishes_every_batch_at_finish(store):

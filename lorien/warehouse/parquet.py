@@ -46,9 +46,11 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -326,6 +328,7 @@ class _S3Files:
         self.endpoint_url = endpoint_url
         self.region = options["region"]
         self._s3_client = None
+        self._client_lock = threading.Lock()  # staging threads share one client
         self._bucket_checked = False
 
     def _unreachable(self, action: str, exc: OSError) -> StoreUnreachableError:
@@ -376,6 +379,10 @@ class _S3Files:
             raise self._unreachable(f"read {rel}", exc) from exc
 
     def _client(self):
+        with self._client_lock:
+            return self._make_client()
+
+    def _make_client(self):
         if self._s3_client is None:
             import boto3
 
@@ -704,13 +711,20 @@ class _ServingIndex:
 @dataclass
 class _PendingFile:
     """A file of a commit not yet published: its directory, its serving depth (None for a record
-    file), and either its staged copy or, where one PUT publishes it (S3), the table itself."""
+    file), and either its staged copy (being written while ``writing`` is set) or, where one
+    PUT publishes it (S3), the table itself."""
 
     directory: str
     depth: int | None
     staged: str | None = None
     table: pa.Table | None = None
     row_group_size: int | None = None
+    writing: Future | None = None
+
+
+#: Threads that write a batch's staged files while the committing thread prepares its other
+#: files (Arrow encodes and compresses without the GIL); they end with the batch.
+STAGING_THREADS = 2
 
 
 class ParquetCommit:
@@ -734,6 +748,7 @@ class ParquetCommit:
         self._known = store._known_record_ids(remove_abandoned=True)
         # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
         self._direct = publish_each_batch and not store._files.is_local
+        self._writers: ThreadPoolExecutor | None = None
 
     def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
         """Write one batch; returns the counts of this batch."""
@@ -755,8 +770,14 @@ class ParquetCommit:
         batch.duplicates = batch.received - batch.stored
         if table.num_rows:
             self._write(table)
-        if self.publish_each_batch:
-            batch.files = self._publish()
+        try:
+            if self.publish_each_batch:
+                batch.files = self._publish()
+            else:
+                self._wait_for_staging()
+        finally:
+            # no thread outlives a batch: the caller may fork (a log's decoding workers) between batches
+            self._stop_writers()
         self.result.received += batch.received
         self.result.stored += batch.stored
         self.result.duplicates += batch.duplicates
@@ -777,13 +798,36 @@ class ParquetCommit:
              pending: list[_PendingFile]) -> None:
         if self._direct:
             pending.append(_PendingFile(directory, depth, table=table, row_group_size=row_group_size))
-        else:
-            pending.append(_PendingFile(directory, depth, staged=self.store._files.stage(table, row_group_size)))
+            return
+        if self._writers is None:
+            self._writers = ThreadPoolExecutor(STAGING_THREADS, thread_name_prefix="lorien-staging")
+        pending.append(_PendingFile(directory, depth, writing=self._writers.submit(
+            self.store._files.stage, table, row_group_size)))
+
+    def _wait_for_staging(self) -> None:
+        """Wait until every pending file is staged; raises the first staging error (after all
+        the writes have ended, so that :meth:`abort` can delete what was staged)."""
+        error: BaseException | None = None
+        for pending in self._pending_records + self._pending_serving:
+            if pending.writing is not None:
+                try:
+                    pending.staged = pending.writing.result()
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, once all writes ended
+                    error = error or exc
+                pending.writing = None
+        if error is not None:
+            raise error
+
+    def _stop_writers(self) -> None:
+        if self._writers is not None:
+            self._writers.shutdown(wait=True)
+            self._writers = None
 
     def _publish(self) -> list[str]:
         """Publish what is pending as one commit; returns its record files."""
         if not self._pending_records:
             return []
+        self._wait_for_staging()
         published = self.store._publish_commit(self._pending_serving, self._pending_records)
         touched = {_partition_of(pending.directory + "/")["target_key"] for pending in self._pending_serving}
         self._pending_records.clear()
@@ -796,10 +840,18 @@ class ParquetCommit:
         return published
 
     def finish(self) -> CommitResult:
-        self.result.files.extend(self._publish())
+        try:
+            self.result.files.extend(self._publish())
+        finally:
+            self._stop_writers()
         return self.result
 
     def abort(self) -> None:
+        try:
+            self._wait_for_staging()
+        except BaseException:  # noqa: BLE001 - aborting anyway: delete whatever was staged
+            pass
+        self._stop_writers()
         for pending in self._pending_records + self._pending_serving:
             if pending.staged is not None:
                 self.store._files.delete(pending.staged)
