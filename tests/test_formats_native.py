@@ -226,11 +226,12 @@ def test_worker_processes_send_shared_columns_dictionary_encoded_and_lose_nothin
     assert autotvm._from_wire(wire).equals(serial[0][0])
 
 
-def test_without_a_c_compiler_the_python_decoder_reads_the_log(shared_data, tmp_path, monkeypatch):
+def test_without_a_c_compiler_the_python_decoder_reads_the_log(shared_data, tmp_path, monkeypatch, caplog):
     path = shared_data / "tophub" / "llvm_v0.04.log"
     expected = [t.to_pylist() for t, _ in autotvm.iter_tables(path, workers=1)]
     monkeypatch.setattr(native, "_STATE", {})  # forget the library this process loaded
     monkeypatch.setenv("LORIEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     assert native.library() is None
+    assert "scanner is unavailable" in caplog.text and "no-such-compiler" in caplog.text
     assert [t.to_pylist() for t, _ in autotvm.iter_tables(path, workers=1)] == expected

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import threading
 from typing import NamedTuple
@@ -372,7 +373,10 @@ def library() -> ctypes.CDLL | None:
         if "lib" not in _STATE:
             try:
                 lib = load_shared(C_SOURCE, "autotvm_scan", ("-O2", "-std=gnu11"), libs=("-lm",))
-            except (NativeBuildError, OSError):
+            except (NativeBuildError, OSError) as exc:
+                logging.getLogger(__name__).warning(
+                    "the native AutoTVM scanner is unavailable, AutoTVM logs are decoded in Python "
+                    "(about half as fast): %s", str(exc).splitlines()[0])
                 lib = None
             else:
                 lib.lorien_scan_autotvm.restype = ctypes.c_int64
