@@ -122,8 +122,11 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     store = open_store(store_uri)
     report = IngestReport(store_uri=store.uri)
 
+    dictionary = getattr(store, "accepts_dictionary_columns", False)
+
     def ingest_all(add, put_workloads) -> None:
-        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads) for log in logs]
+        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads, dictionary)
+                        for log in logs]
 
     try:
         transaction = getattr(store, "transaction", None)
@@ -142,13 +145,14 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
 def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int,
                 add: Callable[[pa.Table], CommitResult],
-                put_workloads: Callable[[dict[str, str]], int]) -> FileReport:
+                put_workloads: Callable[[dict[str, str]], int], dictionary: bool = False) -> FileReport:
     from lorien.formats import detect_format, iter_log_tables, meta_schedule
 
     log_format = chosen_format or detect_format(log)
     file_report = FileReport(path=str(log), format=log_format)
     workloads_kept = False
-    for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size):
+    for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size,
+                                         dictionary=dictionary):
         if errors:
             if strict:
                 raise errors[0]

@@ -550,3 +550,28 @@ def test_a_commit_with_a_record_file_missing_shows_none_of_its_records(store, ro
     parquet_files(root)[0].unlink()
     assert open_store(store.uri).scan().num_rows == 0
     assert open_store(store.uri).best("conv#a", SKYLAKE) == []
+
+
+def test_tables_with_dictionary_encoded_columns_are_stored_as_plain_columns(shared_data, tmp_path):
+    """Ingest hands the store what the decoding workers send: shared columns dictionary-encoded,
+    each chunk with its own dictionary. The files and every answer are those of plain tables."""
+    import pyarrow as pa
+
+    from lorien.formats import autotvm
+
+    path = shared_data / "tophub" / "cuda_v0.10.log"
+    plain = [table for table, _ in autotvm.iter_tables(path, workers=1, batch_size=200)]
+    encoded = [table for table, _ in autotvm._iter_tables_parallel(path, False, 200, 2, 32 << 10, dictionary=True)]
+    assert any(pa.types.is_dictionary(field.type) for field in encoded[0].schema)
+    assert any(table.column("args").num_chunks > 1 for table in encoded)  # dictionaries differ between chunks
+    plain_store, encoded_store = open_store(f"parquet:{tmp_path / 'plain'}"), open_store(f"parquet:{tmp_path / 'dict'}")
+    for table in plain:
+        plain_store.commit(table, nbest=3)
+    for table in encoded:
+        encoded_store.commit(table, nbest=3)
+    for file in (tmp_path / "dict").rglob("*.parquet"):
+        assert not any(pa.types.is_dictionary(field.type) for field in pq.read_schema(file)), file
+    rows = lambda store: sorted(store.scan().to_pylist(), key=lambda row: row["record_id"])  # noqa: E731
+    assert rows(encoded_store) == rows(plain_store)
+    for workload_key, target in {(r["workload_key"], r["target"]) for r in rows(plain_store)}:
+        assert encoded_store.best(workload_key, target, k=3) == plain_store.best(workload_key, target, k=3)

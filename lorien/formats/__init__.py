@@ -119,17 +119,19 @@ def read_log(path: str | Path, format: str | None = None, strict: bool = False) 
 
 
 def iter_log_tables(path: str | Path, format: str | None = None, strict: bool = False,
-                    batch_size: int = 65536, workers: int | None = None
+                    batch_size: int = 65536, workers: int | None = None, dictionary: bool = False
                     ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     """Arrow tables (``lorien.record.ARROW_SCHEMA``) of a log, ``batch_size`` records at most each,
     with the errors of the bad lines met since the previous table; the fast path for ingest.
 
     Large AutoTVM logs are decoded by ``workers`` processes (default: one per free core, see
-    :func:`lorien.formats.autotvm.iter_tables`); records come in file order either way.
+    :func:`lorien.formats.autotvm.iter_tables`); records come in file order either way. With
+    ``dictionary`` some string columns may come dictionary-encoded (same values).
     """
     format = _resolve(path, format)
     if format == "autotvm":
-        yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size, workers=workers)
+        yield from autotvm.iter_tables(path, strict=strict, batch_size=batch_size, workers=workers,
+                                       dictionary=dictionary)
         return
     records: list[TuningRecord] = []
     errors: list[RecordParseError] = []

@@ -335,22 +335,24 @@ PARALLEL_MIN_BYTES = 64 << 20
 CHUNK_BYTES = 8 << 20
 
 
-def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None
-                ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None,
+                dictionary: bool = False) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     """Arrow tables (ARROW_SCHEMA) of an AutoTVM log, built column by column, in file order.
 
     ``workers`` processes decode chunks of the log in parallel (default: one per free core,
     up to 8, for logs of at least :data:`PARALLEL_MIN_BYTES` read from a process without other
     threads; ``1`` decodes in this process).
     Workers are forked, so the caller's main module is not imported again; where fork is not
-    available the log is decoded in this process.
+    available the log is decoded in this process. With ``dictionary``, the columns of
+    :data:`SHARED_VALUE_COLUMNS` may come dictionary-encoded (as the workers send them), for a
+    consumer that takes such columns (the parquet store: it decodes them as it writes files).
     """
     if workers is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         single_threaded = threading.active_count() == 1  # forking a threaded process is unsafe
         workers = min(cores, 8) if single_threaded and os.path.getsize(path) >= PARALLEL_MIN_BYTES else 1
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        yield from _iter_tables_parallel(path, strict, batch_size, workers, CHUNK_BYTES)
+        yield from _iter_tables_parallel(path, strict, batch_size, workers, CHUNK_BYTES, dictionary)
         return
     yield from _rebatch(_decode_in_process(path, CHUNK_BYTES), batch_size, strict, str(path))
 
@@ -592,13 +594,13 @@ def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list
     return tables, [(error.line or 0, str(error)[len(f"{path}:{error.line}: "):]) for error in errors], n_lines
 
 
-def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, workers: int, chunk_bytes: int
-                          ) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
+def _iter_tables_parallel(path: str | Path, strict: bool, batch_size: int, workers: int, chunk_bytes: int,
+                          dictionary: bool = False) -> Iterator[tuple[pa.Table, list[RecordParseError]]]:
     source = str(path)
-    yield from _rebatch(_decode_in_workers(source, workers, chunk_bytes), batch_size, strict, source)
+    yield from _rebatch(_decode_in_workers(source, workers, chunk_bytes, dictionary), batch_size, strict, source)
 
 
-def _decode_in_workers(source: str, workers: int, chunk_bytes: int
+def _decode_in_workers(source: str, workers: int, chunk_bytes: int, dictionary: bool = False
                        ) -> Iterator[tuple[list[pa.Table], list[RecordParseError]]]:
     """(tables, errors) of each block of the log in file order, decoded by ``workers`` forked processes."""
     bounds = _block_bounds(source, chunk_bytes)
@@ -617,7 +619,7 @@ def _decode_in_workers(source: str, workers: int, chunk_bytes: int
                 tables, chunk_errors, n_lines = pending.popleft().result()
                 for start, end in itertools.islice(bounds, 1):
                     pending.append(pool.submit(_decode_chunk, source, start, end))
-                yield [_from_wire(table) for table in tables], [
+                yield [table if dictionary else _from_wire(table) for table in tables], [
                     RecordParseError(message, source, line_offset + line) for line, message in chunk_errors]
                 line_offset += n_lines
         finally:

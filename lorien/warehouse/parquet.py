@@ -472,8 +472,20 @@ DICTIONARY_COLUMNS = ["dialect", "target", "target_key", "target_raw", "workload
 
 
 def _write_parquet(table: pa.Table, where: Any, row_group_size: int | None) -> None:
+    table = _decoded(table)
     dictionary = [name for name in DICTIONARY_COLUMNS if name in table.column_names]
     pq.write_table(table, where, row_group_size=row_group_size, use_dictionary=dictionary)
+
+
+def _plain_type(type_: pa.DataType) -> pa.DataType:
+    return type_.value_type if pa.types.is_dictionary(type_) else type_
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """The table with its dictionary-encoded columns decoded (files and sorts take plain columns)."""
+    if not any(pa.types.is_dictionary(field.type) for field in table.schema):
+        return table
+    return table.cast(pa.schema([field.with_type(_plain_type(field.type)) for field in table.schema]))
 
 
 def _constant(value: str, length: int) -> pa.Array:
@@ -493,7 +505,13 @@ def _conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
     missing = [name for name in ARROW_SCHEMA.names if name not in table.column_names]
     if missing:
         raise StoreError(f"cannot commit a table without column(s) {missing}")
-    return table.select(ARROW_SCHEMA.names).cast(ARROW_SCHEMA)
+    table = table.select(ARROW_SCHEMA.names)
+    # a dictionary-encoded column of the schema's type stays encoded until its file is written:
+    # splitting and ranking then move indices, not strings (the files hold plain columns)
+    kept = pa.schema([table.schema.field(field.name) if _plain_type(table.schema.field(field.name).type) == field.type
+                      and pa.types.is_dictionary(table.schema.field(field.name).type) else field
+                      for field in ARROW_SCHEMA])
+    return table.cast(kept)
 
 
 def _id_prefixes(ids: pa.ChunkedArray) -> np.ndarray | None:
@@ -541,7 +559,8 @@ def _split_by(table: pa.Table, columns: tuple[str, ...]) -> Iterator[tuple[tuple
     """(key values, rows) for each distinct combination of ``columns``."""
     import pyarrow.compute as pc
 
-    keys = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([])
+    key_columns = _decoded(table.select(list(columns)))
+    keys = key_columns.group_by(list(columns), use_threads=False).aggregate([])
     combinations = list(zip(*(keys.column(name).to_pylist() for name in columns), strict=True))
     if len(combinations) == 1:
         yield combinations[0], table
@@ -549,7 +568,7 @@ def _split_by(table: pa.Table, columns: tuple[str, ...]) -> Iterator[tuple[tuple
     for combination in combinations:
         mask = None
         for name, value in zip(columns, combination, strict=True):
-            equal = pc.equal(table.column(name), value)
+            equal = pc.equal(key_columns.column(name), value)
             mask = equal if mask is None else pc.and_(mask, equal)
         yield combination, table.filter(mask)
 
@@ -569,7 +588,7 @@ def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
     import pyarrow.compute as pc
 
     valid_rows = np.flatnonzero(pc.is_valid(table.column("cost_s")).to_numpy(zero_copy_only=False))
-    keys = table.select([name for name, _ in SERVING_ORDER]).take(valid_rows)
+    keys = _decoded(table.select([name for name, _ in SERVING_ORDER]).take(valid_rows))
     order = pc.sort_indices(keys, sort_keys=SERVING_ORDER).to_numpy()
     rows = len(order)
     if nbest is not None and rows:
@@ -881,6 +900,9 @@ class _Listing:
 
 class ParquetStore(Store):
     """A warehouse of Parquet files; see the module docstring for the layout and guarantees."""
+
+    #: Commits take dictionary-encoded string columns (decoded as files are written).
+    accepts_dictionary_columns = True
 
     def __init__(self, location: str):
         self.location = location
