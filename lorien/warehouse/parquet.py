@@ -493,7 +493,8 @@ def _constant(value: str, length: int) -> pa.Array:
 
 
 def _conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
-    """Records as a table in exactly :data:`ARROW_SCHEMA` (cost_s filled in when missing)."""
+    """Records as a table of :data:`ARROW_SCHEMA`'s columns and types (cost_s filled in when
+    missing), dictionary-encoded string columns left encoded."""
     if not isinstance(records, pa.Table):
         return records_to_table(list(records))
     table = records
@@ -506,12 +507,15 @@ def _conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
     if missing:
         raise StoreError(f"cannot commit a table without column(s) {missing}")
     table = table.select(ARROW_SCHEMA.names)
+
+    def stays_encoded(field: pa.Field) -> bool:
+        given = table.schema.field(field.name).type
+        return pa.types.is_dictionary(given) and given.value_type == field.type
+
     # a dictionary-encoded column of the schema's type stays encoded until its file is written:
     # splitting and ranking then move indices, not strings (the files hold plain columns)
-    kept = pa.schema([table.schema.field(field.name) if _plain_type(table.schema.field(field.name).type) == field.type
-                      and pa.types.is_dictionary(table.schema.field(field.name).type) else field
-                      for field in ARROW_SCHEMA])
-    return table.cast(kept)
+    return table.cast(pa.schema([table.schema.field(field.name) if stays_encoded(field) else field
+                                 for field in ARROW_SCHEMA]))
 
 
 def _id_prefixes(ids: pa.ChunkedArray) -> np.ndarray | None:
