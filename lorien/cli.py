@@ -568,7 +568,8 @@ def _run_warehouse_dynamodb(args: argparse.Namespace) -> int:
         import json
 
         with dynamodb.DynamoDBStore(location) as store:
-            for item in store.scan_items(args.target):
+            # a dump of the whole table keeps the workload entries its MetaSchedule records name
+            for item in store.scan_items(args.target, include_workloads=args.json and args.target is None):
                 if args.json:
                     print(json.dumps(item, sort_keys=True))
                 else:

@@ -57,16 +57,21 @@ def test_a_scan_dump_loads_into_another_table_unchanged(moto_server, table, caps
                                    workload_key=f"dense#{i}", task_name="dense", args="[]", layout="NA",
                                    config='{"trace": 1}', costs=[1e-3], timestamp=float(i), error_no=i % 2)
                       for i in range(30)])
+        store.put_workloads({"a" * 32: '["123", {"module": 1}]'})  # what MetaSchedule records name
     code, out, _ = run(capsys, "warehouse", "dynamodb", "scan", table, "--json", *endpoint_args(moto_server))
     dump = tmp_path / "items.jsonl"
     dump.write_text(out)
     copy = f"{table}-copy"
     run(capsys, "warehouse", "dynamodb", "create", copy, *endpoint_args(moto_server))
     code, out, _ = run(capsys, "warehouse", "dynamodb", "load", copy, str(dump), *endpoint_args(moto_server))
-    assert code == 0 and out.strip() == f"loaded 30 items into {copy}"
+    assert code == 0 and out.strip() == f"loaded 31 items into {copy}"
     _, copied, _ = run(capsys, "warehouse", "dynamodb", "scan", copy, "--json", *endpoint_args(moto_server))
     assert sorted(copied.splitlines()) == sorted(dump.read_text().splitlines())
-    assert json.loads(copied.splitlines()[0])["PrimaryRangeKey"]["S"].startswith("dense#")
+    keys = sorted(json.loads(line)["PrimaryRangeKey"]["S"] for line in copied.splitlines())
+    assert keys == sorted([f"dense#{i}" for i in range(30)] + ["a" * 32])
+    with open_store(f"dynamodb:{copy}?endpoint_url={moto_server}&region=us-west-2") as store:
+        assert store.get_workloads(["a" * 32]) == {"a" * 32: '["123", {"module": 1}]'}
+        assert len(store.workloads()) == 30  # the entry is no workload of the table
 
 
 def test_loading_a_file_that_is_no_dump_names_its_line(moto_server, table, capsys, tmp_path):

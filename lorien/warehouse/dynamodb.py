@@ -925,14 +925,15 @@ class DynamoDBStore(Store):
             records.setdefault(record.record_id, record)
         return list(records.values())
 
-    def scan_items(self, target: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every raw item of the table (or of one target), paginated; workload-entry items aside."""
+    def scan_items(self, target: str | None = None, include_workloads: bool = False) -> Iterator[dict[str, Any]]:
+        """Every raw item of the table (or of one target), paginated; the items holding workload
+        entries only with ``include_workloads`` (a whole-table dump)."""
         if target is not None:
             yield from self.items(None, target)
             return
         for item in paginate(self.client, self.location, "scan", TableName=self.location.table,
                              **self._page_limit()):
-            if item[HASH_KEY]["S"] != WORKLOADS_HASH_KEY:
+            if include_workloads or item[HASH_KEY]["S"] != WORKLOADS_HASH_KEY:
                 yield item
 
     # -- workload entries --
