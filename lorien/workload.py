@@ -58,7 +58,7 @@ def _pair(value: Any, default: int) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _pad4(value: Any) -> tuple[int, int, int, int]:
+def pad4(value: Any) -> tuple[int, int, int, int]:
     """(top, left, bottom, right) padding from TVM's int / 2-list / 4-list forms."""
     if isinstance(value, int):
         return (value, value, value, value)
@@ -72,7 +72,8 @@ def _pad4(value: Any) -> tuple[int, int, int, int]:
     raise WorkloadError(f"padding {value!r} is not an int, a pair or four values")
 
 
-def _out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
+def out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
+    """Output extent of a convolution window along one axis."""
     return (size + pad_total - ((kernel - 1) * dilation + 1)) // stride + 1
 
 
@@ -83,9 +84,9 @@ def _arg(args: Sequence[Any], index: int, default: Any = None) -> Any:
 def _conv2d_out_hw(args: Sequence[Any], h: int, w: int, kh: int, kw: int,
                    stride_i: int = 2, pad_i: int = 3, dil_i: int = 4) -> tuple[int, int]:
     sh, sw = _pair(_arg(args, stride_i), 1)[:2]
-    top, left, bottom, right = _pad4(_arg(args, pad_i, 0))
+    top, left, bottom, right = pad4(_arg(args, pad_i, 0))
     dh, dw = _pair(_arg(args, dil_i), 1)[:2]
-    return _out_size(h, kh, sh, top + bottom, dh), _out_size(w, kw, sw, left + right, dw)
+    return out_size(h, kh, sh, top + bottom, dh), out_size(w, kw, sw, left + right, dw)
 
 
 def _shapes(args: Sequence[Any], ranks: tuple[int, int]) -> tuple[list[int], list[int]]:
@@ -184,7 +185,7 @@ def _flop_conv1d_ncw(args: Sequence[Any]) -> float:
     pad = _arg(args, 3, 0)
     pad_total = 2 * pad if isinstance(pad, int) else sum(pad) if len(pad) == 2 else 2 * pad[0]
     dilation = _pair(_arg(args, 4), 1)[0]
-    return 2.0 * n * co * _out_size(w, kw, stride, pad_total, dilation) * ci * kw
+    return 2.0 * n * co * out_size(w, kw, stride, pad_total, dilation) * ci * kw
 
 
 def _conv3d_out(args: Sequence[Any], spatial: Sequence[int], kernel: Sequence[int]) -> list[int]:
@@ -195,7 +196,7 @@ def _conv3d_out(args: Sequence[Any], spatial: Sequence[int], kernel: Sequence[in
     totals = [2 * p for p in pad] if len(pad) == 3 else [pad[i] + pad[i + 3] for i in range(3)]
     dil = _arg(args, 4, 1)
     dil = [dil] * 3 if isinstance(dil, int) else list(dil)
-    return [_out_size(spatial[i], kernel[i], strides[i], totals[i], dil[i]) for i in range(3)]
+    return [out_size(spatial[i], kernel[i], strides[i], totals[i], dil[i]) for i in range(3)]
 
 
 def _flop_conv3d_ncdhw(args: Sequence[Any]) -> float:
@@ -336,7 +337,7 @@ def _ansor_conv2d_layer(args: Sequence[Any]) -> tuple[str, float]:
     n, h, w, co, ci, kh, kw = (int(v) for v in args[:7])
     sh, sw = _pair(args[7], 1)[:2]
     ph, pw = _pair(args[8], 0)[:2]
-    oh, ow = _out_size(h, kh, sh, 2 * ph, 1), _out_size(w, kw, sw, 2 * pw, 1)
+    oh, ow = out_size(h, kh, sh, 2 * ph, 1), out_size(w, kw, sw, 2 * pw, 1)
     outputs = n * co * oh * ow
     return "NCHW", 2.0 * outputs * ci * kh * kw + 2.0 * outputs  # conv, then bias add and relu
 

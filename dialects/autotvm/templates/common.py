@@ -9,6 +9,10 @@ import numpy as np
 
 from lorien.engine import te
 from lorien.errors import WorkloadError
+from lorien.workload import out_size, pad4
+
+__all__ = ["conv_nchw_numpy", "conv_window", "out_size", "pad4", "pad_nchw_like", "pair", "scaled",
+           "schedule_nchw_output", "tensor_arg", "vectorize_by_lanes"]
 
 
 def tensor_arg(arg: Any, what: str) -> tuple[tuple[int, ...], str]:
@@ -25,22 +29,13 @@ def pair(value: Any) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
-def pad4(value: Any) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) from TVM's int, pair or 4-tuple padding."""
-    if isinstance(value, int):
-        return value, value, value, value
-    values = [int(v) for v in value]
-    if len(values) == 1:
-        return values[0], values[0], values[0], values[0]
-    if len(values) == 2:
-        return values[0], values[1], values[0], values[1]
-    if len(values) == 4:
-        return values[0], values[1], values[2], values[3]
-    raise WorkloadError(f"padding {value!r} is not an int, a pair or four values")
-
-
-def out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
-    return (size + pad_total - ((kernel - 1) * dilation + 1)) // stride + 1
+def conv_window(args: Sequence[Any], h: int, w: int, kh: int, kw: int) -> dict[str, Any]:
+    """Strides, padding, dilation (default 1) and output size of a conv task's ``args[2:5]``."""
+    sh, sw = pair(args[2])
+    pads = pad4(args[3])
+    dh, dw = pair(args[4]) if len(args) > 4 else (1, 1)
+    return dict(sh=sh, sw=sw, dh=dh, dw=dw, pads=pads,
+                oh=out_size(h, kh, sh, pads[0] + pads[2], dh), ow=out_size(w, kw, sw, pads[1] + pads[3], dw))
 
 
 def scaled(index: Any, factor: int) -> Any:

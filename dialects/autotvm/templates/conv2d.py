@@ -19,6 +19,7 @@ import numpy as np
 from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import (
     conv_nchw_numpy,
+    conv_window,
     out_size,
     pad4,
     pad_nchw_like,
@@ -147,12 +148,7 @@ def _plain_dims(args: list[Any], layout: str) -> dict[str, Any]:
         kh, kw, ic2, oc = kernel_shape
     if ic != ic2:
         raise ValueError(f"conv2d: data has {ic} channels but the kernel expects {ic2}")
-    sh, sw = pair(args[2])
-    pads = pad4(args[3])
-    dh, dw = pair(args[4]) if len(args) > 4 else (1, 1)
-    return dict(n=n, ic=ic, h=h, w=w, oc=oc, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pads=pads,
-                oh=out_size(h, kh, sh, pads[0] + pads[2], dh), ow=out_size(w, kw, sw, pads[1] + pads[3], dw),
-                dtype=dtype)
+    return dict(n=n, ic=ic, h=h, w=w, oc=oc, kh=kh, kw=kw, dtype=dtype, **conv_window(args, h, w, kh, kw))
 
 
 def _nchw_reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.ndarray) -> list[np.ndarray]:

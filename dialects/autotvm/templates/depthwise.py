@@ -12,10 +12,8 @@ import numpy as np
 from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import (
     conv_nchw_numpy,
-    out_size,
-    pad4,
+    conv_window,
     pad_nchw_like,
-    pair,
     scaled,
     schedule_nchw_output,
     tensor_arg,
@@ -29,12 +27,7 @@ def _dims(args: list[Any]) -> dict[str, Any]:
     (c2, mult, kh, kw), _ = tensor_arg(args[1], "depthwise kernel")
     if c != c2:
         raise ValueError(f"depthwise_conv2d: data has {c} channels, kernel {c2}")
-    sh, sw = pair(args[2])
-    pads = pad4(args[3])
-    dh, dw = pair(args[4]) if len(args) > 4 else (1, 1)
-    return dict(n=n, c=c, h=h, w=w, mult=mult, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pads=pads,
-                oh=out_size(h, kh, sh, pads[0] + pads[2], dh), ow=out_size(w, kw, sw, pads[1] + pads[3], dw),
-                dtype=dtype)
+    return dict(n=n, c=c, h=h, w=w, mult=mult, kh=kh, kw=kw, dtype=dtype, **conv_window(args, h, w, kh, kw))
 
 
 def _reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.ndarray) -> list[np.ndarray]:
