@@ -17,24 +17,21 @@ def vector_lanes() -> int:
     return 16 if "+avx512f" in host_cpu_features() else 8
 
 
-def _reduce_stage(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage | None]:
-    """(stage holding the reduction, epilogue stage or None) for an ops.* output."""
+def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:
+    """(output stage, stage computing the register tile) for an ops.* output: with a fused
+    epilogue the tile is its ``.acc`` reduction; without one a local cache of the output."""
     acc_name = f"{out.name}.acc"
     if any(st.name == acc_name for st in s.stages):
-        return s[acc_name], s[out]
-    return s[out], None
+        return s[out], s[acc_name]
+    local = s.cache_write(out, "local")
+    return s[out], s[local]
 
 
 def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order: str = "mn") -> Schedule:
     """Register-tiled dense for ``ops.dense(..., pack_nr=nr)``: an ``mr x nr`` accumulator tile in
     vector registers (k innermost outside the tile), parallel over the outer M (or N) blocks."""
     lanes = min(vector_lanes(), nr)
-    acc, epilogue = _reduce_stage(s, out)
-    if epilogue is None:
-        local = s.cache_write(out, "local")
-        top, tile = s[out], s[local]
-    else:
-        top, tile = epilogue, acc
+    top, tile = _output_and_tile(s, out)
     i, j = top.op.axis
     mo, mi = top.split(i, factor=mr)
     no, ni = top.split(j, factor=nr)
@@ -70,12 +67,7 @@ def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_
     """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_oh x tile_ow x oc_bn`` register tile (oh, ow
     unrolled, oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over
     (n, oc_chunk, oh blocks)."""
-    acc, epilogue = _reduce_stage(s, out)
-    if epilogue is None:
-        local = s.cache_write(out, "local")
-        top, tile = s[out], s[local]
-    else:
-        top, tile = epilogue, acc
+    top, tile = _output_and_tile(s, out)
     pad_name = f"{out.name}.pad"
     if any(st.name == pad_name for st in s.stages):
         pad = s[pad_name]
