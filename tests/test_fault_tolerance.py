@@ -42,18 +42,18 @@ def _done_jobs(trace_file: Path) -> set[str]:
     return {job_id for job_id, state in read_trace(trace_file).items() if state.state == "done"}
 
 
-@pytest.mark.slow
-def test_a_killed_master_resumes_from_its_trace_without_measuring_a_finished_job_twice(tmp_path, monkeypatch):
-    monkeypatch.setenv("LORIEN_MEASURE_LOCK_DIR", str(tmp_path / "locks"))
+def _sleepy_jobs(tmp_path, sleep_s: float) -> list[dict]:
+    """Eight small synthetic jobs that log each execution under tmp_path/logs; written to jobs.json."""
     (tmp_path / "logs").mkdir()
     jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 8, 8], "target": "llvm",
-             "trials": 3, "measure": {"sleep_s": 0.15, "log_dir": str(tmp_path / "logs")}}
+             "trials": 3, "measure": {"sleep_s": sleep_s, "log_dir": str(tmp_path / "logs")}}
             for index in range(8)]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    store_uri = f"parquet:{tmp_path / 'warehouse'}"
-    trace_file = tmp_path / "trace.jsonl"
-    master = subprocess.Popen([sys.executable, "-c", MASTER_SCRIPT, str(tmp_path / "jobs.json"), store_uri,
-                               str(trace_file)], stderr=subprocess.DEVNULL)
+    return jobs
+
+
+def _kill_after_three_done(master: subprocess.Popen, trace_file, jobs: list[dict]) -> set[str]:
+    """SIGKILL the master once its trace shows three finished jobs; the jobs finished by then."""
     deadline = time.monotonic() + 120
     while len(_done_jobs(trace_file)) < 3 and time.monotonic() < deadline and master.poll() is None:
         time.sleep(0.02)
@@ -61,18 +61,34 @@ def test_a_killed_master_resumes_from_its_trace_without_measuring_a_finished_job
     master.wait()
     finished_before_kill = _done_jobs(trace_file)
     assert 3 <= len(finished_before_kill) < len(jobs)
+    return finished_before_kill
+
+
+def _assert_each_finished_job_ran_once_and_stored_all(tmp_path, store_uri: str, finished_before_kill: set[str],
+                                                     jobs: list[dict]) -> None:
+    runs = Counter(line.split()[0] for line in (tmp_path / "logs" / "executions.log").read_text().splitlines())
+    assert all(runs[job_id] == 1 for job_id in finished_before_kill)
+    with open_store(store_uri) as store:
+        sources = Counter(store.scan(columns=["source"]).column("source").to_pylist())
+    assert sorted(sources.values()) == [3] * len(jobs)
+
+
+@pytest.mark.slow
+def test_a_killed_master_resumes_from_its_trace_without_measuring_a_finished_job_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORIEN_MEASURE_LOCK_DIR", str(tmp_path / "locks"))
+    jobs = _sleepy_jobs(tmp_path, 0.15)
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    trace_file = tmp_path / "trace.jsonl"
+    master = subprocess.Popen([sys.executable, "-c", MASTER_SCRIPT, str(tmp_path / "jobs.json"), store_uri,
+                               str(trace_file)], stderr=subprocess.DEVNULL)
+    finished_before_kill = _kill_after_three_done(master, trace_file, jobs)
 
     summary = run_jobs(jobs, store_uri=store_uri, trace_file=trace_file, runner=synthetic_runner, workers=2)
 
     assert summary.skipped == len(finished_before_kill)
     assert summary.done + summary.skipped == len(jobs)
-    runs = Counter(line.split()[0] for line in (tmp_path / "logs" / "executions.log").read_text().splitlines())
-    assert all(runs[job_id] == 1 for job_id in finished_before_kill)
-    assert {job_id for job_id, state in read_trace(trace_file).items() if state.state == "done"} == {
-        Job.from_spec(job).job_id for job in jobs}
-    with open_store(store_uri) as store:
-        sources = Counter(store.scan(columns=["source"]).column("source").to_pylist())
-    assert sorted(sources.values()) == [3] * len(jobs)
+    assert _done_jobs(trace_file) == {Job.from_spec(job).job_id for job in jobs}
+    _assert_each_finished_job_ran_once_and_stored_all(tmp_path, store_uri, finished_before_kill, jobs)
 
 
 DASK_MASTER_SCRIPT = """
@@ -87,29 +103,15 @@ run_jobs(jobs, manager="dask", scheduler=sys.argv[4], store_uri=sys.argv[2], tra
 
 @pytest.mark.slow
 def test_a_killed_dask_master_resumes_while_its_tasks_still_run_and_nothing_is_duplicated(dask_cluster, tmp_path):
-    (tmp_path / "logs").mkdir()
-    jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 8, 8], "target": "llvm",
-             "trials": 3, "measure": {"sleep_s": 0.2, "log_dir": str(tmp_path / "logs")}}
-            for index in range(8)]
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    jobs = _sleepy_jobs(tmp_path, 0.2)
     store_uri = f"parquet:{tmp_path / 'warehouse'}"
     trace_file = tmp_path / "trace.jsonl"
     master = subprocess.Popen([sys.executable, "-c", DASK_MASTER_SCRIPT, str(tmp_path / "jobs.json"), store_uri,
                                str(trace_file), dask_cluster], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while len(_done_jobs(trace_file)) < 3 and time.monotonic() < deadline and master.poll() is None:
-        time.sleep(0.02)
-    os.kill(master.pid, signal.SIGKILL)
-    master.wait()
-    finished_before_kill = _done_jobs(trace_file)
-    assert 3 <= len(finished_before_kill) < len(jobs)
+    finished_before_kill = _kill_after_three_done(master, trace_file, jobs)
 
     summary = run_jobs(jobs, manager="dask", scheduler=dask_cluster, store_uri=store_uri, trace_file=trace_file,
                        runner=synthetic_runner)
 
     assert (summary.done + summary.skipped, summary.failed) == (len(jobs), 0)
-    runs = Counter(line.split()[0] for line in (tmp_path / "logs" / "executions.log").read_text().splitlines())
-    assert all(runs[job_id] == 1 for job_id in finished_before_kill)
-    with open_store(store_uri) as store:
-        sources = Counter(store.scan(columns=["source"]).column("source").to_pylist())
-    assert sorted(sources.values()) == [3] * len(jobs)
+    _assert_each_finished_job_ran_once_and_stored_all(tmp_path, store_uri, finished_before_kill, jobs)
