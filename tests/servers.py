@@ -9,6 +9,7 @@ Loaded from tests/conftest.py with ``pytest_plugins = ["servers"]``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -18,7 +19,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -61,6 +63,22 @@ def _wait_until_answering(url: str, process: subprocess.Popen, timeout_s: float)
     raise RuntimeError(f"moto server did not answer at {url} within {timeout_s:.0f} s")
 
 
+@contextlib.contextmanager
+def running_server(command: Callable[[int], list[str]], env: dict[str, str] | None = None,
+                   output: Any = subprocess.DEVNULL, timeout_s: float = MOTO_START_TIMEOUT_S) -> Iterator[str]:
+    """Start ``command(port)`` on a free port as its own process, wait until it answers, yield its
+    URL, and kill it on the way out."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(command(port), stdout=output, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_until_answering(url, process, timeout_s)
+        yield url
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def aws_credentials() -> Iterator[dict[str, str]]:
     """Dummy AWS credentials and region in the environment for the session."""
@@ -77,18 +95,9 @@ def aws_credentials() -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def moto_server(aws_credentials: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Endpoint URL (``http://127.0.0.1:PORT``) of a moto server running as its own process."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(_moto_command(port), stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **aws_credentials})
-    try:
-        _wait_until_answering(url, process, MOTO_START_TIMEOUT_S)
+    with open(log_path, "wb") as log, running_server(_moto_command, {**os.environ, **aws_credentials}, log) as url:
         yield url
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -371,18 +370,10 @@ SERIAL_MOTO = (
 @pytest.fixture(scope="module")
 def serial_moto_server(aws_credentials):
     """A moto server process that serves one request at a time (atomic conditional writes)."""
-    from servers import _wait_until_answering, free_port
+    from servers import running_server
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-c", SERIAL_MOTO, str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        _wait_until_answering(url, process, 60)
+    with running_server(lambda port: [sys.executable, "-c", SERIAL_MOTO, str(port)], timeout_s=60) as url:
         yield url
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -523,18 +514,10 @@ def test_an_unknown_uri_option_is_refused():
 @pytest.fixture(scope="module")
 def authenticating_server(aws_credentials):
     """A second moto server that checks credentials (IAM auth on from the first request)."""
-    from servers import _moto_command, _wait_until_answering, free_port
+    from servers import _moto_command, running_server
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(_moto_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                               env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"})
-    try:
-        _wait_until_answering(url, process, 60)
+    with running_server(_moto_command, {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}, timeout_s=60) as url:
         yield url
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def test_rejected_credentials_are_reported_without_the_secret(authenticating_server, monkeypatch, caplog):
