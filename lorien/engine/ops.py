@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from lorien.engine import te
 from lorien.errors import WorkloadError
+from lorien.workload import out_size
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
@@ -126,8 +127,10 @@ def batch_matmul(x: te.Tensor, y: te.Tensor, bias: te.Tensor | None = None, relu
     return _epilogue(acc, name, bias, (2,), relu, None)
 
 
-def _out_size(size: int, kernel: int, stride: int, dilation: int, pad_a: int, pad_b: int) -> int:
-    return (size + pad_a + pad_b - (kernel - 1) * dilation - 1) // stride + 1
+def _window(h: int, w: int, kh: int, kw: int, stride, padding, dilation) -> tuple:
+    """((sh, sw), (dh, dw), (top, left, bottom, right), (oh, ow)) of a 2-d convolution window."""
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pair(stride), _pair(dilation), _padding(padding)
+    return (sh, sw), (dh, dw), (pt, pl, pb, pr), (out_size(h, kh, sh, pt + pb, dh), out_size(w, kw, sw, pl + pr, dw))
 
 
 def conv2d_nchw(data: te.Tensor, kernel: te.Tensor, stride=1, padding=0, dilation=1,
@@ -137,8 +140,7 @@ def conv2d_nchw(data: te.Tensor, kernel: te.Tensor, stride=1, padding=0, dilatio
     (n, c, h, w), (o, c2, kh, kw) = data.shape, kernel.shape
     if c != c2:
         raise WorkloadError(f"conv2d_nchw: data {data.shape} and kernel {kernel.shape} disagree on channels")
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pair(stride), _pair(dilation), _padding(padding)
-    oh, ow = _out_size(h, kh, sh, dh, pt, pb), _out_size(w, kw, sw, dw, pl, pr)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (oh, ow) = _window(h, w, kh, kw, stride, padding, dilation)
     padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}.pad")
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     fused = bias is not None or relu or residual is not None
@@ -155,8 +157,7 @@ def conv2d_nhwc(data: te.Tensor, kernel: te.Tensor, stride=1, padding=0, dilatio
     (n, h, w, c), (kh, kw, c2, o) = data.shape, kernel.shape
     if c != c2:
         raise WorkloadError(f"conv2d_nhwc: data {data.shape} and kernel {kernel.shape} disagree on channels")
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pair(stride), _pair(dilation), _padding(padding)
-    oh, ow = _out_size(h, kh, sh, dh, pt, pb), _out_size(w, kw, sw, dw, pl, pr)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (oh, ow) = _window(h, w, kh, kw, stride, padding, dilation)
     padded = pad(data, (0, pt, pl, 0), (0, pb, pr, 0), name=f"{name}.pad")
     rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     fused = bias is not None or relu or residual is not None
@@ -176,8 +177,7 @@ def conv2d_NCHWc(data: te.Tensor, kernel: te.Tensor, stride=1, padding=0, dilati
     (n, ic_chunk, h, w, ic_bn), (oc_chunk, ic_chunk2, kh, kw, ic_bn2, oc_bn) = data.shape, kernel.shape
     if (ic_chunk, ic_bn) != (ic_chunk2, ic_bn2):
         raise WorkloadError(f"conv2d_NCHWc: data {data.shape} and kernel {kernel.shape} disagree on channels")
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pair(stride), _pair(dilation), _padding(padding)
-    oh, ow = _out_size(h, kh, sh, dh, pt, pb), _out_size(w, kw, sw, dw, pl, pr)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (oh, ow) = _window(h, w, kh, kw, stride, padding, dilation)
     padded = pad(data, (0, 0, pt, pl, 0), (0, 0, pb, pr, 0), name=f"{name}.pad")
     ic, ry, rx = te.reduce_axis(ic_chunk * ic_bn, "ic"), te.reduce_axis(kh, "kh"), te.reduce_axis(kw, "kw")
     fused = bias is not None or relu or residual is not None
@@ -197,8 +197,7 @@ def depthwise_conv2d_nchw(data: te.Tensor, kernel: te.Tensor, stride=1, padding=
     (n, c, h, w), (c2, mult, kh, kw) = data.shape, kernel.shape
     if c != c2:
         raise WorkloadError(f"depthwise_conv2d_nchw: data {data.shape} and kernel {kernel.shape} disagree on channels")
-    (sh, sw), (dh, dw), (pt, pl, pb, pr) = _pair(stride), _pair(dilation), _padding(padding)
-    oh, ow = _out_size(h, kh, sh, dh, pt, pb), _out_size(w, kw, sw, dw, pl, pr)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (oh, ow) = _window(h, w, kh, kw, stride, padding, dilation)
     padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), name=f"{name}.pad")
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     fused = bias is not None or relu
