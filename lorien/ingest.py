@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lorien.errors import LorienError, RecordParseError, UnknownFormatError
 from lorien.warehouse import CommitResult, open_store
@@ -150,17 +151,23 @@ def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: 
 
     log_format = chosen_format or detect_format(log)
     file_report = FileReport(path=str(log), format=log_format)
-    workloads_kept = False
+    workloads_kept: set[str] = set()
     for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size,
                                          dictionary=dictionary):
         if errors:
             if strict:
                 raise errors[0]
             file_report.errors.extend(errors)
-        if table.num_rows and log_format == "meta_schedule" and not workloads_kept:
-            # records name their workload by hash: its entry is kept first, once per database
-            put_workloads(meta_schedule.workload_texts(log))
-            workloads_kept = True
+        if table.num_rows and log_format == "meta_schedule":
+            # records name their workload by hash: the entries they name are kept before them
+            # (reading the database put its entries in the format's registry)
+            wanted = meta_schedule.hashes_in_extras(pc.unique(table.column("extra")).to_pylist()) - workloads_kept
+            entries = meta_schedule.known_workloads(wanted)
+            if wanted - entries.keys():
+                raise LorienError(f"{log}: workload entries {sorted(wanted - entries.keys())} went missing while reading")
+            if entries:
+                put_workloads(entries)
+                workloads_kept |= wanted
         if table.num_rows:
             result = add(table)
             file_report.records += table.num_rows

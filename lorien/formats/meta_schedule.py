@@ -88,9 +88,14 @@ def workload_texts(path: str | Path) -> dict[str, str]:
 
 def referenced_hashes(records: Iterable[TuningRecord]) -> set[str]:
     """Workload hashes the records refer to (records carrying their entry refer to none)."""
+    return hashes_in_extras(record.extra for record in records)
+
+
+def hashes_in_extras(extras: Iterable[str | None]) -> set[str]:
+    """Workload hashes named by records' ``extra`` texts (e.g. the distinct ones of a table)."""
     found = set()
-    for record in records:
-        extra = orjson.loads(record.extra) if record.extra else {}
+    for text in extras:
+        extra = orjson.loads(text) if text else {}
         if "workload_hash" in extra and "workload" not in extra:
             found.add(str(extra["workload_hash"]))
     return found
