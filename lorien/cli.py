@@ -6,6 +6,8 @@ call into the library.
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
   lorien export                    write records back as TVM logs
+  lorien extract MODEL...          tunable tasks of ONNX files / torch modules, with weights, as a tune YAML
+  lorien mutate TASKS.yaml         grow a task list into a training set with YAML rules
   lorien featurize                 records -> normalized CSV/Parquet features per template
   lorien train                     train and evaluate a cost model
   lorien warehouse stats|compact|workloads|dynamodb ...
@@ -15,6 +17,7 @@ call into the library.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -143,6 +146,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.add_argument("--store", help=STORE_HELP)
     export.set_defaults(run=_run_export)
+
+    # ---- extract ----------------------------------------------------------------------
+    extract = _parser(sub, "extract", "write the tunable tasks of ONNX files and torch modules (conv2d, depthwise, "
+                      "dense, batch_matmul; weight = occurrences; epilogues seen) as a `lorien tune` YAML, "
+                      "identical tasks merged across models; unsupported operators are counted",
+                      "lorien extract resnet50.onnx torchvision.models:mobilenet_v2 --input x:1x3x224x224 "
+                      "-o tasks.yaml")
+    extract.add_argument("models", nargs="+", metavar="MODEL",
+                         help="an ONNX file, or a torch factory module:function or module:function(key=value, ...) "
+                              "(needs the torch extra), e.g. torchvision.models:resnet18")
+    extract.add_argument("--input", action="append", default=[], metavar="[NAME:]SHAPE[:DTYPE]",
+                         help="shape of an input, e.g. input:1x3x224x224 or ids:1x128:int64 (no NAME: the only "
+                              "input of a model); needed for dynamic dimensions and for torch modules; repeatable")
+    extract.add_argument("--batch-size", type=int, help="set dimension 0 of every input")
+    extract.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    extract.set_defaults(run=_run_extract)
+
+    # ---- mutate -----------------------------------------------------------------------
+    mutate = _parser(sub, "mutate", "grow a task list into a training set: YAML rules vary fields (lists of "
+                     "values, ranges with a step, scale factors), filters drop shapes; same seed, same output; "
+                     "no duplicates (rule format: docs/models.md)",
+                     "lorien mutate tasks.yaml --rules configs/models/mutate-rules.yaml --seed 1 -o train.yaml")
+    mutate.add_argument("tasks", help="a tuning YAML of op shorthands (what `lorien extract` writes)")
+    mutate.add_argument("--rules", required=True, help="mutation rules YAML")
+    mutate.add_argument("--seed", type=int, help="random seed (default: the rules file's seed, else 0)")
+    mutate.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    mutate.set_defaults(run=_run_mutate)
 
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
@@ -467,6 +497,41 @@ def _run_export(args: argparse.Namespace) -> int:
             print(encode_record(record, args.format))
     return 0
 
+# ---- run functions: extract, mutate -------------------------------------------------------
+
+def _write_yaml(text: str, output: str | None, summary: str) -> None:
+    """The YAML to ``output`` (whole or not at all) or standard output; the summary beside it."""
+    if output is None:
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+        return
+    from lorien.models.extract import write_text_atomic
+
+    write_text_atomic(output, text)
+    print(summary)
+    print(f"wrote {output}")
+
+
+def _run_extract(args: argparse.Namespace) -> int:
+    from lorien.models import extract_models
+
+    extraction = extract_models(args.models, args.input, batch_size=args.batch_size)
+    _write_yaml(extraction.to_yaml(args.command_line), args.output, extraction.summary())
+    return 0
+
+
+def _run_mutate(args: argparse.Namespace) -> int:
+    from lorien.models.extract import tasks_yaml
+    from lorien.models.mutate import load_rules, mutate_tasks, read_task_config
+
+    tasks, settings = read_task_config(args.tasks)
+    report = mutate_tasks(tasks, load_rules(args.rules), seed=args.seed)
+    header = [f"lorien mutate: {len(report.tasks)} tasks.", f"Made by: {args.command_line}",
+              *report.summary().splitlines()]
+    _write_yaml(tasks_yaml([task.to_entry() for task in report.tasks], header, settings), args.output,
+                report.summary())
+    return 0
+
 # ---- run functions: featurize ------------------------------------------------------------
 
 def _run_featurize(args: argparse.Namespace) -> int:
@@ -596,6 +661,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = "lorien " + shlex.join(sys.argv[1:] if argv is None else argv)
     run = getattr(args, "run", None)
     if run is None:
         parser.print_help()

@@ -96,10 +96,10 @@ def resolve_inputs(model: str, declared: Sequence[DeclaredInput], specs: Sequenc
             raise ExtractError(f"{model}: input {item.name!r} needs a shape: give --input {item.name}:1x3x224x224")
         if batch_size is not None and shape:
             shape = [batch_size, *shape[1:]]
-        dynamic = [i for i, d in enumerate(shape) if not isinstance(d, int) or d < 1]
+        dynamic = [f"{d or '?'} (dimension {i})" for i, d in enumerate(shape) if not isinstance(d, int) or d < 1]
         if dynamic:
-            raise ExtractError(f"{model}: input {item.name!r} has dynamic dimension(s) {dynamic} in shape "
-                               f"{_show(shape)}; give a value with --input {item.name}:"
+            raise ExtractError(f"{model}: input {item.name!r} has dynamic dimensions {', '.join(dynamic)} in shape "
+                               f"{_show(shape)}; give their values with --input {item.name}:"
                                + "x".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in shape))
         resolved[item.name] = ([int(d) for d in shape], dtype)
     if unnamed and len(declared) != 1 and unnamed[0] not in used:
@@ -201,6 +201,24 @@ def tasks_yaml(entries: Sequence[dict[str, Any]], header: Sequence[str] = (),
         text = yaml.safe_dump(entry, sort_keys=False, default_flow_style=True, width=math.inf).strip()
         lines.append(f"  - {text}")
     return "\n".join(lines) + "\n"
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a file whole or not at all (a temporary file beside it, then renamed)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    tmp_name = None
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp_name = tmp.name
+            tmp.write(text)
+        os.replace(tmp_name, path)
+    except OSError as exc:
+        if tmp_name is not None:
+            Path(tmp_name).unlink(missing_ok=True)
+        raise ExtractError(f"cannot write {path}: {exc}") from exc
 
 
 def is_onnx_path(spec: str) -> bool:

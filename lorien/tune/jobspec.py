@@ -44,6 +44,9 @@ _OPTIONAL_TYPES: dict[str, type | tuple[type, ...]] = {
     "commit_nbest": int,
     "seed": int,
     "name": str,
+    "weight": (int, float),
+    "models": list,
+    "epilogue": dict,
 }
 
 
