@@ -1,7 +1,8 @@
 """Tasks of an ONNX model: Conv, Gemm and MatMul with the epilogues that follow them.
 
 Shapes come from ONNX's own shape inference, run after the inputs are given concrete
-shapes. Weights are never loaded (external data stays on disk): only dimensions matter.
+shapes. Weights are dropped as soon as the file is parsed (external data is never read):
+only their dimensions matter.
 Conv (2-d) becomes conv2d, or depthwise_conv2d when every input channel is its own group;
 Gemm and MatMul with a 2-d right operand become dense; MatMul with batched operands becomes
 batch_matmul. After each, a chain of single-consumer elementwise nodes is fused: Add of a
@@ -27,6 +28,9 @@ from lorien.models.extract import (
 )
 from lorien.models.tasks import channel_vector, conv_task, matmul_task, same_pads
 
+#: Initializers larger than this keep their dimensions only (values of small ones, such as
+#: reshape targets and clip bounds, are read).
+LARGE_CONSTANT_BYTES = 4096
 #: Nodes a fused chain passes through without changing the computation.
 PASS_THROUGH = {"Identity", "Dropout"}
 
@@ -46,6 +50,10 @@ def load_onnx(path: str | Path) -> Any:
         raise ExtractError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
     if not model.HasField("graph") or not model.graph.node:
         raise ExtractError(f"{path}: not an ONNX model (no graph nodes; the file may be truncated or of another kind)")
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() > LARGE_CONSTANT_BYTES:  # weights: their dimensions are all that matters
+            for name in ("raw_data", "float_data", "double_data", "int32_data", "int64_data"):
+                tensor.ClearField(name)
     return model
 
 
