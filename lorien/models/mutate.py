@@ -257,7 +257,7 @@ def _rejected_by(task: Task, filters: Sequence[dict[str, Any]]) -> str | None:
         ok = all(("min" not in spec or v >= spec["min"]) and ("max" not in spec or v <= spec["max"])
                  and ("multiple_of" not in spec or v % spec["multiple_of"] == 0) for v in values)
         if "in" in spec:
-            ok = ok and value in spec["in"]
+            ok = ok and (value in spec["in"] or all(v in spec["in"] for v in values))
         if not ok:
             return ", ".join(f"{k}: {v}" for k, v in spec.items())
     return None
