@@ -98,3 +98,10 @@ def test_unknown_factory_is_an_error_naming_it():
         extract_models(["torchvision.models:resnet_nineteen"], ["1x3x224x224"])
     with pytest.raises(ExtractError, match="cannot import 'no_such_module_here'"):
         extract_models(["no_such_module_here:net"], ["1x3x8x8"])
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "mobilenet_v2"])
+def test_sample_configs_are_what_extract_writes_today(name):
+    path = Path(__file__).resolve().parent.parent / "configs" / "models" / f"{name}.yaml"
+    command = f"lorien extract torchvision.models:{name} --input x:1x3x224x224 -o configs/models/{name}.yaml"
+    assert extract_models([f"torchvision.models:{name}"], ["x:1x3x224x224"]).to_yaml(command) == path.read_text()
