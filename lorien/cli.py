@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also archive each full log to DEST (a directory or s3://bucket/prefix)")
     tune.add_argument("--trials", type=int, help="override the trials of every workload")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
-    tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bars or lines on stderr")
+    tune.add_argument("--json", action="store_true",
+                      help="print the summary as JSON (per workload, or per job with --manager)")
     # orchestration flags (docs/orchestration.md); lorien.tune.master.tune_command runs them
     tune.add_argument("--manager", choices=["local", "dask", "aws-batch"],
                       help="run the config's jobs through a job manager (retries, trace, resume)")
@@ -95,12 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "lorien query --workload-key 'dense_nopack.x86#_TENSOR__1_512__float32_#...' "
                     "--target 'llvm -mcpu=skylake-avx512' --nbest 3")
     query.add_argument("--workload-key", required=True, help="the workload key (with --prefix, a prefix of it)")
-    query.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=skylake-avx512'")
+    query.add_argument("--target", required=True,
+                       help="target string, e.g. 'llvm' or 'llvm -mcpu=skylake-avx512': matches every stored "
+                            "target that agrees on the options it names (its own target first)")
     query.add_argument("--nbest", type=int, default=1, help="number of records (per layout with --per-layout)")
     query.add_argument("--layout", help="only this layout (NCHW, NHWC, NCHW8c, ...)")
     query.add_argument("--per-layout", action="store_true", help="the best --nbest of each layout")
-    query.add_argument("--alternate-key", action="store_true",
-                       help="match every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    query_match = query.add_mutually_exclusive_group()
+    query_match.add_argument("--exact", action="store_true",
+                             help="only records of exactly this target (no other matching stored target)")
+    query_match.add_argument("--alternate-key", action="store_true",
+                             help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     query.add_argument("--prefix", action="store_true", help="treat --workload-key as a prefix")
     query.add_argument("--format", choices=QUERY_FORMATS, default="table",
                        help="table (default), json, or native log lines (autotvm, ansor)")
@@ -138,8 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     selection.add_argument("--best-only", dest="best_only", action="store_true", default=True,
                            help="the fastest valid record per workload (default)")
     selection.add_argument("--all", dest="best_only", action="store_false", help="every record")
-    export.add_argument("--alternate-key", action="store_true",
-                        help="every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    export_match = export.add_mutually_exclusive_group()
+    export_match.add_argument("--exact", action="store_true",
+                              help="only records of exactly this target (default: every stored target that "
+                                   "agrees on the options --target names)")
+    export_match.add_argument("--alternate-key", action="store_true",
+                              help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.add_argument("--store", help=STORE_HELP)
     export.set_defaults(run=_run_export)
@@ -281,22 +292,38 @@ def _run_tune(args: argparse.Namespace) -> int:
         if args.tuner is not None:
             job["tuner"] = args.tuner
             job.pop("tuner_options", None)
+    from lorien.warehouse import resolve_store_uri
+
+    store_uri = resolve_store_uri(args.store, config.store_uri)
+    show = _tune_json if args.json else format_summary
     try:
-        summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=args.store)
+        summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=store_uri)
     except KeyboardInterrupt as exc:
-        print(format_summary(getattr(exc, "summaries", [])))
-        print("interrupted: the records measured so far are in the warehouse", file=sys.stderr)
+        print(show(getattr(exc, "summaries", [])))
+        print(f"interrupted: the records measured so far are in {store_uri}", file=sys.stderr)
         raise
-    print(format_summary(summaries))
+    archived = []
     if args.commit_log_to:
         from pathlib import Path
 
         from lorien.warehouse.archive import archive_log
 
-        for summary in summaries:
-            if summary.log_path and Path(summary.log_path).is_file():
-                print(f"archived {archive_log(summary.log_path, args.commit_log_to)}")
+        archived = [archive_log(summary.log_path, args.commit_log_to) for summary in summaries
+                    if summary.log_path and Path(summary.log_path).is_file()]
+    print(show(summaries, archived) if args.json else show(summaries))
+    if not args.json:
+        print(f"records committed to {store_uri}"
+              + "".join(f"\narchived {uri}" for uri in archived))
     return 0
+
+
+def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
+    import json
+
+    return json.dumps({"store": summaries[0].store_uri if summaries else None,
+                       "trials": sum(s.trials for s in summaries), "errors": sum(s.errors for s in summaries),
+                       "committed": sum(s.committed for s in summaries),
+                       "workloads": [s.to_dict() for s in summaries], "archived": list(archived)}, indent=2)
 
 
 # ---- run functions: apply ----------------------------------------------------------------
@@ -311,7 +338,10 @@ def _run_apply(args: argparse.Namespace) -> int:
         measure = json.loads(args.measure)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--measure is not JSON: {args.measure!r}") from exc
-    options = {"target": args.target, "measure": measure, "store_uri": args.store if args.commit else None}
+    from lorien.warehouse import resolve_store_uri
+
+    options = {"target": args.target, "measure": measure,
+               "store_uri": resolve_store_uri(args.store) if args.commit else None}
     if args.log and args.line:
         applied = apply_log_line(args.log, args.line, **options)
     elif args.workload_key and args.config:
@@ -358,15 +388,19 @@ def _open_for_reading(uri: str | None):
 QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
 
 
-def _query_records(args: argparse.Namespace) -> list:
+def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
+    """(records, the family's other stored targets holding the workload when none matched)."""
     from lorien.warehouse import open_store
 
     # With --build a missing store is fine: the default schedule is built, and said so.
     opener = open_store if args.build else _open_for_reading
     with opener(args.store) as store:
-        return store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
-                          by_alternate_key=args.alternate_key, prefix=args.prefix,
-                          per_layout=args.per_layout)
+        records = store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
+                             by_alternate_key=args.alternate_key, prefix=args.prefix,
+                             per_layout=args.per_layout, exact=args.exact)
+        others = [] if records or args.alternate_key else store.best(
+            args.workload_key, args.target, k=5, by_alternate_key=True, prefix=args.prefix)
+    return records, list(dict.fromkeys(record.target for record in others))
 
 
 def _print_records(records: list, output_format: str) -> None:
@@ -391,17 +425,33 @@ def _print_records(records: list, output_format: str) -> None:
               f"{row['target']:<32}  {row['config']}")
 
 
+def _say_matched_targets(target: str, records: list) -> None:
+    """Name the stored targets an answer came from where they are not the query's own."""
+    from lorien.target import parse_target
+
+    canonical = parse_target(target).canonical
+    for stored in dict.fromkeys(record.target for record in records):
+        if stored != canonical:
+            print(f"lorien query: --target {target!r} matched stored target {stored!r}", file=sys.stderr)
+
+
 def _run_query(args: argparse.Namespace) -> int:
     if args.predict:
         from lorien.costmodel.zeroshot import run_predict_query
 
         return run_predict_query(args)
-    records = _query_records(args)
+    records, others = _query_records(args)
     if args.build:
         _build_queried(args, bool(records))
+    _say_matched_targets(args.target, records)
     if not records:
         print(f"lorien query: no valid record of workload {args.workload_key!r} on target "
-              f"{args.target!r}", file=sys.stderr)
+              f"{args.target!r}{' (--exact)' if args.exact else ''}", file=sys.stderr)
+        if others:
+            hint = "drop --exact (or use --alternate-key)" if args.exact else \
+                "--alternate-key answers from those, or name fewer options in --target"
+            print(f"lorien query: the same family holds it on {', '.join(map(repr, others))}; {hint}",
+                  file=sys.stderr)
         return 1
     _print_records(records, args.format)
     return 0
@@ -415,7 +465,8 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackScheduleWarning)
-        kernel = compile_from_warehouse(args.workload_key, args.target, store=args.store)
+        kernel = compile_from_warehouse(args.workload_key, args.target, store=args.store, exact=args.exact,
+                                        by_alternate_key=args.alternate_key)
     source = "best stored config" if kernel.from_warehouse else f"DEFAULT schedule ({kernel.fallback_reason})"
     arrays = ", ".join(f"{a.name}:{a.dtype}{list(a.shape)}" for a in kernel.args)
     print(f"built kernel {kernel.name} from the {source}; call it with numpy arrays ({arrays})",
@@ -449,7 +500,7 @@ def _run_export(args: argparse.Namespace) -> int:
     workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
-                                 by_alternate_key=args.alternate_key)
+                                 by_alternate_key=args.alternate_key, exact=args.exact)
         if args.format == "meta_schedule":
             from lorien.formats import meta_schedule
 
@@ -584,12 +635,14 @@ def _run_warehouse_dynamodb(args: argparse.Namespace) -> int:
 
 def _run_generate(args: argparse.Namespace) -> int:
     from lorien.costmodel.generate import generate_training_set
+    from lorien.warehouse import resolve_store_uri
 
-    summaries = generate_training_set(args.store, size=args.size, workloads=args.workload, trials=args.trials,
+    store_uri = resolve_store_uri(args.store)
+    summaries = generate_training_set(store_uri, size=args.size, workloads=args.workload, trials=args.trials,
                                       target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
                                       progress=not args.quiet)
     measured = sum(summary.trials for summary in summaries)
-    print(f"generated {measured} measurements of {len(summaries)} workloads into {args.store or 'the default store'}")
+    print(f"generated {measured} measurements of {len(summaries)} workloads into {store_uri}")
     return 0
 
 

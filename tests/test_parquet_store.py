@@ -94,6 +94,14 @@ def test_best_deeper_than_the_serving_view_is_answered_from_the_records(store):
     assert [record.cost_s for record in best] == pytest.approx([1e-3 * (1 + index) for index in range(6)])
 
 
+def test_an_answer_deeper_than_the_serving_view_matches_targets_the_same_way(store):
+    store.commit(workload_records("dense#a", 4, target="llvm -mcpu=znver4", base_s=1e-4) +
+                 workload_records("dense#a", 4, target="llvm -mcpu=haswell"), nbest=2)
+    best = store.best("dense#a", "llvm -mcpu=haswell -keys=cpu", k=4)
+    assert [record.cost_s for record in best] == pytest.approx([1e-3 * (1 + index) for index in range(4)])
+    assert len(store.best("dense#a", "llvm", k=8)) == 8
+
+
 def test_serving_view_holds_at_most_nbest_rows_per_group(store, root):
     store.commit(workload_records("dense#a", 30) + workload_records("dense#b", 1), nbest=4)
     serving = pq.read_table(parquet_files(root, "best")[0])

@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 
 from lorien.errors import StoreError, StoreUnreachableError
 from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
-from lorien.target import parse_target
+from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
 
 RECORDS_DIR = "records"
@@ -598,13 +598,13 @@ def top_per_group(table: pa.Table, nbest: int | None) -> pa.Table:
     if nbest is not None and rows:
         positions = np.arange(rows)
         is_start = np.zeros(rows, dtype=bool)
-        is_start[_group_starts(keys.take(order), ("workload_key", "target", "layout"))] = True
+        is_start[group_starts(keys.take(order), ("workload_key", "target", "layout"))] = True
         group_start = np.maximum.accumulate(np.where(is_start, positions, 0))
         order = order[positions - group_start < nbest]
     return table.take(valid_rows[order])
 
 
-def _group_starts(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+def group_starts(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
     """Row numbers where a new run of equal ``columns`` values begins, in a sorted table."""
     import pyarrow.compute as pc
 
@@ -625,9 +625,10 @@ def _may_hold(statistics: Any, low: str, high: str) -> bool:
 
 
 def _rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
-    """Fastest first (ties by record_id); with ``per_layout`` the best k of each layout,
-    layouts ordered by their fastest row."""
-    ordered = sorted(rows, key=lambda row: (row["cost_s"], row["record_id"]))
+    """Most specific target match first (``row["tier"]``, see lorien.target.match_tier), then
+    fastest (ties by record_id); with ``per_layout`` the best k of each layout, layouts ordered
+    by their first row."""
+    ordered = sorted(rows, key=lambda row: (row["tier"], row["cost_s"], row["record_id"]))
     if not per_layout:
         return ordered[:k]
     by_layout: dict[str, list[dict]] = {}
@@ -660,7 +661,7 @@ class _ServingIndex:
         if rows:
             group_columns = ("workload_key", "target", "layout")
             sorted_keys = keys.select(list(group_columns)).take(self.order)
-            starts = _group_starts(sorted_keys, group_columns)
+            starts = group_starts(sorted_keys, group_columns)
             stops = [*starts[1:].tolist(), rows]
             heads = sorted_keys.take(starts)
             for workload_key, target, layout, start, stop in zip(
@@ -703,29 +704,37 @@ class _ServingIndex:
             last += 1
         return self.sorted_workloads[first:last]
 
-    def _best_positions(self, spans: list[tuple[int, int]], k: int) -> np.ndarray:
+    def _best_positions(self, spans: list[tuple[int, int, int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, their match tiers) of the best ``k`` rows of ``(start, stop, tier)`` spans."""
         if len(spans) == 1:
-            start, stop = spans[0]
-            return np.arange(start, min(stop, start + k))
-        positions = np.concatenate([np.arange(start, stop) for start, stop in spans])
-        ranked = np.lexsort((self.rank[positions], self.cost_s[positions]))
-        return positions[ranked[:k]]
+            start, stop, tier = spans[0]
+            positions = np.arange(start, min(stop, start + k))
+            return positions, np.full(len(positions), tier)
+        positions = np.concatenate([np.arange(start, stop) for start, stop, _ in spans])
+        tiers = np.concatenate([np.full(stop - start, tier) for start, stop, tier in spans])
+        ranked = np.lexsort((self.rank[positions], self.cost_s[positions], tiers))[:k]
+        return positions[ranked], tiers[ranked]
 
     def best(self, workload_key: str, target: str, k: int, layout: str | None,
-             by_alternate_key: bool, prefix: bool, per_layout: bool) -> list[TuningRecord]:
-        spans_by_layout: dict[str, list[tuple[int, int]]] = {}
+             mode: str, prefix: bool, per_layout: bool) -> list[TuningRecord]:
+        """The best rows of ``workload_key`` on the stored targets that match ``target``
+        (canonical) in ``mode`` (see lorien.target.match_tier), most specific match first."""
+        spans_by_layout: dict[str, list[tuple[int, int, int]]] = {}
         for key in self._workload_keys(workload_key, prefix):
             for group_target, group_layout, start, stop in self.by_workload[key]:
-                if (by_alternate_key or group_target == target) and (layout is None or group_layout == layout):
-                    spans_by_layout.setdefault(group_layout, []).append((start, stop))
+                if layout is not None and group_layout != layout:
+                    continue
+                tier = match_tier(target, group_target, mode)
+                if tier is not None:
+                    spans_by_layout.setdefault(group_layout, []).append((start, stop, tier))
         if not spans_by_layout:
             return []
         if per_layout:
             chosen = [self._best_positions(spans, k) for spans in spans_by_layout.values()]
-            chosen.sort(key=lambda positions: (self.cost_s[positions[0]], self.rank[positions[0]]))
-            positions = np.concatenate(chosen)
+            chosen.sort(key=lambda best: (best[1][0], self.cost_s[best[0][0]], self.rank[best[0][0]]))
+            positions = np.concatenate([positions for positions, _ in chosen])
         else:
-            positions = self._best_positions([span for spans in spans_by_layout.values() for span in spans], k)
+            positions, _ = self._best_positions([span for spans in spans_by_layout.values() for span in spans], k)
         return [TuningRecord.from_row(self._row(position)) for position in positions.tolist()]
 
 
@@ -1191,7 +1200,7 @@ class ParquetStore(Store):
         return cached
 
     def _best_cold(self, files: tuple[str, ...], target_key: str, workload_key: str, target: str,
-                   k: int, layout: str | None, by_alternate_key: bool, prefix: bool,
+                   k: int, layout: str | None, mode: str, prefix: bool,
                    per_layout: bool) -> list[TuningRecord]:
         """A first lookup reads only the row groups whose workload_key range can hold the key
         and selects in plain Python, so a process that asks once (a cold ``lorien query``)
@@ -1217,8 +1226,9 @@ class ParquetStore(Store):
                 key = row["workload_key"]
                 if not (key.startswith(workload_key) if prefix else key == workload_key):
                     continue
-                if (by_alternate_key or row["target"] == target) and (layout is None or row["layout"] == layout):
-                    row["target_key"] = target_key
+                tier = match_tier(target, row["target"], mode)
+                if tier is not None and (layout is None or row["layout"] == layout):
+                    row["target_key"], row["tier"] = target_key, tier
                     rows[row["record_id"]] = row
         return [TuningRecord.from_row(row) for row in _rank_rows(list(rows.values()), k, per_layout)]
 
@@ -1246,33 +1256,34 @@ class ParquetStore(Store):
 
     def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
              by_alternate_key: bool = False, prefix: bool = False,
-             per_layout: bool = False) -> list[TuningRecord]:
+             per_layout: bool = False, exact: bool = False) -> list[TuningRecord]:
         if k < 1:
             raise StoreError(f"k must be a positive number of records, got {k!r}")
+        mode = match_mode(exact, by_alternate_key)
         target_key, canonical = self._target_names(target)
         files, depth = self._serving_files(target_key)
         if depth is not None and k > depth:
             return self._best_from_records(workload_key, canonical, target_key, k, layout,
-                                           by_alternate_key, prefix, per_layout)
+                                           mode, prefix, per_layout)
         lookups = self._lookups.get(target_key, 0)
         self._lookups[target_key] = lookups + 1
         if lookups == 0 and target_key not in self._indexes:
             try:
                 return self._best_cold(files, target_key, workload_key, canonical, k, layout,
-                                       by_alternate_key, prefix, per_layout)
+                                       mode, prefix, per_layout)
             except FileNotFoundError:
                 files = self._relist_serving(target_key)
         index = self._index(target_key, files)
-        return index.best(workload_key, canonical, k, layout, by_alternate_key, prefix, per_layout)
+        return index.best(workload_key, canonical, k, layout, mode, prefix, per_layout)
 
     def _best_from_records(self, workload_key: str, target: str, target_key: str, k: int,
-                           layout: str | None, by_alternate_key: bool, prefix: bool,
+                           layout: str | None, mode: str, prefix: bool,
                            per_layout: bool) -> list[TuningRecord]:
         """Exact answer from the full records, for k deeper than the serving view."""
         import pyarrow.compute as pc
 
         filters: dict[str, Any] = {"target_key": target_key}
-        if not by_alternate_key:
+        if mode == "exact":
             filters["target"] = target
         if layout is not None:
             filters["layout"] = layout
@@ -1282,7 +1293,7 @@ class ParquetStore(Store):
         if prefix:
             table = table.filter(pc.starts_with(table.column("workload_key"), workload_key))
         index = _ServingIndex(top_per_group(table, k))
-        return index.best(workload_key, target, k, layout, by_alternate_key, prefix, per_layout)
+        return index.best(workload_key, target, k, layout, mode, prefix, per_layout)
 
     # -- compaction ---------------------------------------------------------------------------
 
