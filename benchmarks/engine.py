@@ -10,8 +10,13 @@ inputs are pre-packed to NCHW16c (as TVM's conv2d_NCHWc benchmarks do); PyTorch 
     python benchmarks/engine.py            # full run
     python benchmarks/engine.py --quick    # small grid, fewer layers
 
+The engine runtime (thread pool, timing loop) is built two ways: from LLVM IR with llvmlite
+(the default, needs no C compiler) and from C with the system compiler ($LORIEN_RUNTIME=c).
+The main run uses the default; a child process repeats the launch and dense-512 measurements
+with the other, and both are printed and put on the last line.
+
 Last line: dense512_vs_numpy= dense1024_vs_numpy= conv3x3_vs_torch_min= conv3x3_vs_torch_geomean=
-trials_per_s= launch_us=
+trials_per_s= launch_us= launch_us_c= dense512_vs_numpy_c=
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import json
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -246,23 +254,53 @@ def bench_launch() -> float:
     return us
 
 
+def dense_grid(quick: bool) -> list[tuple[int, int, str]]:
+    """Register tiles (mr rows x nr columns) that fit the vector registers: 32 zmm with AVX-512,
+    16 ymm with AVX2 (accumulators mr * nr / lanes, plus broadcasts and B vectors)."""
+    tiles = ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) if vector_lanes() == 16 else \
+        ((6, 16), (4, 16), (3, 32), (2, 32), (8, 16))
+    if quick:
+        return [(mr, nr, "mn") for mr, nr in tiles[1:3]]
+    return [(mr, nr, order) for mr, nr in tiles for order in ("mn", "nm")]
+
+
+def bench_other_runtime(name: str, quick: bool) -> tuple[float, float]:
+    """(launch_us, dense512_vs_numpy) measured by a child process on runtime ``name``."""
+    env = {**os.environ, "LORIEN_RUNTIME": name}
+    child = subprocess.run([sys.executable, __file__, "--runtime-child", *(["--quick"] if quick else [])],
+                           env=env, capture_output=True, text=True, timeout=1800)
+    if child.returncode != 0:
+        print(f"runtime {name}: could not measure ({child.stderr.strip().splitlines()[-1:]})")
+        return float("nan"), float("nan")
+    print("\n".join(f"  [{name}] {line}" for line in child.stdout.splitlines()[:-1]))
+    result = json.loads(child.stdout.splitlines()[-1])
+    return result["launch_us"], result["dense512"]
+
+
+def runtime_child(quick: bool) -> None:
+    """--runtime-child: launch overhead and dense 512 on this process's runtime, then JSON."""
+    launch_us = bench_launch()
+    dense512 = bench_dense(512, dense_grid(quick), 1.0 if quick else 8.0)
+    print(json.dumps({"runtime": runtime.backend(), "launch_us": launch_us, "dense512": dense512}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grids, 2 conv layers, 8 trials")
+    parser.add_argument("--runtime-child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     quick = opts.quick
+    if opts.runtime_child:
+        runtime_child(quick)
+        return
     print(f"host: {os.cpu_count()} CPUs, {runtime.num_threads()} kernel threads, load average {os.getloadavg()[0]:.1f} "
           "(the cores are shared: each side's fastest of many interleaved single runs is compared)")
-    # Register tiles (mr rows x nr columns) that fit the vector registers: 32 zmm with AVX-512,
-    # 16 ymm with AVX2 (accumulators mr * nr / lanes, plus broadcasts and B vectors).
-    tiles = ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) if vector_lanes() == 16 else \
-        ((6, 16), (4, 16), (3, 32), (2, 32), (8, 16))
-    dense_grid = [(mr, nr, "mn") for mr, nr in tiles[1:3]] if quick else \
-        [(mr, nr, order) for mr, nr in tiles for order in ("mn", "nm")]
+    print(f"engine runtime: {runtime.backend()} (this process); the c runtime is measured in a child process")
     launch_us = bench_launch()
     seconds = 1.0 if quick else 8.0
-    dense512 = bench_dense(512, dense_grid, seconds)
-    dense1024 = bench_dense(1024, dense_grid, seconds)
+    dense512 = bench_dense(512, dense_grid(quick), seconds)
+    launch_us_c, dense512_c = bench_other_runtime("c", quick)
+    dense1024 = bench_dense(1024, dense_grid(quick), seconds)
     try:
         import torch  # noqa: F401 - the conv2d baseline
     except ImportError:
@@ -276,7 +314,8 @@ def main() -> None:
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print(f"dense512_vs_numpy={dense512:.2f} dense1024_vs_numpy={dense1024:.2f} "
           f"conv3x3_vs_torch_min={min(ratios):.2f} conv3x3_vs_torch_geomean={geomean:.2f} "
-          f"trials_per_s={trials:.2f} launch_us={launch_us:.2f}")
+          f"trials_per_s={trials:.2f} launch_us={launch_us:.2f} launch_us_c={launch_us_c:.2f} "
+          f"dense512_vs_numpy_c={dense512_c:.2f}")
 
 
 if __name__ == "__main__":

@@ -312,7 +312,9 @@ def _run_tune(args: argparse.Namespace) -> int:
                     if summary.log_path and Path(summary.log_path).is_file()]
     print(show(summaries, archived) if args.json else show(summaries))
     if not args.json:
-        print(f"records committed to {store_uri}"
+        from lorien.engine.runtime import chosen_runtime
+
+        print(f"records committed to {store_uri} (engine runtime: {chosen_runtime()})"
               + "".join(f"\narchived {uri}" for uri in archived))
     return 0
 
@@ -320,7 +322,9 @@ def _run_tune(args: argparse.Namespace) -> int:
 def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
     import json
 
-    return json.dumps({"store": summaries[0].store_uri if summaries else None,
+    from lorien.engine.runtime import chosen_runtime
+
+    return json.dumps({"store": summaries[0].store_uri if summaries else None, "engine_runtime": chosen_runtime(),
                        "trials": sum(s.trials for s in summaries), "errors": sum(s.errors for s in summaries),
                        "committed": sum(s.committed for s in summaries),
                        "workloads": [s.to_dict() for s in summaries], "archived": list(archived)}, indent=2)
