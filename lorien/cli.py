@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refuse the whole ingest, committing nothing, if any line fails to parse")
     ingest.add_argument("--nbest", type=int, help="best records kept per workload for serving (default 20)")
     ingest.add_argument("--store", help=STORE_HELP)
+    ingest.add_argument("--json", action="store_true", help="print the report (per file and in total) as JSON")
+    ingest.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ingest.set_defaults(run=_run_ingest)
 
     # ---- export -----------------------------------------------------------------------
@@ -153,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                               help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.add_argument("--store", help=STORE_HELP)
+    export.add_argument("--json", action="store_true",
+                        help="print what was written as JSON (needs -o: the records go to the file)")
     export.set_defaults(run=_run_export)
 
     # ---- featurize --------------------------------------------------------------------
@@ -173,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "dialect's own; dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    featurize.add_argument("--json", action="store_true", help="print the report as JSON")
     featurize.set_defaults(run=_run_featurize)
 
     # ---- train ------------------------------------------------------------------------
@@ -192,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float, help="learning rate (XGBoost)")
     train.add_argument("--name", help="model name (records it proposes get source model:<name>)")
     train.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    train.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    train.add_argument("--json", action="store_true", help="print the report (report.json) as JSON")
     train.set_defaults(run=_run_train)
 
     # ---- warehouse --------------------------------------------------------------------
@@ -266,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0, help="random seed")
     generate.add_argument("--store", help=STORE_HELP)
     generate.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    generate.add_argument("--json", action="store_true", help="print the per-workload summary as JSON")
     generate.set_defaults(run=_run_generate)
 
     return parser
@@ -480,18 +488,30 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 
 def _run_ingest(args: argparse.Namespace) -> int:
     from lorien.errors import RecordParseError
-    from lorien.ingest import ingest_paths
+    from lorien.ingest import expand_paths, ingest_paths
+    from lorien.progress import Progress
 
-    try:
-        report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
-                              format=args.format)
-    except RecordParseError as exc:
-        print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
-        return 1
+    files = len(expand_paths(args.paths))
+    with Progress(files, "ingest", unit="file", enabled=files > 1 and not args.no_progress) as bar:
+        try:
+            report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
+                                  format=args.format, on_file=lambda done, _total: bar.step(
+                                      f"{done.path}: {done.records} records"))
+        except RecordParseError as exc:
+            bar.close()
+            print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
+            return 1
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
     for file_report in report.files:
         print(file_report.summary())
         for error in file_report.errors:
             print(f"  skipped {error}")
+        if file_report.flop_unknown:
+            print(f"  {file_report.flop_note()}")
     print(report.summary())
     return 0
 
@@ -501,6 +521,8 @@ def _run_export(args: argparse.Namespace) -> int:
     from lorien.formats import encode_record, write_log
     from lorien.warehouse.query import export_records
 
+    if args.json and not args.output:
+        raise LorienError("export --json prints a summary: give the records a file with -o FILE")
     workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
@@ -514,7 +536,14 @@ def _run_export(args: argparse.Namespace) -> int:
         return 1
     if args.output:
         count = write_log(records, args.format, args.output, workloads)
-        print(f"wrote {count} records to {args.output}", file=sys.stderr)
+        if args.json:
+            import json
+
+            print(json.dumps({"output": args.output, "format": args.format, "target": args.target,
+                              "records": count, "workloads": len({record.workload_key for record in records}),
+                              "stored_targets": sorted({record.target for record in records})}, indent=2))
+        else:
+            print(f"wrote {count} records to {args.output}", file=sys.stderr)
     elif args.format == "meta_schedule":
         raise LorienError("export --format meta_schedule writes a directory: give it with -o DIR")
     else:
@@ -526,14 +555,25 @@ def _run_export(args: argparse.Namespace) -> int:
 
 def _run_featurize(args: argparse.Namespace) -> int:
     from lorien.features import featurize
+    from lorien.warehouse import resolve_store_uri
 
+    if args.logs and args.store:
+        raise LorienError("featurize reads log files or a store, not both: drop --store or the LOG paths")
     filters = {name: value for name, value in (("target", args.target), ("target_key", args.target_key),
                                                ("dialect", args.dialect)) if value}
-    report = featurize(args.output, store=args.store, paths=args.logs, filters=filters,
+    store = None if args.logs else resolve_store_uri(args.store)
+    if store is not None:
+        _open_for_reading(store).close()  # a mistyped store is an error, not an empty warehouse
+    report = featurize(args.output, store=store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
                        extractor=args.extractor, progress=not args.quiet,
                        keep_spill=args.keep_spill)
-    print(report.summary())
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.summary())
     return 0
 
 # ---- run functions: train ----------------------------------------------------------------
@@ -548,7 +588,12 @@ def _run_train(args: argparse.Namespace) -> int:
     report = train_cost_model(args.features, args.output, kind=args.kind, templates=args.template,
                               folds=args.folds, params=params,
                               baseline=None if args.baseline == "none" else args.baseline,
-                              name=args.name, plots=not args.no_plots)
+                              name=args.name, plots=not args.no_plots, progress=not args.quiet)
+    if args.json:
+        from lorien.costmodel.train import report_json
+
+        print(report_json(report))
+        return 0
     for template, entry in report["templates"].items():
         summary = entry["cv"]["summary"] if entry["cv"] else None
         line = f"{template}: {entry['rows']} rows, {entry['workloads']} workloads"
@@ -645,6 +690,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     summaries = generate_training_set(store_uri, size=args.size, workloads=args.workload, trials=args.trials,
                                       target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
                                       progress=not args.quiet)
+    if args.json:
+        print(_tune_json(summaries))
+        return 0
     measured = sum(summary.trials for summary in summaries)
     print(f"generated {measured} measurements of {len(summaries)} workloads into {store_uri}")
     return 0

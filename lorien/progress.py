@@ -1,13 +1,16 @@
 """Progress for long commands: a bar on a terminal, one line per step in a log.
 
 ``Progress(total, "ingest", unit="file")`` draws a tqdm bar when its stream (stderr by default)
-is a terminal; otherwise each ``step`` writes one line (``ingest: 3/12 file a.log: 1,204
-records``), which is what a CI log or ``2> run.log`` wants. Disabled, it says nothing.
+is a terminal; otherwise each ``step`` writes one line (``ingest: 3/12 files - a.log: 1204
+records``; at most one per ``line_interval_s``), which is what a CI log or ``2> run.log``
+wants. Disabled, it says nothing.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from typing import TextIO
 
 
@@ -15,10 +18,12 @@ class Progress:
     """Steps of one long piece of work, shown on ``stream`` (default stderr)."""
 
     def __init__(self, total: int | None, label: str, unit: str = "step", enabled: bool = True,
-                 stream: TextIO | None = None):
+                 stream: TextIO | None = None, line_interval_s: float = 0.0):
         self.total, self.label, self.unit, self.enabled = total, label, unit, enabled
         self.stream = stream or sys.stderr
+        self.line_interval_s = line_interval_s
         self.done = 0
+        self._last_line = -math.inf
         self._bar = None
         if enabled and _is_terminal(self.stream):
             from tqdm import tqdm
@@ -41,6 +46,10 @@ class Progress:
             if note:
                 self._bar.set_postfix_str(note, refresh=True)
             return
+        now = time.monotonic()
+        if now - self._last_line < self.line_interval_s and self.done != self.total:
+            return
+        self._last_line = now
         of_total = f"/{self.total}" if self.total is not None else ""
         print(f"{self.label}: {self.done}{of_total} {self.unit}{'s' if self.total != 1 else ''}"
               + (f" - {note}" if note else ""), file=self.stream, flush=True)
