@@ -80,12 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
-    apply = _parser(sub, "apply", "build and measure one AutoTVM config on this machine (e.g. a TopHub line)",
+    apply = _parser(sub, "apply", "build and measure one logged or given config on this machine (e.g. a TopHub line)",
                     "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12")
-    apply.add_argument("--log", help="an AutoTVM log; with --line, the record to apply")
+    apply.add_argument("--log", help="a tuning log; with --line, the record to apply (its format picks the dialect)")
     apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
-    apply.add_argument("--workload-key", help="an AutoTVM workload key (task#arg#...), with --config")
-    apply.add_argument("--config", help="with --workload-key: a config index, entity list or config object (JSON)")
+    apply.add_argument("--workload-key", help="a workload key (autotvm: task#arg#...), with --config")
+    apply.add_argument("--config", help="with --workload-key: the config as JSON (autotvm: an index, entity list "
+                                         "or config object)")
+    apply.add_argument("--dialect", default="autotvm", help="with --workload-key: the dialect (default autotvm)")
     apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
     apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
@@ -343,7 +345,7 @@ def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
 def _run_apply(args: argparse.Namespace) -> int:
     import json
 
-    from dialects.autotvm.apply import apply_config, apply_log_line
+    from lorien.dialect import get_dialect
     from lorien.errors import ConfigError
 
     try:
@@ -355,17 +357,18 @@ def _run_apply(args: argparse.Namespace) -> int:
     options = {"target": args.target, "measure": measure,
                "store_uri": resolve_store_uri(args.store) if args.commit else None}
     if args.log and args.line:
-        applied = apply_log_line(args.log, args.line, **options)
-    elif args.workload_key and args.config:
-        from lorien.workload import parse_autotvm_workload_key
+        from lorien.formats import detect_format
+        from lorien.warehouse.query import dialect_of_format
 
-        task_name, task_args = parse_autotvm_workload_key(args.workload_key)
-        applied = apply_config(task_name, task_args, args.config, **options)
+        dialect = get_dialect(dialect_of_format(detect_format(args.log)))
+        applied = dialect.apply_log_line(args.log, args.line, **options)
+    elif args.workload_key and args.config:
+        applied = get_dialect(args.dialect).apply_config(args.workload_key, args.config, **options)
     else:
         raise ConfigError("give --log FILE --line N, or --workload-key KEY --config JSON")
     record = applied.record
     print(f"workload  {record.workload_key}")
-    print(f"config    {json.dumps(applied.config.to_json_entity())} (index {applied.config.index})")
+    print(f"config    {applied.config_text}")
     if record.is_valid:
         print(f"latency   {record.cost_s * 1e3:.4f} ms")
         print(f"GFLOPS    {record.gflops:.2f}" if record.gflops is not None else "GFLOPS    -")
