@@ -20,6 +20,7 @@ from typing import Any
 
 from lorien.errors import ConfigError
 from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
+from lorien.tune.local import workload_name
 from lorien.tune.managers import create_manager
 from lorien.tune.managers.base import (
     Completion,
@@ -179,7 +180,7 @@ def _drive(manager: JobManager, queue: deque[Task], trace: _Tracer, summary: Run
                 queue.append(retry)
                 continue
             task = completion.task
-            bar.step(f"{summary.states[task.job_id]} {task.spec.get('name') or task.job_id}; "
+            bar.step(f"{summary.states[task.job_id]} {workload_name(task.spec)} ({task.job_id}); "
                      f"done {summary.done}, running {in_flight}, failed {summary.failed}")
 
 
