@@ -96,7 +96,6 @@ class AwsBatchManager(JobManager):
         return completions
 
     def _completion(self, task: Task, spec_uri: str, batch_id: str, job: dict[str, Any]) -> Completion:
-
         result = _read_result(result_uri(spec_uri))
         worker = f"aws-batch:{batch_id}"
         if job["status"] == "SUCCEEDED":
