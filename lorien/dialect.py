@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -41,6 +42,29 @@ class Dialect(ABC):
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job (a workload, tuner and budget) and yield the measured records."""
         raise DialectError(f"dialect {self.name!r} cannot tune")
+
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
+        """Build and measure here the config of one record of a log in this dialect's format
+        (``lorien apply --log F --line N``). Options: ``target``, ``measure``, ``store_uri``
+        (commit the measured record there)."""
+        raise DialectError(f"dialect {self.name!r} cannot apply a logged config")
+
+    def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
+        """Build and measure here one config (JSON text, the dialect's form) of a workload key
+        (``lorien apply --workload-key K --config C``); options as for apply_log_line."""
+        raise DialectError(f"dialect {self.name!r} cannot apply a config")
+
+
+@dataclass
+class AppliedConfig:
+    """One config built and measured here: its record, the config as the dialect prints it,
+    and, for a logged record, what the log said it cost and where."""
+
+    record: TuningRecord
+    config_text: str
+    error_msg: str = ""
+    logged_cost_s: float | None = None
+    logged_target: str = ""
 
 
 @lru_cache(maxsize=1)
