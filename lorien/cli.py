@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "input of a model); needed for dynamic dimensions and for torch modules; repeatable")
     extract.add_argument("--batch-size", type=int, help="set dimension 0 of every input")
     extract.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    extract.add_argument("--json", action="store_true",
+                         help="print the summary (models, tasks, unsupported operators) as JSON; needs -o")
     extract.set_defaults(run=_run_extract)
 
     # ---- mutate -----------------------------------------------------------------------
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     mutate.add_argument("--rules", required=True, help="mutation rules YAML")
     mutate.add_argument("--seed", type=int, help="random seed (default: the rules file's seed, else 0)")
     mutate.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    mutate.add_argument("--json", action="store_true", help="print the summary as JSON; needs -o")
     mutate.set_defaults(run=_run_mutate)
 
     # ---- featurize --------------------------------------------------------------------
@@ -586,24 +589,31 @@ def _run_export(args: argparse.Namespace) -> int:
 
 # ---- run functions: extract, mutate -------------------------------------------------------
 
-def _write_yaml(text: str, output: str | None, summary: str) -> None:
-    """The YAML to ``output`` (whole or not at all) or standard output; the summary beside it."""
-    if output is None:
+def _write_yaml(args: argparse.Namespace, text: str, summary: str, report: dict) -> None:
+    """The YAML to ``--output`` (whole or not at all) or standard output; the summary (or,
+    with --json, the report) beside it."""
+    if args.output is None:
+        if args.json:
+            raise LorienError(f"{args.command} --json prints a summary: give the YAML a file with -o FILE")
         sys.stdout.write(text)
         print(summary, file=sys.stderr)
         return
     from lorien.models.extract import write_text_atomic
 
-    write_text_atomic(output, text)
-    print(summary)
-    print(f"wrote {output}")
+    write_text_atomic(args.output, text)
+    if args.json:
+        import json
+
+        print(json.dumps({"output": args.output, **report}, indent=2))
+    else:
+        print(f"{summary}\nwrote {args.output}")
 
 
 def _run_extract(args: argparse.Namespace) -> int:
     from lorien.models import extract_models
 
     extraction = extract_models(args.models, args.input, batch_size=args.batch_size)
-    _write_yaml(extraction.to_yaml(args.command_line), args.output, extraction.summary())
+    _write_yaml(args, extraction.to_yaml(args.command_line), extraction.summary(), extraction.to_dict())
     return 0
 
 
@@ -615,8 +625,8 @@ def _run_mutate(args: argparse.Namespace) -> int:
     report = mutate_tasks(tasks, load_rules(args.rules), seed=args.seed)
     header = [f"lorien mutate: {len(report.tasks)} tasks.", f"Made by: {args.command_line}",
               *report.summary().splitlines()]
-    _write_yaml(tasks_yaml([task.to_entry() for task in report.tasks], header, settings), args.output,
-                report.summary())
+    _write_yaml(args, tasks_yaml([task.to_entry() for task in report.tasks], header, settings), report.summary(),
+                report.to_dict())
     return 0
 
 # ---- run functions: featurize ------------------------------------------------------------

@@ -178,6 +178,18 @@ def test_extract_cli_writes_a_config_tune_loads_with_weights_and_models(bert_sma
     assert config.jobs[1]["task_name"] == "batch_matmul.x86"
 
 
+def test_extract_cli_json_summary_needs_an_output_file(bert_small, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "tasks.yaml"
+    assert main(["extract", bert_small, "--input", "hidden_states:1x8x64", "--json"]) == 1
+    assert "give the YAML a file with -o" in capsys.readouterr().err
+    assert main(["extract", bert_small, "--input", "hidden_states:1x8x64", "--json", "-o", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["output"], report["tasks"], report["weight"]) == (str(out), 5, 8)
+    assert report["models"][0]["unsupported"]["Softmax"] == 1
+
+
 def test_extract_cli_error_names_the_file_and_writes_nothing(tmp_path, capsys):
     bogus = tmp_path / "broken.onnx"
     bogus.write_bytes(b"\x08\x07\x12\xff\xff")

@@ -182,6 +182,14 @@ class Extraction:
                      f"unsupported operators: {sum(self.unsupported.values())} ({format_counts(self.unsupported)})")
         return "\n".join(lines)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as plain data (``--json``)."""
+        return {"models": [{"name": r.name, "source": r.source, "inputs": r.inputs, "tunable_ops": r.tunable_ops,
+                            "tasks": len(r.tasks), "unsupported": dict(r.unsupported.most_common())}
+                           for r in self.models],
+                "tasks": len(self.tasks), "weight": sum(task.weight for task in self.tasks),
+                "unsupported": dict(self.unsupported.most_common())}
+
     def to_yaml(self, command: str | None = None) -> str:
         header = [f"lorien extract: {len(self.tasks)} tasks from {len(self.models)} model(s)."]
         if command:

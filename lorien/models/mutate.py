@@ -67,6 +67,11 @@ class MutationReport:
     duplicates: int = 0
     tasks: list[Task] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as plain data (``--json``)."""
+        return {"input_tasks": self.originals, "generated": self.generated, "invalid": dict(self.invalid),
+                "filtered": dict(self.filtered), "duplicates": self.duplicates, "tasks": len(self.tasks)}
+
     def summary(self) -> str:
         lines = [f"{self.originals} input tasks, {self.generated} mutants generated; dropped "
                  f"{sum(self.invalid.values())} invalid, {sum(self.filtered.values())} filtered, "
