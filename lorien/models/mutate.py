@@ -87,16 +87,19 @@ def _fail(where: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {message}")
 
 
-def load_rules(path: str | Path) -> Rules:
-    """Read and check a rules file; errors name the file and the rule or filter."""
-    path = Path(path)
+def _read_yaml(path: Path, what: str) -> Any:
+    """A YAML document read with the safe loader; errors name the file."""
     try:
-        document = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read mutation rules {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-    return parse_rules(document, str(path))
+
+
+def load_rules(path: str | Path) -> Rules:
+    """Read and check a rules file; errors name the file and the rule or filter."""
+    return parse_rules(_read_yaml(Path(path), "mutation rules"), str(path))
 
 
 def parse_rules(document: Any, source: str = "<rules>") -> Rules:
@@ -312,12 +315,7 @@ def mutate_tasks(tasks: Sequence[Task], rules: Rules, seed: int | None = None) -
 def read_task_config(path: str | Path) -> tuple[list[Task], dict[str, Any]]:
     """The tasks of a ``lorien tune`` YAML written with op shorthands, and its other top-level settings."""
     path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read task list {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    document = _read_yaml(path, "task list")
     if not isinstance(document, dict) or not isinstance(document.get("workloads"), list):
         raise ConfigError(f"{path}: a task list is a tuning YAML with a 'workloads' list")
     tasks = [Task.from_entry(entry, f"{path}: workloads[{i}]") for i, entry in enumerate(document["workloads"])]

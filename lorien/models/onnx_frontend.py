@@ -90,7 +90,8 @@ def _with_inputs(model: Any, shapes: dict[str, tuple[list[int], str]]) -> None:
             continue
         shape, dtype = shapes[value.name]
         tensor = value.type.tensor_type
-        tensor.elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        if dtype != _dtype_name(tensor.elem_type):  # --input NAME:SHAPE:DTYPE
+            tensor.elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         tensor.ClearField("shape")
         for dim in shape:
             tensor.shape.dim.add().dim_value = dim
