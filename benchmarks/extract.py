@@ -12,10 +12,16 @@ torch factory (built on the meta device, torch.export, task matching); the media
 runs is reported. The first torch extraction of a process also imports torch and
 torchvision; it is run once before timing.
 
-Baseline: none. TVM's frontends (relax.frontend.onnx + MetaSchedule's extract_tasks) do the
-same job but also build the whole IRModule and run its passes; they are not timed here.
+Baseline: TVM (when apache-tvm is installed; one line says so when not). What a TVM user runs
+to get a model's tuning tasks with weights: ``relax.frontend.onnx.from_onnx`` on the same ONNX
+file (weights kept out of the module), the passes that make tunable kernels (LegalizeOps,
+AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR) and MetaSchedule's
+``relax_integration.extract_tasks``; timed the same way (median of the runs, loading the ONNX
+file included, TVM's import not). TVM's tasks are every fused kernel (elementwise and layout
+ones too), so its task count is printed beside ours, not compared.
 The last line: models, merged tasks, unsupported operators (ONNX path, all models),
-extract_s (sum of the ONNX medians), resnet50_s and torch_s (sum of the torch medians).
+extract_s (sum of the ONNX medians), resnet50_s, torch_s (sum of the torch medians),
+tvm_s (sum of TVM's medians on the same ONNX files) and vs_tvm = tvm_s / extract_s.
 """
 
 from __future__ import annotations
@@ -60,6 +66,31 @@ def export_models(directory: Path) -> dict[str, str]:
     return paths
 
 
+def tvm_extractor():
+    """A function ONNX path, input shapes -> TVM's MetaSchedule tasks, or None without TVM."""
+    import importlib.util
+
+    if importlib.util.find_spec("tvm") is None:
+        return None
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+    from tvm.s_tir import meta_schedule as ms
+
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    passes = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                       relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                       relax.transform.FuseTIR()])
+
+    def extract(path: str, shapes: dict[str, list[int]]):
+        module = from_onnx(onnx.load(path), shape_dict=shapes, keep_params_in_input=True)
+        module, _params = relax.frontend.detach_params(module)
+        return ms.relax_integration.extract_tasks(passes(module), target)
+
+    return extract
+
+
 def median_time(function, runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -86,6 +117,21 @@ def main() -> int:
             extraction = extract_models([path], inputs)
             onnx_s[name] = median_time(lambda path=path, inputs=inputs: extract_models([path], inputs), runs)
             print(f"{name:<16} onnx   {onnx_s[name]:7.3f} s  {extraction.models[0].summary()}", flush=True)
+        tvm_s = {}
+        tvm_extract = tvm_extractor()
+        if tvm_extract is None:
+            print("TVM baseline: skipped (apache-tvm is not installed: pip install -e '.[tvm]')")
+        for name, path in paths.items() if tvm_extract is not None else ():
+            shapes = {"hidden_states": [1, 128, 768]} if name.startswith("bert") else None
+            if shapes is None:
+                import onnx
+
+                graph = onnx.load(path, load_external_data=False).graph
+                shapes = {graph.input[0].name: [1, 3, 224, 224]}
+            tasks = tvm_extract(path, shapes)
+            tvm_s[name] = median_time(lambda path=path, shapes=shapes: tvm_extract(path, shapes), runs)
+            print(f"{name:<16} tvm    {tvm_s[name]:7.3f} s  {len(tasks)} MetaSchedule tasks "
+                  f"(total weight {sum(task.weight for task in tasks)})", flush=True)
         extract_models(["torchvision.models:resnet18"], [IMAGE])
         for name in TORCHVISION_MODELS:
             factory = f"torchvision.models:{name}"
@@ -94,9 +140,11 @@ def main() -> int:
             print(f"{name:<16} torch  {torch_s[name]:7.3f} s  {extraction.models[0].summary()}", flush=True)
         merged = extract_models(list(paths.values()), [IMAGE, TOKENS])
     print(merged.summary().splitlines()[-1])
+    tvm_total = sum(tvm_s.values()) if tvm_s else float("nan")
     print(f"models={len(paths)} tasks={len(merged.tasks)} unsupported={sum(merged.unsupported.values())} "
           f"extract_s={sum(onnx_s.values()):.3f} resnet50_s={onnx_s['resnet50']:.3f} "
-          f"torch_s={sum(torch_s.values()):.3f} baseline=none")
+          f"torch_s={sum(torch_s.values()):.3f} tvm_s={tvm_total:.3f} "
+          f"vs_tvm={tvm_total / sum(onnx_s.values()):.2f}")
     return 0
 
 
