@@ -411,3 +411,33 @@ def test_unknown_build_target_is_rejected():
     _, _, out = _dense(m=4, n=4, k=4)
     with pytest.raises(LorienError, match="'cuda'"):
         build(te.create_schedule(out), list(out.op.input_tensors()) + [out], target="cuda")
+
+
+def test_stage_computed_at_a_loop_that_is_split_later_moves_to_the_inner_loop():
+    data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
+    out = ops.dense(data, weight, bias=bias, relu=True)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    s["dense.acc"].compute_at(s[out], j)
+    _, ji = s[out].split(j, factor=4)
+    assert s["dense.acc"].attach == ("dense", ji.name)
+    fused = s[out].fuse(i, s[out].leaf[1])
+    assert s["dense.acc"].attach == ("dense", s[out].leaf[1]) and fused.name == s[out].leaf[0]
+    a, w, b = (RNG.standard_normal(t.shape).astype("float32") for t in (data, weight, bias))
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, bias, out])(a, w, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, w, b, relu=True), rtol=1e-4, atol=1e-4)
+
+
+def test_stage_computed_at_a_loop_that_is_fused_moves_to_the_fused_loop():
+    data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
+    out = ops.dense(data, weight, bias=bias)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    s["dense.acc"].compute_at(s[out], i)
+    fused = s[out].fuse(i, j)
+    assert s["dense.acc"].attach == ("dense", fused.name)
+    a, w, b = (RNG.standard_normal(t.shape).astype("float32") for t in (data, weight, bias))
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, bias, out])(a, w, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, w, b), rtol=1e-4, atol=1e-4)

@@ -109,6 +109,7 @@ class Stage:
         pos = self.leaf.index(axis)
         self.leaf[pos : pos + 1] = [outer.name, inner.name]
         self.relations.append(("split", axis, outer.name, inner.name, factor, nparts))
+        self._move_attached([axis], inner.name)
         return outer, inner
 
     def _reorder(self, names: list[str]) -> None:
@@ -131,7 +132,15 @@ class Stage:
             self.relations.append(("fuse", fused, name, new.name))
             fused = new.name
         self.leaf[positions[0] : positions[-1] + 1] = [fused]
+        self._move_attached(names, fused)
         return self.axes[fused]
+
+    def _move_attached(self, old: list[str], new: str) -> None:
+        """Stages computed at a loop that is split move to its innermost part; at a loop that is
+        fused, to the fused loop (each iteration still computes what the old loop body needed)."""
+        for other in self.schedule.stages:
+            if isinstance(other.attach, tuple) and other.attach[0] == self.name and other.attach[1] in old:
+                other.attach = (self.name, new)
 
 
 class Schedule:
