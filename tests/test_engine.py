@@ -441,3 +441,48 @@ def test_stage_computed_at_a_loop_that_is_fused_moves_to_the_fused_loop():
     c = np.zeros(out.shape, "float32")
     build(s, [data, weight, bias, out])(a, w, b, c)
     np.testing.assert_allclose(c, reference.dense(a, w, b), rtol=1e-4, atol=1e-4)
+
+
+def _matmul(m=12, n=16, k=10):
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    return a, b, ops.matmul(a, b)
+
+
+def test_cache_read_stages_a_tile_of_an_input_where_it_is_used():
+    a, b, out = _matmul()
+    s = te.create_schedule(out)
+    b_tile = s.cache_read(b, "local", [out])
+    assert b_tile.name == "B.local" and s[b_tile].leaf == ["ax0", "ax1"]
+    i, j = s[out].op.axis
+    (k,) = s[out].op.reduce_axis
+    jo, ji = s[out].split(j, factor=8)
+    ko, ki = s[out].split(k, factor=5)
+    s[out].reorder(i, jo, ko, ki, ji)
+    s[b_tile].compute_at(s[out], ko)
+    assert "('B.local', 40, 'local')" in str(lower(s, [a, b, out]))  # 5 rows of k x 8 columns
+    x, y = RNG.standard_normal(a.shape).astype("float32"), RNG.standard_normal(b.shape).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [a, b, out])(x, y, c)
+    np.testing.assert_allclose(c, x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_read_replays_from_json_and_other_readers_keep_the_original():
+    a = te.placeholder((8, 8), name="a")
+    doubled = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="doubled")
+    out = te.compute((8, 8), lambda i, j: doubled[i, j] + a[j, i], name="out")
+    s = te.create_schedule(out)
+    s.cache_read(doubled, "local", ["out"])
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    assert [st.name for st in replayed.stages] == ["doubled", "doubled.local", "out"]
+    x = RNG.standard_normal((8, 8)).astype("float32")
+    y = np.zeros((8, 8), "float32")
+    build(replayed, [a, out])(x, y)
+    np.testing.assert_allclose(y, x * 2 + x.T, rtol=1e-6)
+
+
+def test_cache_read_for_a_stage_that_does_not_read_the_tensor_is_refused():
+    a, b, out = _matmul()
+    other = te.compute((4,), lambda i: a[i, 0] + 1.0, name="other")
+    s = te.create_schedule([out, other])
+    with pytest.raises(ScheduleError, match="'other' does not read 'B'"):
+        s.cache_read(b, "local", [other])

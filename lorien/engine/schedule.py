@@ -143,13 +143,18 @@ class Stage:
                 other.attach = (self.name, new)
 
 
+def _loads(expr: te.Expr) -> list[te.Load]:
+    return [node for node in te.walk(expr) if isinstance(node, te.Load)]
+
+
 class Schedule:
     """Stages of every compute op reachable from ``outputs`` plus the steps applied so far."""
 
     def __init__(self, outputs: Sequence[te.Tensor]):
         self.outputs = list(outputs)
-        self.stages: list[Stage] = [Stage(self, t, t.op) for t in te.topo_order(self.outputs)
-                                    if isinstance(t.op, te.ComputeOp)]
+        tensors = te.topo_order(self.outputs)
+        self.tensors: dict[str, te.Tensor] = {t.name: t for t in tensors}
+        self.stages: list[Stage] = [Stage(self, t, t.op) for t in tensors if isinstance(t.op, te.ComputeOp)]
         self.steps: list[dict] = []
 
     def __getitem__(self, tensor: te.Tensor | str) -> Stage:
@@ -163,12 +168,22 @@ class Schedule:
         """Compute ``tensor`` into a new cache stage; ``tensor``'s stage becomes a copy out of it."""
         return self.apply({"kind": "cache_write", "stage": tensor.name, "scope": scope})
 
+    def cache_read(self, tensor: te.Tensor, scope: str, readers: Sequence[te.Tensor | str]) -> te.Tensor:
+        """A new stage ``<tensor>.<scope>`` copying ``tensor`` (an input or a computed tensor);
+        ``readers`` read the copy instead, so ``compute_at`` can stage a tile of it near its use."""
+        names = [r if isinstance(r, str) else r.name for r in readers]
+        return self.apply({"kind": "cache_read", "stage": tensor.name, "scope": scope, "readers": names})
+
     def apply(self, step: dict):
         """Apply one serialized step (as found in ``steps``) and record it."""
         kind = step.get("kind")
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
             raise ScheduleError(f"unknown schedule step kind {kind!r} in {step}")
+        if kind == "cache_read":  # the cached tensor may be an input, which has no stage
+            result = handler(self._tensor(step["stage"]), step)
+            self.steps.append(copy.deepcopy(step))
+            return result
         stage = self[step["stage"]]
         for key in ("axis",):
             if key in step and kind != "compute_at" and step[key] not in stage.leaf:
@@ -229,4 +244,34 @@ class Schedule:
         stage._reset_axes()
         cache_stage = Stage(self, cache, cache_op)
         self.stages.insert(self.stages.index(stage), cache_stage)
+        self.tensors[cache_name] = cache
+        return cache
+
+    def _tensor(self, name: str) -> te.Tensor:
+        if name not in self.tensors:
+            raise ScheduleError(f"no tensor named {name!r} (tensors: {sorted(self.tensors)})")
+        return self.tensors[name]
+
+    def _apply_cache_read(self, tensor: te.Tensor, step: dict) -> te.Tensor:
+        readers = [self[name] for name in step["readers"]]
+        if not readers:
+            raise ScheduleError(f"cache_read of {tensor.name!r}: no reader stages given")
+        for reader in readers:
+            if all(load.tensor.name != tensor.name for load in _loads(reader.op.body)):
+                raise ScheduleError(f"cache_read: stage {reader.name!r} does not read {tensor.name!r}")
+        cache_name = f"{tensor.name}.{step['scope']}"
+        if cache_name in self.tensors:
+            raise ScheduleError(f"cache_read: a tensor named {cache_name!r} already exists")
+        axes = [te.IterVar(f"ax{d}", n, "spatial") for d, n in enumerate(tensor.shape)]
+        cache_op = te.ComputeOp(cache_name, axes, tensor[tuple(axes)], "cache_read")
+        cache = te.Tensor(tensor.shape, tensor.dtype, cache_name, cache_op)
+
+        def redirect(load: te.Load, indices: tuple) -> te.Expr:
+            return te.Load(cache if load.tensor.name == tensor.name else load.tensor, indices)
+
+        for reader in readers:
+            op = reader.op
+            reader.op = te.ComputeOp(op.name, op.axis, te.substitute(op.body, {}, redirect), op.tag, op.attrs)
+        self.stages.insert(min(self.stages.index(r) for r in readers), Stage(self, cache, cache_op))
+        self.tensors[cache_name] = cache
         return cache
