@@ -486,3 +486,45 @@ def test_cache_read_for_a_stage_that_does_not_read_the_tensor_is_refused():
     s = te.create_schedule([out, other])
     with pytest.raises(ScheduleError, match="'other' does not read 'B'"):
         s.cache_read(b, "local", [other])
+
+
+def _row_sum(rows=3, cols=1000):
+    a = te.placeholder((rows, cols), name="a")
+    k = te.reduce_axis(cols, name="k")
+    return a, te.compute((rows,), lambda i: te.sum(a[i, k] * 2.0, axis=k), name="total")
+
+
+@pytest.mark.parametrize("factor,factor_axis", [(50, 0), (48, 1)])
+def test_rfactor_sums_partial_results_along_the_factored_loop(factor, factor_axis):
+    a, out = _row_sum()
+    s = te.create_schedule(out)
+    ko, ki = s[out].split(out.op.reduce_axis[0], factor=factor)
+    rf = s.rfactor(out, ki, factor_axis)
+    assert rf.name == "total.rf" and rf.shape == ((factor, 3) if factor_axis == 0 else (3, factor))
+    assert s[rf].leaf == (["k.inner", "i", "k.outer"] if factor_axis == 0 else ["i", "k.inner", "k.outer"])
+    assert s[out].leaf == ["i", "k.inner.v"]
+    s[rf].reorder(*[name for name in s[rf].leaf if name != "k.inner"], "k.inner")
+    s[rf].vectorize("k.inner")
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    x = RNG.standard_normal(a.shape).astype("float32")
+    y = np.zeros(3, "float32")
+    build(replayed, [a, out])(x, y)  # 48 does not divide 1000: the tail is guarded
+    np.testing.assert_allclose(y, (x * 2).sum(axis=1), rtol=1e-4, atol=1e-3)
+
+
+def test_rfactor_of_a_whole_reduce_loop_keeps_no_reduction_in_the_factored_stage():
+    a, out = _row_sum(rows=2, cols=16)
+    s = te.create_schedule(out)
+    rf = s.rfactor(out, "k", 1)
+    assert s[rf].op.reduce_axis == []
+    x = RNG.standard_normal(a.shape).astype("float32")
+    y = np.zeros(2, "float32")
+    build(s, [a, out])(x, y)
+    np.testing.assert_allclose(y, (x * 2).sum(axis=1), rtol=1e-5)
+
+
+def test_rfactor_of_a_spatial_loop_is_refused():
+    _, out = _row_sum()
+    s = te.create_schedule(out)
+    with pytest.raises(ScheduleError, match="'i' of stage 'total' is not a reduce loop"):
+        s.rfactor(out, "i")

@@ -143,6 +143,39 @@ class Stage:
                 other.attach = (self.name, new)
 
 
+def _reduce_extents(stage: Stage) -> dict[str, int]:
+    """Extents of a stage's reduce loops (roots and everything split or fused from them)."""
+    ext = {iv.name: int(iv.extent) for iv in stage.op.reduce_axis}
+    for rel in stage.relations:
+        if rel[0] == "split" and rel[1] in ext:
+            _, parent, outer, inner, factor, nparts = rel
+            if factor is not None:
+                ext[inner] = min(int(factor), ext[parent])
+                ext[outer] = -(-ext[parent] // ext[inner])
+            else:
+                ext[outer] = min(int(nparts), ext[parent])
+                ext[inner] = -(-ext[parent] // ext[outer])
+        elif rel[0] == "fuse" and rel[1] in ext:
+            ext[rel[3]] = ext[rel[1]] * ext[rel[2]]
+    return ext
+
+
+def _connected(relations: list[tuple], axis: str) -> set[str]:
+    """``axis``, the loops it was split or fused from, and every loop derived from those."""
+    touched = {axis}
+    for rel in reversed(relations):
+        if rel[0] == "split" and (rel[2] in touched or rel[3] in touched):
+            touched.add(rel[1])
+        elif rel[0] == "fuse" and rel[3] in touched:
+            touched.update(rel[1:3])
+    for rel in relations:
+        if rel[0] == "split" and rel[1] in touched:
+            touched.update(rel[2:4])
+        elif rel[0] == "fuse" and (rel[1] in touched or rel[2] in touched):
+            touched.add(rel[3])
+    return touched
+
+
 def _loads(expr: te.Expr) -> list[te.Load]:
     return [node for node in te.walk(expr) if isinstance(node, te.Load)]
 
@@ -173,6 +206,16 @@ class Schedule:
         ``readers`` read the copy instead, so ``compute_at`` can stage a tile of it near its use."""
         names = [r if isinstance(r, str) else r.name for r in readers]
         return self.apply({"kind": "cache_read", "stage": tensor.name, "scope": scope, "readers": names})
+
+    def rfactor(self, tensor: te.Tensor, axis: te.IterVar | str, factor_axis: int = 0) -> te.Tensor:
+        """Factor a reduction: a new stage ``<tensor>.rf`` keeps the reduce loop ``axis`` (a leaf
+        split or fused from the reduce axes) as a spatial axis at position ``factor_axis`` and
+        reduces the rest; ``tensor`` then reduces ``<tensor>.rf`` over ``<axis>.v``.
+
+        The partial results can be computed in parallel or vectorized along ``axis``.
+        """
+        name = axis if isinstance(axis, str) else axis.name
+        return self.apply({"kind": "rfactor", "stage": tensor.name, "axis": name, "factor_axis": int(factor_axis)})
 
     def apply(self, step: dict):
         """Apply one serialized step (as found in ``steps``) and record it."""
@@ -246,6 +289,57 @@ class Schedule:
         self.stages.insert(self.stages.index(stage), cache_stage)
         self.tensors[cache_name] = cache
         return cache
+
+    def _apply_rfactor(self, stage: Stage, step: dict) -> te.Tensor:
+        op, axis, pos = stage.op, step["axis"], step["factor_axis"]
+        if not isinstance(op.body, te.Reduce) or stage.axes[axis].kind != "reduce":
+            raise ScheduleError(f"rfactor: {axis!r} of stage {stage.name!r} is not a reduce loop")
+        if not 0 <= pos <= len(op.axis):
+            raise ScheduleError(f"rfactor: factor_axis {pos} of stage {stage.name!r} is not in 0..{len(op.axis)}")
+        spatial = {iv.name for iv in op.axis}
+        if any(rel[1] in spatial for rel in stage.relations) or any(
+                isinstance(st.attach, tuple) and st.attach[0] == stage.name for st in self.stages):
+            raise ScheduleError(f"rfactor: stage {stage.name!r} has split/fused spatial loops or stages computed "
+                                "at its loops; rfactor it first")
+        ext = _reduce_extents(stage)
+        touched = _connected(stage.relations, axis)
+        factored = te.IterVar(axis, ext[axis], "spatial")
+        rf_spatial = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]
+        untouched = [iv for iv in op.reduce_axis if iv.name not in touched]
+        rf_reduce = [te.IterVar(iv.name, iv.extent, "reduce") for iv in untouched]
+        rf_reduce += [te.IterVar(leaf, ext[leaf], "reduce") for leaf in stage.leaf if leaf in touched and leaf != axis]
+        values: dict[str, te.Expr] = {iv.name: iv for iv in rf_reduce}
+        values[axis] = factored
+        conditions = []
+        for rel in reversed(stage.relations):
+            if rel[0] == "split" and rel[1] in touched:
+                _, parent, outer, inner, _, _ = rel
+                values[parent] = values[outer] * ext[inner] + values[inner]
+                if ext[outer] * ext[inner] != ext[parent]:
+                    conditions.append(values[parent] < ext[parent])
+            elif rel[0] == "fuse" and rel[3] in touched:
+                _, a, b, fused = rel
+                values[a], values[b] = values[fused] // ext[b], values[fused] % ext[b]
+        mapping = dict(zip(op.axis, rf_spatial, strict=True))
+        mapping.update(zip(untouched, rf_reduce, strict=False))
+        mapping.update({iv: values[iv.name] for iv in op.reduce_axis if iv.name in touched})
+        source = te.substitute(op.body.source, mapping)
+        if conditions:
+            source = te.if_then_else(te.all(*conditions), source, op.body.identity())
+        rf_body = te.Reduce(op.body.combiner, source, rf_reduce) if rf_reduce else source
+        rf_name = f"{stage.name}.rf"
+        rf_op = te.ComputeOp(rf_name, rf_spatial[:pos] + [factored] + rf_spatial[pos:], rf_body, op.tag, op.attrs)
+        rf = te.Tensor([ax.extent for ax in rf_op.axis], stage.tensor.dtype, rf_name, rf_op)
+        out_axes = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]
+        over = te.reduce_axis(ext[axis], f"{axis}.v")
+        indices = out_axes[:pos] + [over] + out_axes[pos:]
+        stage.op = te.ComputeOp(stage.name, out_axes, te.Reduce(op.body.combiner, rf[tuple(indices)], [over]),
+                                op.tag, op.attrs)
+        stage.relations, stage.annotations = [], {}
+        stage._reset_axes()
+        self.stages.insert(self.stages.index(stage), Stage(self, rf, rf_op))
+        self.tensors[rf_name] = rf
+        return rf
 
     def _tensor(self, name: str) -> te.Tensor:
         if name not in self.tensors:
