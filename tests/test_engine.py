@@ -528,3 +528,17 @@ def test_rfactor_of_a_spatial_loop_is_refused():
     s = te.create_schedule(out)
     with pytest.raises(ScheduleError, match="'i' of stage 'total' is not a reduce loop"):
         s.rfactor(out, "i")
+
+
+def test_storage_align_is_recorded_and_replayed_and_changes_nothing_on_the_cpu():
+    a, b, out = _matmul()
+    s = te.create_schedule(out)
+    b_tile = s.cache_read(b, "local", [out])
+    s[b_tile].compute_at(s[out], s[out].op.axis[0])
+    plain = str(lower(s, [a, b, out]))
+    s[b_tile].storage_align("ax0", 16, 1)
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    assert replayed[b_tile.name].alignments == {"ax0": (16, 1)}
+    assert str(lower(replayed, [a, b, out])) == plain
+    with pytest.raises(ScheduleError, match="factor must be >= 1"):
+        s[b_tile].storage_align("ax1", 0, 0)

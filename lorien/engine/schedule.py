@@ -31,6 +31,7 @@ class Stage:
         self.relations: list[tuple] = []
         self.annotations: dict[str, str] = {}
         self.attach: str | tuple[str, str] | None = None
+        self.alignments: dict[str, tuple[int, int]] = {}
         self._reset_axes()
 
     def _reset_axes(self) -> None:
@@ -91,6 +92,12 @@ class Stage:
         """Compute this stage inside ``parent``'s loop ``axis`` (only the region needed there)."""
         self.schedule.apply({"kind": "compute_at", "stage": self.name, "target": parent.name,
                              "axis": parent._name(axis)})
+
+    def storage_align(self, axis: te.IterVar | str, factor: int, offset: int) -> None:
+        """Ask for the buffer row stride at ``axis`` to be ``factor * k + offset`` (TVM's
+        storage_align, against shared-memory bank conflicts). Recorded; a no-op on the CPU."""
+        self.schedule.apply({"kind": "storage_align", "stage": self.name, "axis": self._name(axis),
+                             "factor": int(factor), "offset": int(offset)})
 
     def compute_inline(self) -> None:
         """Substitute this stage's expression into its consumers."""
@@ -252,6 +259,11 @@ class Schedule:
         if step["ann"] not in LOOP_KINDS:
             raise ScheduleError(f"unknown annotation {step['ann']!r}; expected one of {LOOP_KINDS}")
         stage.annotations[step["axis"]] = step["ann"]
+
+    def _apply_storage_align(self, stage: Stage, step: dict):
+        if int(step["factor"]) < 1 or int(step["offset"]) < 0:
+            raise ScheduleError(f"storage_align: factor must be >= 1 and offset >= 0, got {step}")
+        stage.alignments[step["axis"]] = (int(step["factor"]), int(step["offset"]))
 
     def _apply_compute_at(self, stage: Stage, step: dict):
         target = self[step["target"]]
