@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lorien.errors import WorkloadError
+from lorien.errors import DialectError, WorkloadError
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,31 @@ def _shapes(args: Sequence[Any], ranks: tuple[int, int]) -> tuple[list[int], lis
     if data is None or kernel is None or len(data) != ranks[0] or len(kernel) != ranks[1]:
         raise WorkloadError(f"expected a {ranks[0]}-d data and a {ranks[1]}-d kernel tensor, got {list(args[:2])!r}")
     return data, kernel
+
+
+def shorthand_pair(value: Any, name: str) -> list[int]:
+    """``[h, w]`` of a tuning-YAML shorthand's int-or-pair parameter (kernel, stride, ...)."""
+    if isinstance(value, int):
+        return [value, value]
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return list(value)
+    raise DialectError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def shorthand_params(params: dict[str, Any], op: str, required: tuple[str, ...],
+                     optional: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a tuning-YAML op shorthand with defaults filled in; required ones must
+    be positive integers and no unknown key is allowed (DialectError names them)."""
+    unknown = set(params) - set(required) - set(optional)
+    missing = [key for key in required if key not in params]
+    if unknown or missing:
+        raise DialectError(f"{op}: missing {missing}, unknown {sorted(unknown)} "
+                           f"(takes {list(required)} and optionally {sorted(optional)})")
+    values = {**optional, **params}
+    for key in required:
+        if not isinstance(values[key], int) or values[key] < 1:
+            raise DialectError(f"{op}: {key} must be a positive integer, got {values[key]!r}")
+    return values
 
 
 # ---------------------------------------------------------------- FLOP formulas
