@@ -34,6 +34,14 @@ class Dialect(ABC):
         """Flat named features of one record's workload and config (phase 1 of featurization)."""
         raise DialectError(f"dialect {self.name!r} has no feature extractor")
 
+    def workload_key(self, task_name: str, args: list[Any]) -> str:
+        """The dialect's workload key of a job's (task_name, args)."""
+        raise DialectError(f"dialect {self.name!r} has no workload keys")
+
+    def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
+        """(layout, FLOP count) of a workload; ``("NA", None)`` when unknown (and logged once)."""
+        raise DialectError(f"dialect {self.name!r} cannot describe workloads")
+
     def template_of(self, record: TuningRecord) -> str:
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name

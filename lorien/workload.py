@@ -34,7 +34,8 @@ LAYOUT_NA = "NA"
 _warned_task_names: set[str] = set()
 
 
-def _warn_uncountable(task_name: str, reason: str) -> None:
+def warn_unknown_flop(task_name: str, reason: str) -> None:
+    """Log once per task name that its FLOP count is unknown, and why."""
     if task_name not in _warned_task_names:
         _warned_task_names.add(task_name)
         logger.warning("flop unknown for task %r: %s", task_name, reason)
@@ -342,53 +343,13 @@ def compute_flop(task_name: str, args: Sequence[Any]) -> float | None:
     """FLOP count of an AutoTVM workload, or None (with one warning per task name) if unknown."""
     entry = OPERATORS.get(operator_stem(task_name))
     if entry is None:
-        _warn_uncountable(task_name, "no FLOP formula for this operator")
+        warn_unknown_flop(task_name, "no FLOP formula for this operator")
         return None
     try:
         return entry[1](args)
     except (WorkloadError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        _warn_uncountable(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
+        warn_unknown_flop(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
         return None
-
-
-# ---------------------------------------------------------------- auto-scheduler workloads
-
-def _ansor_matmul_add(args: Sequence[Any]) -> tuple[str, float]:
-    n, reduction, m = (int(v) for v in args[:3])
-    return LAYOUT_NA, 2.0 * n * m * reduction + n * m
-
-
-def _ansor_conv2d_layer(args: Sequence[Any]) -> tuple[str, float]:
-    n, h, w, co, ci, kh, kw = (int(v) for v in args[:7])
-    sh, sw = _pair(args[7], 1)[:2]
-    ph, pw = _pair(args[8], 0)[:2]
-    oh, ow = out_size(h, kh, sh, 2 * ph, 1), out_size(w, kw, sw, 2 * pw, 1)
-    outputs = n * co * oh * ow
-    return "NCHW", 2.0 * outputs * ci * kh * kw + 2.0 * outputs  # conv, then bias add and relu
-
-
-#: Named auto-scheduler workloads (TVM's tutorials) -> (layout, FLOP) from their arguments.
-ANSOR_WORKLOADS: dict[str, Callable[[Sequence[Any]], tuple[str, float]]] = {
-    "matmul_add": _ansor_matmul_add,
-    "conv2d_layer": _ansor_conv2d_layer,
-}
-
-
-def ansor_layout_and_flop(func_name: str, args: Sequence[Any]) -> tuple[str, float | None]:
-    """Layout and FLOP of an auto-scheduler workload ``[func_name, *args]``.
-
-    Hashed func names (workloads extracted from a Relay graph) carry only tensor shapes,
-    so their FLOP count is unknown.
-    """
-    describe = ANSOR_WORKLOADS.get(func_name)
-    if describe is None:
-        _warn_uncountable(func_name, "auto-scheduler workload without a known compute definition")
-        return LAYOUT_NA, None
-    try:
-        return describe(args)
-    except (TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        _warn_uncountable(func_name, f"arguments {list(args)!r} do not fit ({exc})")
-        return LAYOUT_NA, None
 
 
 # ---------------------------------------------------------------- readable AutoTVM keys

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ from dialects.autotvm.records import encode, make_record
 from dialects.autotvm.space import ConfigEntity, entity_features
 from dialects.autotvm.templates import Task, instantiate
 from lorien.errors import ConfigError
-from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost
+from lorien.tune.progress import BatchCallback, TuneProgress
 
 
 @functools.lru_cache(maxsize=32)
@@ -83,22 +83,6 @@ def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[Confi
     except TypeError as exc:
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     return measure_batch(measure_inputs(task_name, args, configs), option)
-
-
-@dataclass
-class TuneProgress:
-    """What a tuning run has done so far (handed to the per-batch callback)."""
-
-    total: int
-    trials: int = 0
-    errors: int = 0
-    best_cost_s: float = math.inf
-    best_config: ConfigEntity | None = None
-    committed: int = 0
-    records: list[TuningRecord] = field(default_factory=list)
-
-
-BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
 
 
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:

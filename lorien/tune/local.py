@@ -90,7 +90,8 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
         if math.isfinite(state.best_cost_s):
             summary.best_cost_s = state.best_cost_s
             summary.best_gflops = flop / state.best_cost_s / 1e9 if flop else None
-            summary.best_config = state.best_config.to_json_entity() if state.best_config is not None else None
+            config = state.best_config
+            summary.best_config = config.to_json_entity() if hasattr(config, "to_json_entity") else config
         if bar is not None:
             bar.total = state.total
             bar.update(len(records))
@@ -112,11 +113,14 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
 
 
 def _flop(job: dict[str, Any]) -> float | None:
-    from lorien.workload import compute_flop
+    """FLOPs of a job's workload, as its dialect counts them (None when unknown)."""
+    from lorien.dialect import get_dialect
+    from lorien.errors import LorienError
 
     try:
-        return compute_flop(str(job.get("task_name")), job.get("args") or [])
-    except ValueError:
+        dialect = get_dialect(job.get("dialect", "autotvm"))
+        return dialect.describe_workload(dialect.workload_key(str(job.get("task_name")), job.get("args") or []))[1]
+    except (LorienError, ValueError):
         return None
 
 
