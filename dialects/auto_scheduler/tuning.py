@@ -1,0 +1,233 @@
+"""Tune one auto-scheduler job: sketches of the workload's DAG, a tuner over their space,
+candidates built and measured by the engine, records streamed out batch by batch.
+
+A job resumes from what was measured before: records of the same workload and target (from
+the store, or passed as ``history``) are never measured again, and teach the tuner's model
+first. Each measured batch is committed to the store (and appended to the Ansor log) before
+the next batch starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+from dialects.auto_scheduler.records import make_record
+from dialects.auto_scheduler.space import SketchSpace
+from dialects.auto_scheduler.steps import replay_steps
+from lorien.errors import ConfigError
+from lorien.record import TuningRecord
+from lorien.search import Tuner, create, result_cost
+from lorien.tune.progress import BatchCallback, TuneProgress
+
+#: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
+XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
+
+
+@functools.lru_cache(maxsize=16)
+def cached_dag(workload_key: str):
+    """Workload DAGs are rebuilt in measurement workers from their key; cache them."""
+    return registry.workload_dag(workload_key)
+
+
+@functools.lru_cache(maxsize=16)
+def cached_space(workload_key: str) -> SketchSpace:
+    return SketchSpace(cached_dag(workload_key))
+
+
+def _ensure_registered(entry: tuple[str, dict[str, Any]]) -> None:
+    registry.deserialize_workload_registry_entry(entry)
+
+
+@dataclass(frozen=True)
+class StepsBuilder:
+    """Picklable ``() -> (schedule, tensors)`` of one candidate (Ansor steps) of a workload;
+    carries the workload's registry entry so a fresh worker process can rebuild it."""
+
+    workload_key: str
+    entry: tuple[str, Any]
+    steps_json: str
+
+    def __call__(self) -> tuple[Any, list[Any]]:
+        _ensure_registered(self.entry)
+        replay = replay_steps(cached_dag(self.workload_key), orjson.loads(self.steps_json))
+        return replay.schedule, replay.args
+
+
+@dataclass(frozen=True)
+class WorkloadReference:
+    """Picklable NumPy reference of a workload: its expected outputs from its inputs."""
+
+    workload_key: str
+    entry: tuple[str, Any]
+
+    def __call__(self, *inputs: Any) -> Any:
+        _ensure_registered(self.entry)
+        return registry.reference_of(self.workload_key)(*inputs)
+
+
+def _entry(workload_key: str) -> tuple[str, Any]:
+    name, entry = registry.serialize_workload_registry_entry(workload_key)
+    return name, orjson.loads(orjson.dumps(entry))
+
+
+def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
+                  measure: dict[str, Any] | None = None) -> list[Any]:
+    """Build and measure candidates (lists of Ansor steps) in isolated workers, each output
+    checked against NumPy; one MeasureResult per candidate."""
+    from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
+
+    try:
+        option = MeasureOption(**(measure or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad measure options {measure}: {exc}") from exc
+    entry = _entry(workload_key)
+    reference = WorkloadReference(workload_key, entry)
+    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference)
+              for steps in candidates]
+    return measure_batch(inputs, option)
+
+
+def job_workload_key(job: dict[str, Any]) -> str:
+    """The workload key of a job (``workload_key``, or ``task_name`` + ``args``)."""
+    if job.get("workload_key"):
+        return str(job["workload_key"])
+    for key in ("task_name", "args"):
+        if key not in job:
+            raise ConfigError(f"auto_scheduler job needs 'task_name' and 'args' (or 'workload_key'): {job!r:.200}")
+    return registry.make_workload_key(job["task_name"], list(job["args"]))
+
+
+def make_tuner(job: dict[str, Any], space: SketchSpace) -> Tuner:
+    """The job's tuner over the sketch space; ``xgb`` searches the model by evolution."""
+    kind = job.get("tuner", "xgb")
+    options = dict(job.get("tuner_options") or {})
+    if kind == "xgb":
+        options = {**XGB_DEFAULTS, **options}
+    return create(kind, space, seed=job.get("seed", 0), **options)
+
+
+def history_from_store(store: Any, workload_key: str, target: str) -> list[TuningRecord]:
+    """Auto-scheduler records of a workload on a target already in the store."""
+    from lorien.record import TuningRecord
+
+    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": "auto_scheduler"})
+    return [TuningRecord.from_row(row) for row in table.to_pylist()]
+
+
+def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
+             on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
+             history: Sequence[TuningRecord] | None = None) -> TuneProgress:
+    """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``.
+
+    ``history``: records measured before (default: the store's records of the workload and
+    target); they are never measured again and train the tuner first.
+    """
+    from lorien.target import parse_target
+
+    for option in ("transfer", "warm_start_model"):
+        if job.get(option):
+            raise ConfigError(f"{option!r} is an autotvm option; the auto_scheduler dialect has no templates to transfer")
+    workload_key = job_workload_key(job)
+    target = parse_target(job.get("target") or "llvm").canonical
+    space = cached_space(workload_key)
+    tuner = make_tuner(job, space)
+    batch_size = int(job.get("batch_size", 16))
+    early_stopping = job.get("early_stopping")
+    nbest = job.get("commit_nbest", 20)
+    source = source or job.get("source") or _job_source(job)
+
+    store = None
+    if store_uri is not None:
+        from lorien.warehouse import open_store
+
+        store = open_store(store_uri)
+    try:
+        if history is None:
+            history = history_from_store(store, workload_key, target) if store is not None else []
+        resumed = _resume(tuner, space, history)
+        trials = min(int(job.get("trials", 16)), len(space) - len(tuner.visited))
+        progress = TuneProgress(total=trials)
+        if resumed:
+            best = min(resumed, key=lambda r: result_cost(r))
+            if math.isfinite(result_cost(best)):
+                progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
+        _tune(job, workload_key, target, space, tuner, progress, batch_size, early_stopping, nbest, source,
+              store if commit else None, log_path, on_batch)
+    finally:
+        if store is not None:
+            store.close()
+    return progress
+
+
+def _resume(tuner: Tuner, space: SketchSpace, history: Sequence[TuningRecord]) -> list[TuningRecord]:
+    """Mark the points of earlier records measured and teach the tuner their results."""
+    indices, records = [], []
+    for record in history:
+        index = space.index_of_steps(orjson.loads(record.config))
+        if index is not None and index not in tuner.visited:
+            tuner.visited.add(index)
+            indices.append(index)
+            records.append(record)
+    if indices:
+        tuner.update(indices, records)
+    return records
+
+
+def _tune(job, workload_key, target, space, tuner, progress, batch_size, early_stopping, nbest, source,
+          store, log_path, on_batch) -> None:
+    last_improvement = 0
+    log_file = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally
+    try:
+        while progress.trials < progress.total and tuner.has_next():
+            indices = tuner.next_batch(min(batch_size, progress.total - progress.trials))
+            if not indices:
+                break
+            candidates = [space.get(i) for i in indices]
+            results = measure_steps(workload_key, candidates, job.get("measure"))
+            records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
+                                   float(r.timestamp), source=source)
+                       for steps, r in zip(candidates, results, strict=True)]
+            if store is not None:
+                store.commit(records, nbest=nbest)
+                progress.committed += len(records)
+            if log_file is not None:
+                from lorien.formats import encode_record
+
+                log_file.write("".join(encode_record(record, "ansor") + "\n" for record in records))
+                log_file.flush()
+            tuner.update(indices, results)
+            for steps, result in zip(candidates, results, strict=True):
+                progress.trials += 1
+                cost = result_cost(result)
+                if math.isinf(cost):
+                    progress.errors += 1
+                elif cost < progress.best_cost_s:
+                    progress.best_cost_s, progress.best_config = cost, steps
+                    last_improvement = progress.trials
+            progress.records.extend(records)
+            if on_batch is not None:
+                on_batch(progress, records)
+            if early_stopping and progress.trials - last_improvement >= early_stopping:
+                break
+    finally:
+        if log_file is not None:
+            log_file.close()
+
+
+def _job_source(job: dict[str, Any]) -> str:
+    """The source tag the orchestration layer uses for a job's records, so resume finds them."""
+    from lorien.tune.jobspec import job_id_of
+    from lorien.tune.managers.base import source_tag
+
+    return source_tag(job_id_of(job))
