@@ -38,17 +38,21 @@ def best_record(workload_key: str, target: str, store: Store | str | None = None
 
 
 def compile_from_warehouse(workload_key: str, target: str, store: Store | str | None = None,
-                           dialect: str = "autotvm", **options: Any):
+                           dialect: str | None = None, **options: Any):
     """A callable kernel of ``workload_key`` built with the best stored config.
 
     The kernel carries ``from_warehouse`` (bool), ``record`` (the TuningRecord used, or None),
     ``config`` (the dialect config applied) and ``fallback_reason`` (why a default schedule
-    was used, or "").
+    was used, or ""). Without a record, ``dialect`` builds the default schedule (by default the
+    auto_scheduler for a JSON key ``["func", ...]``, else autotvm).
     """
     from lorien.dialect import get_dialect
 
     record = best_record(workload_key, target, store)
-    name = record.dialect if record is not None else dialect
+    if record is not None:
+        name = record.dialect
+    else:
+        name = dialect or ("auto_scheduler" if workload_key.lstrip().startswith("[") else "autotvm")
     builder = getattr(get_dialect(name), "compile_record", None)
     if builder is None:
         raise DialectError(f"dialect {name!r} cannot compile kernels from records")

@@ -55,9 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
     tune.add_argument("--commit-log-to", metavar="DEST",
                       help="also archive each full log to DEST (a directory or s3://bucket/prefix)")
-    tune.add_argument("--trials", type=int, help="override the trials of every workload")
+    tune.add_argument("--trials", type=int,
+                      help="override the trials of every workload (with a task_scheduler: the network's budget)")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    # a config with a task_scheduler tunes its workloads as one network (docs/auto_scheduler.md)
+    tune.add_argument("--strategy", choices=["gradient", "round-robin"],
+                      help="task scheduler: override the config's strategy")
+    tune.add_argument("--resume-log", metavar="LOG",
+                      help="task scheduler: commit this Ansor log's records to the store first, then resume "
+                           "(trials already measured are not measured again)")
     # orchestration flags (docs/orchestration.md); lorien.tune.master.tune_command runs them
     tune.add_argument("--manager", choices=["local", "dask", "aws-batch"],
                       help="run the config's jobs through a job manager (retries, trace, resume)")
@@ -267,14 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- run functions: tune -----------------------------------------------------------------
 
 def _run_tune(args: argparse.Namespace) -> int:
-    if args.job or args.manager or args.trace_file or not args.config:
+    from lorien.tune.config import load_tune_config
+
+    config = load_tune_config(args.config) if args.config and not args.job else None
+    if config is not None and config.task_scheduler is not None:
+        return _run_tune_network(args, config)
+    if args.strategy or args.resume_log:
+        raise LorienError("--strategy and --resume-log need a config with a task_scheduler (docs/auto_scheduler.md)")
+    if args.job or args.manager or args.trace_file or config is None:
         from lorien.tune.master import tune_command
 
         return tune_command(args)
-    from lorien.tune.config import load_tune_config
     from lorien.tune.local import format_summary, tune_config
 
-    config = load_tune_config(args.config)
     for job in config.jobs:
         if args.trials is not None:
             job["trials"] = args.trials
@@ -297,6 +309,38 @@ def _run_tune(args: argparse.Namespace) -> int:
             if summary.log_path and Path(summary.log_path).is_file():
                 print(f"archived {archive_log(summary.log_path, args.commit_log_to)}")
     return 0
+
+
+def _run_tune_network(args: argparse.Namespace, config) -> int:
+    from lorien.tune.network import format_network_summary, tune_network
+    from lorien.warehouse import default_store_uri
+
+    if args.trace_file or args.job_queue:
+        raise LorienError("a task_scheduler run resumes from the warehouse; --trace-file and aws-batch are for "
+                          "batches of independent jobs")
+    settings = dict(config.task_scheduler)
+    if args.trials is not None:
+        settings["trials"] = args.trials
+    if args.strategy is not None:
+        settings["strategy"] = args.strategy
+    for job in config.jobs:
+        if args.tuner is not None:
+            job["tuner"] = args.tuner
+            job.pop("tuner_options", None)
+    options = {"workers": args.workers, "measure_slots": args.measure_slots}
+    if args.manager == "dask":
+        options["scheduler"] = args.scheduler
+    try:
+        summary = tune_network(config, settings, args.store or config.store_uri or default_store_uri(),
+                               manager=args.manager, log_dir=args.log_dir or config.log_dir,
+                               resume_log=args.resume_log, progress=not args.no_progress, **options)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "summary", None) is not None:
+            print(format_network_summary(exc.summary))
+        print("interrupted: the rounds finished so far are in the warehouse", file=sys.stderr)
+        raise
+    print(format_network_summary(summary))
+    return 1 if summary.failures else 0
 
 
 # ---- run functions: apply ----------------------------------------------------------------

@@ -25,6 +25,9 @@ class Dialect(ABC):
 
     #: Short name stored in every record's ``dialect`` field.
     name: str = ""
+    #: Whether ``tune`` continues from the store's records of the job's workload without
+    #: measuring them again (what the task scheduler's rounds need).
+    resumes_from_store: bool = False
 
     @abstractmethod
     def record_formats(self) -> list[str]:

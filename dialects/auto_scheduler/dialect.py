@@ -17,6 +17,7 @@ class AutoSchedulerDialect(Dialect):
     """Auto-scheduler (Ansor): template-free schedules as transform steps, JSON-line records."""
 
     name = "auto_scheduler"
+    resumes_from_store = True
 
     def record_formats(self) -> list[str]:
         return ["ansor"]

@@ -117,8 +117,10 @@ def make_tuner(job: dict[str, Any], space: SketchSpace) -> Tuner:
 def history_from_store(store: Any, workload_key: str, target: str) -> list[TuningRecord]:
     """Auto-scheduler records of a workload on a target already in the store."""
     from lorien.record import TuningRecord
+    from lorien.target import parse_target
 
-    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": "auto_scheduler"})
+    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": "auto_scheduler",
+                                "target_key": parse_target(target).alternate_key})
     return [TuningRecord.from_row(row) for row in table.to_pylist()]
 
 

@@ -21,6 +21,8 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
       - task_name: conv2d_NCHWc.x86               # or a template name and its AutoTVM args
         args: [["TENSOR", [1, 64, 56, 56], "float32"], ...]
         trials: 128                                # per-workload overrides: tuner, trials, seed, name, ...
+        weight: 2                                  # occurrences in the network (task scheduler; default 1)
+    task_scheduler: {strategy: gradient, trials: 2000, round_trials: 16}   # tune the workloads as one network
 
 Each workload becomes one job dict (the team's job schema), handed to
 ``get_dialect(job["dialect"]).tune(job, store_uri, ...)``.
@@ -37,10 +39,10 @@ import yaml
 from lorien.errors import ConfigError, DialectError
 
 TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
-                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model"}
+                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model", "task_scheduler"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer", "warm_start_model"}
+            "name", "dialect", "transfer", "warm_start_model", "weight"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
@@ -56,6 +58,7 @@ class TuneConfig:
     log_dir: str | None = None
     source: str = "<config>"
     settings: dict[str, Any] = field(default_factory=dict)
+    task_scheduler: dict[str, Any] | None = None
 
 
 def load_tune_config(path: str | Path) -> TuneConfig:
@@ -88,7 +91,13 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
     store_uri = document.get("store")
     log_dir = document.get("log_dir")
-    return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings)
+    task_scheduler = None
+    if "task_scheduler" in document:
+        from lorien.tune.network import scheduler_settings
+
+        task_scheduler = scheduler_settings(document["task_scheduler"], source)
+    return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings,
+                      task_scheduler=task_scheduler)
 
 
 def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
@@ -141,6 +150,10 @@ def _check_job(job: dict[str, Any], where: str) -> None:
         value = job.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    weight = job.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise ConfigError(f"{where}: 'weight' (how often the workload occurs in its network) must be a positive "
+                          f"number, got {weight!r}")
     if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
         raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
     model = job.get("warm_start_model")

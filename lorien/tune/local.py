@@ -5,6 +5,7 @@ summary table at the end (also when interrupted)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import sys
@@ -41,8 +42,11 @@ def workload_name(job: dict[str, Any]) -> str:
     """A short readable name: the job's ``name`` or the task and its tensor shapes."""
     if job.get("name"):
         return str(job["name"])
-    shapes = ["x".join(str(d) for d in arg[1]) for arg in job.get("args", [])
+    args = job.get("args", [])
+    shapes = ["x".join(str(d) for d in arg[1]) for arg in args
               if isinstance(arg, list) and arg and arg[0] == "TENSOR"]
+    if not shapes and args:  # plain arguments (auto_scheduler workload functions)
+        shapes = [json.dumps(args, separators=(",", ":"))[1:-1]]
     return f"{job.get('task_name', '?')} {' '.join(shapes)}".strip()
 
 
@@ -59,13 +63,15 @@ def default_log_dir(store_uri: str | None) -> Path:
 
 
 def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
-    """One AutoTVM log per workload and target: ``<task>.<hash>.log``."""
+    """One native log per workload and target: ``<task>.<hash>.log`` (AutoTVM), ``.json`` (Ansor)."""
     from lorien.tune.jobspec import canonical_json
+    from lorien.warehouse.archive import NATIVE_LOGS
 
     digest = hashlib.blake2b(canonical_json([job.get("task_name"), job.get("args"), job.get("target")]).encode(),
                              digest_size=6).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("task_name", "job")))
-    return log_dir / f"{stem}.{digest}.log"
+    suffix = NATIVE_LOGS.get(str(job.get("dialect", "autotvm")), ("", ".log"))[1]
+    return log_dir / f"{stem}.{digest}{suffix}"
 
 
 def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: str | Path | None = None,
