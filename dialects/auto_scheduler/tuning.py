@@ -154,6 +154,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     try:
         if history is None:
             history = history_from_store(store, workload_key, target) if store is not None else []
+        measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
         resumed = _resume(tuner, space, history)
         trials = min(int(job.get("trials", 16)), len(space) - len(tuner.visited))
         progress = TuneProgress(total=trials)
@@ -161,8 +162,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
             best = min(resumed, key=lambda r: result_cost(r))
             if math.isfinite(result_cost(best)):
                 progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
-        _tune(job, workload_key, target, space, tuner, progress, batch_size, early_stopping, nbest, source,
-              store if commit else None, log_path, on_batch)
+        _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest,
+              source, store if commit else None, log_path, on_batch)
     finally:
         if store is not None:
             store.close()
@@ -183,7 +184,35 @@ def _resume(tuner: Tuner, space: SketchSpace, history: Sequence[TuningRecord]) -
     return records
 
 
-def _tune(job, workload_key, target, space, tuner, progress, batch_size, early_stopping, nbest, source,
+def _next_candidates(tuner: Tuner, space: SketchSpace, wanted: int,
+                     measured: dict[bytes, Any]) -> tuple[list[int], list[list[list[Any]]]]:
+    """Up to ``wanted`` points whose programs were never measured. Points that render to a
+    program measured before (several points can: a parallel depth beyond what a sketch
+    fuses) teach the tuner that program's result instead of being measured again."""
+    indices: list[int] = []
+    candidates: list[list[list[Any]]] = []
+    keys: set[bytes] = set()
+    while len(candidates) < wanted and tuner.has_next():
+        proposed = tuner.next_batch(wanted - len(candidates))
+        if not proposed:
+            break
+        known_indices, known_results = [], []
+        for index in proposed:
+            steps = space.get(index)
+            key = orjson.dumps(steps)
+            if key in measured:
+                known_indices.append(index)
+                known_results.append(measured[key])
+            elif key not in keys:
+                keys.add(key)
+                indices.append(index)
+                candidates.append(steps)
+        if known_indices:
+            tuner.update(known_indices, known_results)
+    return indices, candidates
+
+
+def _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest, source,
           store, log_path, on_batch) -> None:
     last_improvement = 0
     log_file = None
@@ -192,10 +221,10 @@ def _tune(job, workload_key, target, space, tuner, progress, batch_size, early_s
         log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally
     try:
         while progress.trials < progress.total and tuner.has_next():
-            indices = tuner.next_batch(min(batch_size, progress.total - progress.trials))
-            if not indices:
+            indices, candidates = _next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
+                                                   measured)
+            if not candidates:
                 break
-            candidates = [space.get(i) for i in indices]
             results = measure_steps(workload_key, candidates, job.get("measure"))
             records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
                                    float(r.timestamp), source=source)
@@ -210,6 +239,7 @@ def _tune(job, workload_key, target, space, tuner, progress, batch_size, early_s
                 log_file.flush()
             tuner.update(indices, results)
             for steps, result in zip(candidates, results, strict=True):
+                measured[orjson.dumps(steps)] = result
                 progress.trials += 1
                 cost = result_cost(result)
                 if math.isinf(cost):
