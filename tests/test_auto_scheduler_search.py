@@ -151,6 +151,36 @@ def test_points_that_render_to_the_same_program_are_measured_once(store_uri):
     assert progress.trials == len(programs)
 
 
+def test_records_of_another_shape_give_features_in_this_spaces_layout():
+    from lorien.search.xgb import KnobFeatures
+
+    key = _key("conv2d NHWC+bias+relu")
+    args = registry.parse_workload_key(key)[1]
+    space = SketchSpace(registry.workload_dag(key), args)
+    features = KnobFeatures(space)
+    rng = np.random.default_rng(5)
+    for index in rng.integers(len(space), size=10).tolist():
+        index = space.index_of_steps(space.get(index))  # the canonical point of its program
+        row = space.features_of_steps(space.get(index), args)
+        known = ~np.isnan(row)  # the parallel knob depends on a workload's extents: left unknown
+        assert known.sum() == len(row) - 1
+        np.testing.assert_allclose(row[known], features(np.array([index]))[0][known])
+    other_args = [1, 8, 12, 12, 32, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]
+    other = SketchSpace(registry.workload_dag(registry.make_workload_key("conv2d_nhwc_layer", other_args)), other_args)
+    row = space.features_of_steps(other.get(0), other_args)
+    assert row is not None and row[-len(space.shape_features):].tolist() == other.shape_features
+
+
+def test_the_model_learns_from_other_workloads_of_the_same_function(store_uri):
+    from dialects.auto_scheduler.tuning import cached_space, transfer_history
+
+    tune_job(_job(trials=8), store_uri)
+    other = registry.make_workload_key("dense_layer", [4, 16, 16, True, True, F32])
+    with open_store(store_uri) as store:
+        features, scores = transfer_history(store, cached_space(other), other, "llvm -keys=cpu")
+    assert features.shape[0] == 8 and scores.max() == 1.0 and scores.min() > 0
+
+
 def test_autotvm_only_options_are_refused():
-    with pytest.raises(ConfigError, match="'transfer' is an autotvm option"):
-        tune_job(_job(transfer=True), None)
+    with pytest.raises(ConfigError, match="'warm_start_model' is an autotvm option"):
+        tune_job(_job(warm_start_model="models/dense"), None)

@@ -16,7 +16,9 @@ Stages are visited from the last to the first (outputs first). For each compute 
     into the original stage as above; a third sketch tiles without it.
 
 A sketch is completed (:func:`render`) by filling the split lengths and annotating:
-the outer spatial loops of every root stage are fused and parallelized (how many: a knob),
+the outer spatial loops of every root stage are fused and parallelized, as many as it takes
+for the parallel loop to reach :data:`PARALLEL_CHUNKS` (a knob) chunks per core, or every
+outer spatial loop up to the first one other stages are computed at (Ansor's rule),
 the innermost loop of every stage is vectorized when it is spatial and at most
 :data:`MAX_VECTOR_LANES` long, and each tiled stage gets the ``auto_unroll_max_step`` pragma
 (a knob over :data:`AUTO_UNROLL_STEPS`).
@@ -24,6 +26,8 @@ the innermost loop of every stage is vectorized when it is spatial and at most
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +42,8 @@ SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
 #: Fusion levels a fused consumer follows the tiling to.
 FUSION_LEVELS = (1, 2)
 AUTO_UNROLL_STEPS = (0, 16, 64, 512)
+#: Iterations per core the fused parallel loop should reach (infinite: fuse every outer loop).
+PARALLEL_CHUNKS = (1, 4, 16, math.inf)
 MAX_VECTOR_LANES = 64
 _EXPENSIVE_CALLS = ("exp", "sqrt")
 
@@ -234,6 +240,19 @@ def leaf_extents(stage: Stage) -> dict[str, int]:
     return ext
 
 
+def parallel_depth(state: LoopState, stage: Stage, chunks: float) -> int:
+    """How many outer loops of a root stage to fuse into its parallel loop: the fewest whose
+    extents multiply to ``chunks`` iterations per core, at most :func:`parallel_candidates`."""
+    extents = leaf_extents(stage)
+    wanted, degree = chunks * (os.cpu_count() or 1), 1
+    candidates = parallel_candidates(state, stage)
+    for depth, leaf in enumerate(stage.leaf[:candidates], 1):
+        degree *= extents[leaf]
+        if degree >= wanted:
+            return depth
+    return candidates
+
+
 def parallel_candidates(state: LoopState, stage: Stage) -> int:
     """How many outer loops of a root stage can be fused into one parallel loop: spatial,
     not annotated, up to (and including) the first loop other stages are computed at."""
@@ -249,10 +268,11 @@ def parallel_candidates(state: LoopState, stage: Stage) -> int:
     return count
 
 
-def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], parallel: int,
+def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], parallel_chunks: float,
            unroll: int) -> list[list[Any]]:
     """The complete steps of a sketch: split lengths (one list per tiling split, in order),
-    then parallel (fuse the outer ``parallel`` loops of each root stage), vectorize, unroll."""
+    then parallel (the outer loops of each root stage fused until the parallel loop has
+    ``parallel_chunks`` iterations per core), vectorize, unroll."""
     steps = [list(step) for step in sketch.steps]
     for step_index, values in zip(sketch.tile_steps, lengths, strict=True):
         steps[step_index] = [*steps[step_index][:4], list(values), steps[step_index][5]]
@@ -261,7 +281,7 @@ def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], pa
         state.apply(step)
     computed = [st for st in state.schedule.stages if st.attach != "inline"]
     for stage in computed:
-        count = min(parallel, parallel_candidates(state, stage)) if stage.attach is None else 0
+        count = parallel_depth(state, stage, parallel_chunks) if stage.attach is None else 0
         if count:
             stage_id = state.stage_id(stage.name)
             if count > 1:
@@ -282,8 +302,8 @@ def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], pa
 
 
 def default_steps(dag: ComputeDAG) -> list[list[Any]]:
-    """A reasonable untuned program: the first sketch, innermost tiles near 8 lanes, the
-    outer loops parallel, unrolled up to 64 steps."""
+    """A reasonable untuned program: the first sketch, innermost tiles near 8 lanes, outer
+    loops fused into a parallel loop of 16 iterations per core, unrolled up to 64 steps."""
     sketch = generate_sketches(dag)[0]
     lengths = []
     for index in sketch.tile_steps:
@@ -291,4 +311,4 @@ def default_steps(dag: ComputeDAG) -> list[list[Any]]:
         extent, parts = step[3], len(step[4])
         inner = max((f for f in range(1, min(extent, 8) + 1) if extent % f == 0), default=1)
         lengths.append([1] * (parts - 1) + [inner])
-    return render(dag, sketch, lengths, parallel=2, unroll=64)
+    return render(dag, sketch, lengths, parallel_chunks=16, unroll=64)

@@ -2,7 +2,8 @@
 
 Knobs, as an indexed space (``lorien.search``): which sketch; for every tiling split the
 lengths (a factorization of the loop's extent, innermost at most ``max_innermost``); how
-many outer loops are fused into the parallel loop; the ``auto_unroll_max_step`` value. A point
+many iterations per core the parallel loop should reach (``PARALLEL_CHUNKS``); the
+``auto_unroll_max_step`` value. A point
 renders to Ansor steps (:func:`sketch.render`), so tuners of :mod:`lorien.search` search it
 as they search AutoTVM spaces, and records are Ansor records.
 
@@ -11,6 +12,10 @@ splits, extent and level count (the same anchor loop in the fused, cache-write a
 sketches). :meth:`SketchSpace.mutate` is Ansor's mutation: mostly a tile-size move (one prime
 factor of a split moves from one level to another), sometimes another unroll step, sketch or
 parallel depth.
+
+A last knob with a single value carries the workload's shape (log2 of its arguments): it
+changes no point, but lets one cost model learn from records of other workloads of the same
+function (:meth:`SketchSpace.features_of_steps` gives their features in this space's layout).
 """
 
 from __future__ import annotations
@@ -25,16 +30,14 @@ import numpy as np
 from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.auto_scheduler.sketch import (
     AUTO_UNROLL_STEPS,
-    LoopState,
-    _filled,
+    PARALLEL_CHUNKS,
     generate_sketches,
-    parallel_candidates,
     render,
 )
 from lorien.errors import DialectError
 
 MAX_INNERMOST = 64
-#: Probability of each mutation kind (Ansor's CPU defaults, compute location folded into sketch).
+#: Probability of each mutation kind (Ansor's CPU defaults; compute location is the sketch's).
 MUTATIONS = (("tile", 0.90), ("unroll", 0.04), ("sketch", 0.05), ("parallel", 0.01))
 
 
@@ -73,8 +76,9 @@ class TileKnob:
 class SketchSpace:
     """All programs of a workload's sketches, as an indexed space (first knob least significant)."""
 
-    def __init__(self, dag: ComputeDAG, max_innermost: int = MAX_INNERMOST):
+    def __init__(self, dag: ComputeDAG, args: Sequence[Any] = (), max_innermost: int = MAX_INNERMOST):
         self.dag = dag
+        self.shape_features = shape_features(args)
         self.sketches = generate_sketches(dag)
         if not self.sketches:
             raise DialectError(f"no sketch for the DAG of stages {dag.stage_names}")
@@ -91,22 +95,14 @@ class SketchSpace:
                     found = len(self.tiles) - 1
                 knobs.append(found)
             self._tile_of.append(knobs)
-        self.max_parallel = max(1, max(self._parallel_candidates(s) for s in self.sketches))
-        self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), self.max_parallel,
-                     len(AUTO_UNROLL_STEPS)]
+        self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), len(PARALLEL_CHUNKS),
+                     len(AUTO_UNROLL_STEPS), 1]
         self._size = math.prod(self.dims)
         if self._size >= 1 << 62:
             raise DialectError(f"the search space of stages {dag.stage_names} has {self._size} points, "
                                "more than an index can hold")
         self._radix = np.cumprod([1, *self.dims[:-1]]).astype(np.int64)
         self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
-
-    def _parallel_candidates(self, sketch: Any) -> int:
-        state = LoopState(self.dag)
-        for step in _filled(sketch.steps):
-            state.apply(step)
-        return max((parallel_candidates(state, st) for st in state.schedule.stages if st.attach is None),
-                   default=1)
 
     # ------------------------------------------------------------ IndexedSpace
     def __len__(self) -> int:
@@ -126,17 +122,45 @@ class SketchSpace:
     def get(self, index: int) -> list[list[Any]]:
         """The Ansor steps of point ``index``."""
         positions = self.knob_indices(index)
-        sketch_id, parallel, unroll = positions[0], positions[-2] + 1, AUTO_UNROLL_STEPS[positions[-1]]
+        sketch_id, chunks, unroll = positions[0], PARALLEL_CHUNKS[positions[-3]], AUTO_UNROLL_STEPS[positions[-2]]
         lengths = [self.tiles[k].entities[positions[1 + k]][1:] for k in self._tile_of[sketch_id]]
-        return render(self.dag, self.sketches[sketch_id], lengths, parallel, unroll)
+        return render(self.dag, self.sketches[sketch_id], lengths, chunks, unroll)
 
     def knob_feature_tables(self) -> list[np.ndarray]:
         """Per knob, features of each of its entities (log2 of tile factors, values)."""
         tables = [np.arange(len(self.sketches), dtype=float).reshape(-1, 1)]
         tables += [np.log2(np.array(t.entities, dtype=float)) for t in self.tiles]
-        tables.append(np.arange(1, self.max_parallel + 1, dtype=float).reshape(-1, 1))
+        tables.append(np.log2(np.minimum(PARALLEL_CHUNKS, 64.0)).reshape(-1, 1))
         tables.append(np.log2(1.0 + np.array(AUTO_UNROLL_STEPS, dtype=float)).reshape(-1, 1))
+        tables.append(np.array([self.shape_features], dtype=float).reshape(1, -1))
         return tables
+
+    def features_of_steps(self, steps: Sequence[Sequence[Any]], args: Sequence[Any]) -> np.ndarray | None:
+        """The feature row (as :meth:`knob_feature_tables` gives for a point) of a record of
+        another workload of the same function, or None when its steps fit no sketch here."""
+        steps = [list(step) for step in steps]
+        for sketch_id, sketch in enumerate(self.sketches):
+            if len(steps) < len(sketch.steps) or any(
+                    _skeleton(a) != _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False)):
+                continue
+            row = [float(sketch_id)]
+            used = dict(zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True))
+            for k, tile in enumerate(self.tiles):
+                if k not in used:
+                    row.extend([0.0] * tile.key[2])
+                    continue
+                step = steps[used[k]]
+                inner = math.prod(step[4])
+                if step[3] % inner:
+                    return None
+                row.extend(math.log2(v) for v in (step[3] // inner, *step[4]))
+            tail = steps[len(sketch.steps):]
+            row.append(math.nan)  # the parallel knob depends on this workload's extents: unknown
+            unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
+            row.append(math.log2(1.0 + unroll))
+            row.extend(shape_features(args))
+            return np.array(row, dtype=float)
+        return None
 
     # ------------------------------------------------------------ evolution
     def mutate(self, index: int, rng: np.random.Generator) -> int:
@@ -150,10 +174,10 @@ class SketchSpace:
             positions[1 + knob] = self._move_factor(knob, positions[1 + knob], rng)
         elif kind == "sketch" and len(self.sketches) > 1:
             positions[0] = _other(positions[0], len(self.sketches), rng)
-        elif kind == "parallel" and self.max_parallel > 1:
-            positions[-2] = _other(positions[-2], self.max_parallel, rng)
+        elif kind == "parallel":
+            positions[-3] = _other(positions[-3], len(PARALLEL_CHUNKS), rng)
         else:
-            positions[-1] = _other(positions[-1], len(AUTO_UNROLL_STEPS), rng)
+            positions[-2] = _other(positions[-2], len(AUTO_UNROLL_STEPS), rng)
         return self.index_of_knobs(positions)
 
     def _move_factor(self, knob: int, position: int, rng: np.random.Generator) -> int:
@@ -181,7 +205,7 @@ class SketchSpace:
             if len(steps) < len(sketch.steps) or any(
                     _shape(a) != _shape(b) for a, b in zip(steps, sketch.steps, strict=False)):
                 continue
-            positions = [sketch_id] + [0] * len(self.tiles) + [0, 0]
+            positions = [sketch_id] + [0] * len(self.tiles) + [0, 0, 0]
             try:
                 for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
                     step = steps[step_index]
@@ -192,9 +216,9 @@ class SketchSpace:
             unroll = next((int(str(s[3]).split("$")[1]) for s in steps[len(sketch.steps):] if s[0] == "PR"), 0)
             if unroll not in AUTO_UNROLL_STEPS:
                 continue
-            positions[-1] = AUTO_UNROLL_STEPS.index(unroll)
-            for parallel in range(self.max_parallel):
-                positions[-2] = parallel
+            positions[-2] = AUTO_UNROLL_STEPS.index(unroll)
+            for parallel in range(len(PARALLEL_CHUNKS)):
+                positions[-3] = parallel
                 index = self.index_of_knobs(positions)
                 if self.get(index) == steps:
                     return index
@@ -204,6 +228,24 @@ class SketchSpace:
 def _shape(step: Sequence[Any]) -> list[Any]:
     """A step without its split lengths (what a sketch fixes)."""
     return [*step[:4], step[5]] if step[0] == "SP" else list(step)
+
+
+def _skeleton(step: Sequence[Any]) -> list[Any]:
+    """A step without extents and lengths (what sketches of one function share across shapes)."""
+    return [*step[:3], len(step[4]), step[5]] if step[0] == "SP" else list(step)
+
+
+def shape_features(args: Sequence[Any]) -> list[float]:
+    """log2(1 + |x|) of every number of a workload's arguments (booleans 0 or 1, strings skipped)."""
+    found: list[float] = []
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            found.extend(shape_features(arg))
+        elif isinstance(arg, bool):
+            found.append(float(arg))
+        elif isinstance(arg, (int, float)):
+            found.append(math.log2(1.0 + abs(arg)))
+    return found
 
 
 def _other(current: int, size: int, rng: np.random.Generator) -> int:

@@ -3,8 +3,11 @@ candidates built and measured by the engine, records streamed out batch by batch
 
 A job resumes from what was measured before: records of the same workload and target (from
 the store, or passed as ``history``) are never measured again, and teach the tuner's model
-first. Each measured batch is committed to the store (and appended to the Ansor log) before
-the next batch starts.
+first. With the ``xgb`` tuner the model also learns from the store's records of other
+workloads of the same function on the same target family (``transfer``, on by default): one
+cost model for a network's similar layers, as Ansor shares one model across tasks. Each
+measured batch is committed to the store (and appended to the Ansor log) before the next
+batch starts.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
@@ -39,7 +43,7 @@ def cached_dag(workload_key: str):
 
 @functools.lru_cache(maxsize=16)
 def cached_space(workload_key: str) -> SketchSpace:
-    return SketchSpace(cached_dag(workload_key))
+    return SketchSpace(cached_dag(workload_key), registry.parse_workload_key(workload_key)[1])
 
 
 def _ensure_registered(entry: tuple[str, dict[str, Any]]) -> None:
@@ -124,6 +128,33 @@ def history_from_store(store: Any, workload_key: str, target: str) -> list[Tunin
     return [TuningRecord.from_row(row) for row in table.to_pylist()]
 
 
+def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: str,
+                     limit: int = 4000) -> tuple[np.ndarray, np.ndarray]:
+    """(features, normalized throughput) of valid records of other workloads of the same
+    function on the target's family; throughput is normalized per workload (best = 1)."""
+    from lorien.target import parse_target
+
+    name, _ = registry.parse_workload_key(workload_key)
+    table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
+                                "target_key": parse_target(target).alternate_key},
+                       columns=["workload_key", "args", "config", "costs", "error_no"])
+    per_workload: dict[str, list[tuple[np.ndarray, float]]] = {}
+    for row in table.to_pylist()[-limit:]:
+        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
+            continue
+        features = space.features_of_steps(orjson.loads(row["config"]), orjson.loads(row["args"]))
+        if features is not None:
+            per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
+    xs, ys = [], []
+    for items in per_workload.values():
+        best = max(throughput for _, throughput in items)
+        for features, throughput in items:
+            xs.append(features)
+            ys.append(throughput / best)
+    width = sum(table_.shape[1] for table_ in space.knob_feature_tables())
+    return np.array(xs, dtype=float).reshape(len(xs), width), np.array(ys, dtype=float)
+
+
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
              history: Sequence[TuningRecord] | None = None) -> TuneProgress:
@@ -134,9 +165,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     """
     from lorien.target import parse_target
 
-    for option in ("transfer", "warm_start_model"):
-        if job.get(option):
-            raise ConfigError(f"{option!r} is an autotvm option; the auto_scheduler dialect has no templates to transfer")
+    if job.get("warm_start_model"):
+        raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
     workload_key = job_workload_key(job)
     target = parse_target(job.get("target") or "llvm").canonical
     space = cached_space(workload_key)
@@ -154,6 +184,9 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     try:
         if history is None:
             history = history_from_store(store, workload_key, target) if store is not None else []
+        if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
+            features, scores = transfer_history(store, space, workload_key, target)
+            tuner.load_history(features, scores)
         measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
         resumed = _resume(tuner, space, history)
         trials = min(int(job.get("trials", 16)), len(space) - len(tuner.visited))
