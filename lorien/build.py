@@ -46,13 +46,13 @@ def compile_from_warehouse(workload_key: str, target: str, store: Store | str | 
     was used, or ""). Without a record, ``dialect`` builds the default schedule (by default the
     auto_scheduler for a JSON key ``["func", ...]``, else autotvm).
     """
-    from lorien.dialect import get_dialect
+    from lorien.dialect import dialect_of_workload_key, get_dialect
 
     record = best_record(workload_key, target, store)
     if record is not None:
         name = record.dialect
     else:
-        name = dialect or ("auto_scheduler" if workload_key.lstrip().startswith("[") else "autotvm")
+        name = dialect or dialect_of_workload_key(workload_key)
     builder = getattr(get_dialect(name), "compile_record", None)
     if builder is None:
         raise DialectError(f"dialect {name!r} cannot compile kernels from records")

@@ -2,7 +2,7 @@
 call into the library.
 
   lorien tune CONFIG.yaml          tune workloads (here, Dask, AWS Batch), stream records into the warehouse
-  lorien apply                     build and measure a given config (e.g. a TopHub line)
+  lorien apply                     build and measure a given config (a TopHub line, an Ansor record)
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
   lorien export                    write records back as TVM logs
@@ -85,12 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
-    apply = _parser(sub, "apply", "build and measure one AutoTVM config on this machine (e.g. a TopHub line)",
-                    "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12")
-    apply.add_argument("--log", help="an AutoTVM log; with --line, the record to apply")
+    apply = _parser(sub, "apply", "build and measure one config on this machine: an AutoTVM config (e.g. a "
+                    "TopHub line) or an Ansor record's steps, checked against NumPy",
+                    "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12\n"
+                    "  lorien apply --log ../shared/data/ansor/matmul.json --line 2")
+    apply.add_argument("--log", help="an AutoTVM or Ansor log; with --line, the record to apply")
     apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
-    apply.add_argument("--workload-key", help="an AutoTVM workload key (task#arg#...), with --config")
-    apply.add_argument("--config", help="with --workload-key: a config index, entity list or config object (JSON)")
+    apply.add_argument("--workload-key", help="a workload key (AutoTVM task#arg#... or Ansor [\"func\", ...]), "
+                       "with --config")
+    apply.add_argument("--config", help="with --workload-key: AutoTVM: a config index, entity list or config object; "
+                       "Ansor: a list of steps (JSON)")
     apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
     apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
@@ -348,7 +352,7 @@ def _run_tune_network(args: argparse.Namespace, config) -> int:
 def _run_apply(args: argparse.Namespace) -> int:
     import json
 
-    from dialects.autotvm.apply import apply_config, apply_log_line
+    from lorien.dialect import dialect_of_workload_key, get_dialect
     from lorien.errors import ConfigError
 
     try:
@@ -357,17 +361,20 @@ def _run_apply(args: argparse.Namespace) -> int:
         raise ConfigError(f"--measure is not JSON: {args.measure!r}") from exc
     options = {"target": args.target, "measure": measure, "store_uri": args.store if args.commit else None}
     if args.log and args.line:
-        applied = apply_log_line(args.log, args.line, **options)
-    elif args.workload_key and args.config:
-        from lorien.workload import parse_autotvm_workload_key
+        from lorien.formats import detect_format
+        from lorien.formats.base import DIALECT_OF_FORMAT
 
-        task_name, task_args = parse_autotvm_workload_key(args.workload_key)
-        applied = apply_config(task_name, task_args, args.config, **options)
+        applied = get_dialect(DIALECT_OF_FORMAT[detect_format(args.log)]).apply_log_line(args.log, args.line, **options)
+    elif args.workload_key and args.config:
+        dialect = get_dialect(dialect_of_workload_key(args.workload_key))
+        applied = dialect.apply_config(args.workload_key, args.config, **options)
     else:
         raise ConfigError("give --log FILE --line N, or --workload-key KEY --config JSON")
     record = applied.record
     print(f"workload  {record.workload_key}")
-    print(f"config    {json.dumps(applied.config.to_json_entity())} (index {applied.config.index})")
+    print(f"config    {applied.config_text}")
+    for note in applied.notes:
+        print(f"note      {note}")
     if record.is_valid:
         print(f"latency   {record.cost_s * 1e3:.4f} ms")
         print(f"GFLOPS    {record.gflops:.2f}" if record.gflops is not None else "GFLOPS    -")

@@ -49,9 +49,26 @@ class Dialect(ABC):
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name
 
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> Any:
+        """Build and measure the config of line ``line_no`` (1-based) of a native log here
+        (``lorien apply``). Options: ``target``, ``measure``, ``store_uri`` (commit there).
+        The result has ``record``, ``config_text``, ``error_msg``, ``notes`` and the log's own
+        ``logged_cost_s`` and ``logged_target``."""
+        raise DialectError(f"dialect {self.name!r} cannot apply configs")
+
+    def apply_config(self, workload_key: str, config: Any, **options: Any) -> Any:
+        """Build and measure one config (the dialect's JSON form) of a workload here."""
+        raise DialectError(f"dialect {self.name!r} cannot apply configs")
+
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job (a workload, tuner and budget) and yield the measured records."""
         raise DialectError(f"dialect {self.name!r} cannot tune")
+
+
+def dialect_of_workload_key(workload_key: str) -> str:
+    """The dialect a workload key belongs to by its form: a JSON list ``["func", ...]`` is an
+    auto-scheduler key, anything else an AutoTVM key ``task#arg#...``."""
+    return "auto_scheduler" if workload_key.lstrip().startswith("[") else "autotvm"
 
 
 @lru_cache(maxsize=1)

@@ -132,3 +132,40 @@ def test_steps_of_a_record_survive_json(shared_data):
     record = read_log(shared_data / "ansor" / "conv2d.json").records[0]
     steps = orjson.loads(record.config)
     assert replay_steps(registry.workload_dag(record.workload_key), json.loads(json.dumps(steps))).stage_names[-1] == "T_relu"
+
+
+def test_cli_apply_replays_an_ansor_log_line_and_measures_it_beside_the_logged_latency(shared_data, capsys):
+    from lorien.cli import main
+
+    code = main(["apply", "--log", str(shared_data / "ansor" / "matmul.json"), "--line", "2",
+                 "--measure", '{"repeat": 1, "build_timeout_s": 60, "run_timeout_s": 60}'])
+    out = capsys.readouterr().out
+    assert code == 0 and 'workload  ["matmul_add", 1024, 1024, 1024, "float32"]' in out
+    assert "logged    4.4742 ms on llvm -keys=cpu" in out and "GFLOPS" in out
+
+
+def test_cli_apply_of_steps_by_workload_key_commits_an_ansor_record(store_uri, capsys):
+    from lorien.cli import main
+
+    steps = '[["SP", 2, 1, 24, [8], 1], ["AN", 2, 2, 2], ["AN", 2, 0, 3]]'
+    assert main(["apply", "--workload-key", SMALL_MATMUL, "--config", steps, "--store", store_uri, "--commit"]) == 0
+    from lorien.warehouse import open_store
+
+    with open_store(store_uri) as store:
+        (record,) = store.best(SMALL_MATMUL, store.scan(columns=["target"]).column("target")[0].as_py())
+    assert record.dialect == "auto_scheduler" and orjson.loads(record.config) == json.loads(steps)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--log", "resnet-50-NHWC-B1-llvm.json", "--line", "3"],
+     "resnet-50-NHWC-B1-llvm.json:3: DAG-hashed workload d7b65649a4dd54becea0a52aabbc5af5"),
+    (["--workload-key", SMALL_MATMUL, "--config", '[["SP", 2, 5, 24, [8], 1]]'],
+     "step 0 ['SP', 2, 5, 24, [8], 1]: iterator 5 is not one of the 3 loops of stage 'matmul'"),
+    (["--log", "matmul.json", "--line", "1"], "matmul.json:1 is a comment or blank"),
+])
+def test_cli_apply_errors_name_the_record_or_the_step(shared_data, capsys, argv, message):
+    from lorien.cli import main
+
+    argv = [str(shared_data / "ansor" / a) if a.endswith(".json") else a for a in argv]
+    assert main(["apply", *argv]) == 1
+    assert message in capsys.readouterr().err

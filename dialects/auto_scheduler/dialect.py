@@ -65,6 +65,18 @@ class AutoSchedulerDialect(Dialect):
 
         return compile_default(workload_key, target=target)
 
+    def apply_log_line(self, path: str, line_no: int, **options: Any):
+        """Replay, check and measure the steps of one Ansor log line here."""
+        from dialects.auto_scheduler.apply import apply_log_line
+
+        return apply_log_line(path, line_no, **options)
+
+    def apply_config(self, workload_key: str, config: Any, **options: Any):
+        """Replay, check and measure a list of steps (or its JSON) of a workload here."""
+        from dialects.auto_scheduler.apply import apply_steps
+
+        return apply_steps(workload_key, config, **options)
+
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job template-free; each measured batch is committed to ``store_uri``.
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ class AppliedConfig:
     error_msg: str = ""
     logged_cost_s: float | None = None
     logged_target: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def config_text(self) -> str:
+        return f"{json.dumps(self.config.to_json_entity())} (index {self.config.index})"
 
     @property
     def gflops(self) -> float | None:

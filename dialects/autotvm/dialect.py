@@ -33,6 +33,18 @@ class AutoTVMDialect(Dialect):
         task_name, args = parse_autotvm_workload_key(workload_key)
         return infer_layout(task_name, args), compute_flop(task_name, args)
 
+    def apply_log_line(self, path: str, line_no: int, **options: Any):
+        from dialects.autotvm.apply import apply_log_line
+
+        return apply_log_line(path, line_no, **options)
+
+    def apply_config(self, workload_key: str, config: Any, **options: Any):
+        from dialects.autotvm.apply import apply_config
+        from lorien.workload import parse_autotvm_workload_key
+
+        task_name, args = parse_autotvm_workload_key(workload_key)
+        return apply_config(task_name, args, config, **options)
+
     def template_of(self, record: TuningRecord) -> str:
         return record.task_name
 

@@ -1,0 +1,99 @@
+"""Apply one given Ansor record (e.g. a line of a TVM log) here: replay its steps, build the
+kernel, check it against NumPy and measure it (``lorien apply``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dialects.auto_scheduler import registry
+from dialects.auto_scheduler.steps import replay_steps
+from lorien.errors import ConfigError, DialectError, WorkloadError
+from lorien.record import TuningRecord
+
+
+@dataclass
+class AppliedSteps:
+    """The outcome of applying one list of steps: the measured record and its numbers."""
+
+    record: TuningRecord
+    steps: list[list[Any]]
+    error_msg: str = ""
+    logged_cost_s: float | None = None
+    logged_target: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def config_text(self) -> str:
+        return json.dumps(self.steps)
+
+    @property
+    def latency_s(self) -> float | None:
+        return self.record.cost_s
+
+
+def apply_steps(workload_key: str, steps: Any, target: str | None = None, measure: dict[str, Any] | None = None,
+                store_uri: str | None = None, source: str = "lorien apply") -> AppliedSteps:
+    """Replay ``steps`` (a list, or its JSON) on the registered workload, then build, check and
+    measure the kernel on this host; optionally commit the record to ``store_uri``.
+
+    A step that cannot be applied raises StepError before anything is measured.
+    """
+    from dialects.auto_scheduler.records import make_record
+    from dialects.auto_scheduler.tuning import measure_steps
+    from lorien.target import host_target, parse_target
+
+    if isinstance(steps, str):
+        try:
+            steps = orjson.loads(steps)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"steps are not JSON: {steps[:200]!r}") from exc
+    if not isinstance(steps, list) or not all(isinstance(step, list) and step for step in steps):
+        raise ConfigError(f"an Ansor config is a list of steps, got {steps!r:.200}")
+    replay = replay_steps(registry.workload_dag(workload_key), steps)
+    target_text = parse_target(target).canonical if target else host_target().canonical
+    (result,) = measure_steps(workload_key, [steps], measure)
+    record = make_record(target_text, workload_key, steps, list(result.costs), int(result.error_no),
+                         float(result.all_cost), float(result.timestamp), source=source)
+    if store_uri is not None:
+        from lorien.warehouse import open_store
+
+        with open_store(store_uri) as store:
+            store.commit([record])
+    return AppliedSteps(record, steps, getattr(result, "error_msg", "") or "", notes=replay.notes)
+
+
+def read_log_line(path: str | Path, line_no: int) -> TuningRecord:
+    """The record of line ``line_no`` (1-based, comment lines count) of an Ansor log."""
+    from lorien.formats.ansor import decode_line
+
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read log {path}: {exc}") from exc
+    if not 1 <= line_no <= len(lines):
+        raise ConfigError(f"{path} has {len(lines)} lines; line {line_no} does not exist")
+    text = lines[line_no - 1].strip()
+    if not text or text.startswith("#"):
+        raise ConfigError(f"{path}:{line_no} is a comment or blank, not a record")
+    return decode_line(text, str(path), line_no)
+
+
+def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedSteps:
+    """Apply the steps of one Ansor log line and measure them here; the log's own latency and
+    target are kept beside ours."""
+    logged = read_log_line(path, line_no)
+    try:
+        applied = apply_steps(logged.workload_key, orjson.loads(logged.config), **options)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{path}:{line_no}: {exc}") from exc
+    except DialectError as exc:
+        raise DialectError(f"{path}:{line_no}: {exc}") from exc
+    if logged.is_valid:
+        applied.logged_cost_s, applied.logged_target = logged.cost_s, logged.target_raw
+    return applied
