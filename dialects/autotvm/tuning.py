@@ -117,7 +117,7 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
         for features, throughput in items:
             xs.append(features)
             ys.append(throughput / best)
-    return np.array(xs, dtype=float).reshape(len(xs), -1), np.array(ys, dtype=float)
+    return np.array(xs, dtype=float).reshape(len(xs), width), np.array(ys, dtype=float)
 
 
 def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
