@@ -22,24 +22,25 @@ class FallbackScheduleWarning(UserWarning):
     """A kernel was built with a default schedule because the warehouse had no record."""
 
 
-def best_record(workload_key: str, target: str, store: Store | str | None = None) -> TuningRecord | None:
-    """The fastest valid record on ``target``, else on a target of the same family, else None."""
+def best_record(workload_key: str, target: str, store: Store | str | None = None,
+                exact: bool = False, by_alternate_key: bool = False) -> TuningRecord | None:
+    """The best valid record of ``workload_key`` on the stored targets matching ``target``
+    (the rule of ``Store.best``), or None."""
     owned = not isinstance(store, Store)
     opened = open_store(store) if owned else store
     try:
-        for by_alternate_key in (False, True):
-            records = opened.best(workload_key, target, k=1, by_alternate_key=by_alternate_key)
-            if records:
-                return records[0]
-        return None
+        records = opened.best(workload_key, target, k=1, exact=exact, by_alternate_key=by_alternate_key)
+        return records[0] if records else None
     finally:
         if owned:
             opened.close()
 
 
 def compile_from_warehouse(workload_key: str, target: str, store: Store | str | None = None,
-                           dialect: str | None = None, **options: Any):
-    """A callable kernel of ``workload_key`` built with the best stored config.
+                           dialect: str | None = None, exact: bool = False, by_alternate_key: bool = False,
+                           **options: Any):
+    """A callable kernel of ``workload_key`` built with the best stored config on the stored
+    targets matching ``target`` (``exact`` and ``by_alternate_key`` as in ``Store.best``).
 
     The kernel carries ``from_warehouse`` (bool), ``record`` (the TuningRecord used, or None),
     ``config`` (the dialect config applied) and ``fallback_reason`` (why a default schedule
@@ -48,7 +49,7 @@ def compile_from_warehouse(workload_key: str, target: str, store: Store | str | 
     """
     from lorien.dialect import dialect_of_workload_key, get_dialect
 
-    record = best_record(workload_key, target, store)
+    record = best_record(workload_key, target, store, exact=exact, by_alternate_key=by_alternate_key)
     if record is not None:
         name = record.dialect
     else:

@@ -6,6 +6,8 @@ call into the library.
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
   lorien export                    write records back as TVM logs
+  lorien extract MODEL...          tunable tasks of ONNX files / torch modules, with weights, as a tune YAML
+  lorien mutate TASKS.yaml         grow a task list into a training set with YAML rules
   lorien featurize                 records -> normalized CSV/Parquet features per template
   lorien train                     train and evaluate a cost model
   lorien warehouse stats|compact|workloads|dynamodb ...
@@ -15,6 +17,7 @@ call into the library.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -58,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int,
                       help="override the trials of every workload (with a task_scheduler: the network's budget)")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
-    tune.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bars or lines on stderr")
+    tune.add_argument("--json", action="store_true",
+                      help="print the summary as JSON (per workload, or per job with --manager)")
     # a config with a task_scheduler tunes its workloads as one network (docs/auto_scheduler.md)
     tune.add_argument("--strategy", choices=["gradient", "round-robin"],
                       help="task scheduler: override the config's strategy")
@@ -85,16 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
-    apply = _parser(sub, "apply", "build and measure one config on this machine: an AutoTVM config (e.g. a "
-                    "TopHub line) or an Ansor record's steps, checked against NumPy",
+    apply = _parser(sub, "apply", "build and measure one logged or given config on this machine (e.g. a TopHub "
+                    "line, an Ansor record: its steps replayed and checked against NumPy)",
                     "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12\n"
                     "  lorien apply --log ../shared/data/ansor/matmul.json --line 2")
-    apply.add_argument("--log", help="an AutoTVM or Ansor log; with --line, the record to apply")
+    apply.add_argument("--log", help="a tuning log; with --line, the record to apply (its format picks the dialect)")
     apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
-    apply.add_argument("--workload-key", help="a workload key (AutoTVM task#arg#... or Ansor [\"func\", ...]), "
-                       "with --config")
-    apply.add_argument("--config", help="with --workload-key: AutoTVM: a config index, entity list or config object; "
-                       "Ansor: a list of steps (JSON)")
+    apply.add_argument("--workload-key", help="a workload key (autotvm: task#arg#..., auto_scheduler: "
+                       "[\"func\", arg, ...]), with --config")
+    apply.add_argument("--config", help="with --workload-key: the config as JSON (autotvm: an index, entity list "
+                                         "or config object; auto_scheduler: a list of steps)")
+    apply.add_argument("--dialect", help="with --workload-key: the dialect (default: auto_scheduler for a JSON list "
+                                         "key, else autotvm)")
     apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
     apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
@@ -106,12 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "lorien query --workload-key 'dense_nopack.x86#_TENSOR__1_512__float32_#...' "
                     "--target 'llvm -mcpu=skylake-avx512' --nbest 3")
     query.add_argument("--workload-key", required=True, help="the workload key (with --prefix, a prefix of it)")
-    query.add_argument("--target", required=True, help="target string, e.g. 'llvm -mcpu=skylake-avx512'")
+    query.add_argument("--target", required=True,
+                       help="target string, e.g. 'llvm' or 'llvm -mcpu=skylake-avx512': matches every stored "
+                            "target that agrees on the options it names (its own target first)")
     query.add_argument("--nbest", type=int, default=1, help="number of records (per layout with --per-layout)")
     query.add_argument("--layout", help="only this layout (NCHW, NHWC, NCHW8c, ...)")
     query.add_argument("--per-layout", action="store_true", help="the best --nbest of each layout")
-    query.add_argument("--alternate-key", action="store_true",
-                       help="match every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    query_match = query.add_mutually_exclusive_group()
+    query_match.add_argument("--exact", action="store_true",
+                             help="only records of exactly this target (no other matching stored target)")
+    query_match.add_argument("--alternate-key", action="store_true",
+                             help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     query.add_argument("--prefix", action="store_true", help="treat --workload-key as a prefix")
     query.add_argument("--format", choices=QUERY_FORMATS, default="table",
                        help="table (default), json, or native log lines (autotvm, ansor)")
@@ -136,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refuse the whole ingest, committing nothing, if any line fails to parse")
     ingest.add_argument("--nbest", type=int, help="best records kept per workload for serving (default 20)")
     ingest.add_argument("--store", help=STORE_HELP)
+    ingest.add_argument("--json", action="store_true", help="print the report (per file and in total) as JSON")
+    ingest.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ingest.set_defaults(run=_run_ingest)
 
     # ---- export -----------------------------------------------------------------------
@@ -149,11 +163,47 @@ def build_parser() -> argparse.ArgumentParser:
     selection.add_argument("--best-only", dest="best_only", action="store_true", default=True,
                            help="the fastest valid record per workload (default)")
     selection.add_argument("--all", dest="best_only", action="store_false", help="every record")
-    export.add_argument("--alternate-key", action="store_true",
-                        help="every target of the same family (llvm_cpu, cuda_gpu, ...)")
+    export_match = export.add_mutually_exclusive_group()
+    export_match.add_argument("--exact", action="store_true",
+                              help="only records of exactly this target (default: every stored target that "
+                                   "agrees on the options --target names)")
+    export_match.add_argument("--alternate-key", action="store_true",
+                              help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.add_argument("--store", help=STORE_HELP)
+    export.add_argument("--json", action="store_true",
+                        help="print what was written as JSON (needs -o: the records go to the file)")
     export.set_defaults(run=_run_export)
+
+    # ---- extract ----------------------------------------------------------------------
+    extract = _parser(sub, "extract", "write the tunable tasks of ONNX files and torch modules (conv2d, depthwise, "
+                      "dense, batch_matmul; weight = occurrences; epilogues seen) as a `lorien tune` YAML, "
+                      "identical tasks merged across models; unsupported operators are counted",
+                      "lorien extract resnet50.onnx torchvision.models:mobilenet_v2 --input x:1x3x224x224 "
+                      "-o tasks.yaml")
+    extract.add_argument("models", nargs="+", metavar="MODEL",
+                         help="an ONNX file, or a torch factory module:function or module:function(key=value, ...) "
+                              "(needs the torch extra), e.g. torchvision.models:resnet18")
+    extract.add_argument("--input", action="append", default=[], metavar="[NAME:]SHAPE[:DTYPE]",
+                         help="shape of an input, e.g. input:1x3x224x224 or ids:1x128:int64 (no NAME: the only "
+                              "input of a model); needed for dynamic dimensions and for torch modules; repeatable")
+    extract.add_argument("--batch-size", type=int, help="set dimension 0 of every input")
+    extract.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    extract.add_argument("--json", action="store_true",
+                         help="print the summary (models, tasks, unsupported operators) as JSON; needs -o")
+    extract.set_defaults(run=_run_extract)
+
+    # ---- mutate -----------------------------------------------------------------------
+    mutate = _parser(sub, "mutate", "grow a task list into a training set: YAML rules vary fields (lists of "
+                     "values, ranges with a step, scale factors), filters drop shapes; same seed, same output; "
+                     "no duplicates (rule format: docs/models.md)",
+                     "lorien mutate tasks.yaml --rules configs/models/mutate-rules.yaml --seed 1 -o train.yaml")
+    mutate.add_argument("tasks", help="a tuning YAML of op shorthands (what `lorien extract` writes)")
+    mutate.add_argument("--rules", required=True, help="mutation rules YAML")
+    mutate.add_argument("--seed", type=int, help="random seed (default: the rules file's seed, else 0)")
+    mutate.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    mutate.add_argument("--json", action="store_true", help="print the summary as JSON; needs -o")
+    mutate.set_defaults(run=_run_mutate)
 
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
@@ -173,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "dialect's own; dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    featurize.add_argument("--json", action="store_true", help="print the report as JSON")
     featurize.set_defaults(run=_run_featurize)
 
     # ---- train ------------------------------------------------------------------------
@@ -192,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float, help="learning rate (XGBoost)")
     train.add_argument("--name", help="model name (records it proposes get source model:<name>)")
     train.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    train.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    train.add_argument("--json", action="store_true", help="print the report (report.json) as JSON")
     train.set_defaults(run=_run_train)
 
     # ---- warehouse --------------------------------------------------------------------
@@ -266,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0, help="random seed")
     generate.add_argument("--store", help=STORE_HELP)
     generate.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    generate.add_argument("--json", action="store_true", help="print the per-workload summary as JSON")
     generate.set_defaults(run=_run_generate)
 
     return parser
@@ -297,27 +351,38 @@ def _run_tune(args: argparse.Namespace) -> int:
         if args.tuner is not None:
             job["tuner"] = args.tuner
             job.pop("tuner_options", None)
+    from lorien.warehouse import resolve_store_uri
+
+    store_uri = resolve_store_uri(args.store, config.store_uri)
+    show = _tune_json if args.json else format_summary
     try:
-        summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=args.store)
+        summaries = tune_config(config, progress=not args.no_progress, log_dir=args.log_dir, store_uri=store_uri)
     except KeyboardInterrupt as exc:
-        print(format_summary(getattr(exc, "summaries", [])))
-        print("interrupted: the records measured so far are in the warehouse", file=sys.stderr)
+        print(show(getattr(exc, "summaries", [])))
+        print(f"interrupted: the records measured so far are in {store_uri}", file=sys.stderr)
         raise
-    print(format_summary(summaries))
+    archived = []
     if args.commit_log_to:
         from pathlib import Path
 
         from lorien.warehouse.archive import archive_log
 
-        for summary in summaries:
-            if summary.log_path and Path(summary.log_path).is_file():
-                print(f"archived {archive_log(summary.log_path, args.commit_log_to)}")
+        archived = [archive_log(summary.log_path, args.commit_log_to) for summary in summaries
+                    if summary.log_path and Path(summary.log_path).is_file()]
+    print(show(summaries, archived) if args.json else show(summaries))
+    if not args.json:
+        from lorien.engine.runtime import chosen_runtime
+
+        print(f"records committed to {store_uri} (engine runtime: {chosen_runtime()})"
+              + "".join(f"\narchived {uri}" for uri in archived))
     return 0
 
 
 def _run_tune_network(args: argparse.Namespace, config) -> int:
+    import json
+
     from lorien.tune.network import format_network_summary, tune_network
-    from lorien.warehouse import default_store_uri
+    from lorien.warehouse import resolve_store_uri
 
     if args.trace_file or args.job_queue:
         raise LorienError("a task_scheduler run resumes from the warehouse; --trace-file and aws-batch are for "
@@ -334,17 +399,33 @@ def _run_tune_network(args: argparse.Namespace, config) -> int:
     options = {"workers": args.workers, "measure_slots": args.measure_slots}
     if args.manager == "dask":
         options["scheduler"] = args.scheduler
+    store_uri = resolve_store_uri(args.store, config.store_uri)
+
+    def show(summary) -> str:
+        return json.dumps(summary.to_dict(), indent=2) if args.json else format_network_summary(summary)
+
     try:
-        summary = tune_network(config, settings, args.store or config.store_uri or default_store_uri(),
-                               manager=args.manager, log_dir=args.log_dir or config.log_dir,
-                               resume_log=args.resume_log, progress=not args.no_progress, **options)
+        summary = tune_network(config, settings, store_uri, manager=args.manager,
+                               log_dir=args.log_dir or config.log_dir, resume_log=args.resume_log,
+                               progress=not args.no_progress, **options)
     except KeyboardInterrupt as exc:
         if getattr(exc, "summary", None) is not None:
-            print(format_network_summary(exc.summary))
-        print("interrupted: the rounds finished so far are in the warehouse", file=sys.stderr)
+            print(show(exc.summary))
+        print(f"interrupted: the rounds finished so far are in {store_uri}", file=sys.stderr)
         raise
-    print(format_network_summary(summary))
+    print(show(summary))
     return 1 if summary.failures else 0
+
+
+def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
+    import json
+
+    from lorien.engine.runtime import chosen_runtime
+
+    return json.dumps({"store": summaries[0].store_uri if summaries else None, "engine_runtime": chosen_runtime(),
+                       "trials": sum(s.trials for s in summaries), "errors": sum(s.errors for s in summaries),
+                       "committed": sum(s.committed for s in summaries),
+                       "workloads": [s.to_dict() for s in summaries], "archived": list(archived)}, indent=2)
 
 
 # ---- run functions: apply ----------------------------------------------------------------
@@ -359,14 +440,18 @@ def _run_apply(args: argparse.Namespace) -> int:
         measure = json.loads(args.measure)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--measure is not JSON: {args.measure!r}") from exc
-    options = {"target": args.target, "measure": measure, "store_uri": args.store if args.commit else None}
+    from lorien.warehouse import resolve_store_uri
+
+    options = {"target": args.target, "measure": measure,
+               "store_uri": resolve_store_uri(args.store) if args.commit else None}
     if args.log and args.line:
         from lorien.formats import detect_format
-        from lorien.formats.base import DIALECT_OF_FORMAT
+        from lorien.warehouse.query import dialect_of_format
 
-        applied = get_dialect(DIALECT_OF_FORMAT[detect_format(args.log)]).apply_log_line(args.log, args.line, **options)
+        dialect = get_dialect(dialect_of_format(detect_format(args.log)))
+        applied = dialect.apply_log_line(args.log, args.line, **options)
     elif args.workload_key and args.config:
-        dialect = get_dialect(dialect_of_workload_key(args.workload_key))
+        dialect = get_dialect(args.dialect or dialect_of_workload_key(args.workload_key))
         applied = dialect.apply_config(args.workload_key, args.config, **options)
     else:
         raise ConfigError("give --log FILE --line N, or --workload-key KEY --config JSON")
@@ -409,15 +494,19 @@ def _open_for_reading(uri: str | None):
 QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
 
 
-def _query_records(args: argparse.Namespace) -> list:
+def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
+    """(records, the family's other stored targets holding the workload when none matched)."""
     from lorien.warehouse import open_store
 
     # With --build a missing store is fine: the default schedule is built, and said so.
     opener = open_store if args.build else _open_for_reading
     with opener(args.store) as store:
-        return store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
-                          by_alternate_key=args.alternate_key, prefix=args.prefix,
-                          per_layout=args.per_layout)
+        records = store.best(args.workload_key, args.target, k=args.nbest, layout=args.layout,
+                             by_alternate_key=args.alternate_key, prefix=args.prefix,
+                             per_layout=args.per_layout, exact=args.exact)
+        others = [] if records or args.alternate_key else store.best(
+            args.workload_key, args.target, k=5, by_alternate_key=True, prefix=args.prefix)
+    return records, list(dict.fromkeys(record.target for record in others))
 
 
 def _print_records(records: list, output_format: str) -> None:
@@ -442,17 +531,33 @@ def _print_records(records: list, output_format: str) -> None:
               f"{row['target']:<32}  {row['config']}")
 
 
+def _say_matched_targets(target: str, records: list) -> None:
+    """Name the stored targets an answer came from where they are not the query's own."""
+    from lorien.target import parse_target
+
+    canonical = parse_target(target).canonical
+    for stored in dict.fromkeys(record.target for record in records):
+        if stored != canonical:
+            print(f"lorien query: --target {target!r} matched stored target {stored!r}", file=sys.stderr)
+
+
 def _run_query(args: argparse.Namespace) -> int:
     if args.predict:
         from lorien.costmodel.zeroshot import run_predict_query
 
         return run_predict_query(args)
-    records = _query_records(args)
+    records, others = _query_records(args)
     if args.build:
         _build_queried(args, bool(records))
+    _say_matched_targets(args.target, records)
     if not records:
         print(f"lorien query: no valid record of workload {args.workload_key!r} on target "
-              f"{args.target!r}", file=sys.stderr)
+              f"{args.target!r}{' (--exact)' if args.exact else ''}", file=sys.stderr)
+        if others:
+            hint = "drop --exact (or use --alternate-key)" if args.exact else \
+                "--alternate-key answers from those, or name fewer options in --target"
+            print(f"lorien query: the same family holds it on {', '.join(map(repr, others))}; {hint}",
+                  file=sys.stderr)
         return 1
     _print_records(records, args.format)
     return 0
@@ -466,7 +571,8 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FallbackScheduleWarning)
-        kernel = compile_from_warehouse(args.workload_key, args.target, store=args.store)
+        kernel = compile_from_warehouse(args.workload_key, args.target, store=args.store, exact=args.exact,
+                                        by_alternate_key=args.alternate_key)
     source = "best stored config" if kernel.from_warehouse else f"DEFAULT schedule ({kernel.fallback_reason})"
     arrays = ", ".join(f"{a.name}:{a.dtype}{list(a.shape)}" for a in kernel.args)
     print(f"built kernel {kernel.name} from the {source}; call it with numpy arrays ({arrays})",
@@ -476,18 +582,30 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 
 def _run_ingest(args: argparse.Namespace) -> int:
     from lorien.errors import RecordParseError
-    from lorien.ingest import ingest_paths
+    from lorien.ingest import expand_paths, ingest_paths
+    from lorien.progress import Progress
 
-    try:
-        report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
-                              format=args.format)
-    except RecordParseError as exc:
-        print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
-        return 1
+    files = len(expand_paths(args.paths))
+    with Progress(files, "ingest", unit="file", enabled=files > 1 and not args.no_progress) as bar:
+        try:
+            report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
+                                  format=args.format, on_file=lambda done, _total: bar.step(
+                                      f"{done.path}: {done.records} records"))
+        except RecordParseError as exc:
+            bar.close()
+            print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
+            return 1
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
     for file_report in report.files:
         print(file_report.summary())
         for error in file_report.errors:
             print(f"  skipped {error}")
+        if file_report.flop_unknown:
+            print(f"  {file_report.flop_note()}")
     print(report.summary())
     return 0
 
@@ -497,10 +615,12 @@ def _run_export(args: argparse.Namespace) -> int:
     from lorien.formats import encode_record, write_log
     from lorien.warehouse.query import export_records
 
+    if args.json and not args.output:
+        raise LorienError("export --json prints a summary: give the records a file with -o FILE")
     workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
-                                 by_alternate_key=args.alternate_key)
+                                 by_alternate_key=args.alternate_key, exact=args.exact)
         if args.format == "meta_schedule":
             from lorien.formats import meta_schedule
 
@@ -510,7 +630,14 @@ def _run_export(args: argparse.Namespace) -> int:
         return 1
     if args.output:
         count = write_log(records, args.format, args.output, workloads)
-        print(f"wrote {count} records to {args.output}", file=sys.stderr)
+        if args.json:
+            import json
+
+            print(json.dumps({"output": args.output, "format": args.format, "target": args.target,
+                              "records": count, "workloads": len({record.workload_key for record in records}),
+                              "stored_targets": sorted({record.target for record in records})}, indent=2))
+        else:
+            print(f"wrote {count} records to {args.output}", file=sys.stderr)
     elif args.format == "meta_schedule":
         raise LorienError("export --format meta_schedule writes a directory: give it with -o DIR")
     else:
@@ -518,18 +645,71 @@ def _run_export(args: argparse.Namespace) -> int:
             print(encode_record(record, args.format))
     return 0
 
+# ---- run functions: extract, mutate -------------------------------------------------------
+
+def _write_yaml(args: argparse.Namespace, text: str, summary: str, report: dict) -> None:
+    """The YAML to ``--output`` (whole or not at all) or standard output; the summary (or,
+    with --json, the report) beside it."""
+    if args.output is None:
+        if args.json:
+            raise LorienError(f"{args.command} --json prints a summary: give the YAML a file with -o FILE")
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+        return
+    from lorien.models.extract import write_text_atomic
+
+    write_text_atomic(args.output, text)
+    if args.json:
+        import json
+
+        print(json.dumps({"output": args.output, **report}, indent=2))
+    else:
+        print(f"{summary}\nwrote {args.output}")
+
+
+def _run_extract(args: argparse.Namespace) -> int:
+    from lorien.models import extract_models
+
+    extraction = extract_models(args.models, args.input, batch_size=args.batch_size)
+    _write_yaml(args, extraction.to_yaml(args.command_line), extraction.summary(), extraction.to_dict())
+    return 0
+
+
+def _run_mutate(args: argparse.Namespace) -> int:
+    from lorien.models.extract import tasks_yaml
+    from lorien.models.mutate import load_rules, mutate_tasks, read_task_config
+
+    tasks, settings = read_task_config(args.tasks)
+    report = mutate_tasks(tasks, load_rules(args.rules), seed=args.seed)
+    header = [f"lorien mutate: {len(report.tasks)} tasks.", f"Made by: {args.command_line}",
+              *report.summary().splitlines()]
+    _write_yaml(args, tasks_yaml([task.to_entry() for task in report.tasks], header, settings), report.summary(),
+                report.to_dict())
+    return 0
+
 # ---- run functions: featurize ------------------------------------------------------------
 
 def _run_featurize(args: argparse.Namespace) -> int:
     from lorien.features import featurize
+    from lorien.warehouse import resolve_store_uri
 
+    if args.logs and args.store:
+        raise LorienError("featurize reads log files or a store, not both: drop --store or the LOG paths")
     filters = {name: value for name, value in (("target", args.target), ("target_key", args.target_key),
                                                ("dialect", args.dialect)) if value}
-    report = featurize(args.output, store=args.store, paths=args.logs, filters=filters,
+    store = None if args.logs else resolve_store_uri(args.store)
+    if store is not None:
+        _open_for_reading(store).close()  # a mistyped store is an error, not an empty warehouse
+    report = featurize(args.output, store=store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
                        extractor=args.extractor, progress=not args.quiet,
                        keep_spill=args.keep_spill)
-    print(report.summary())
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.summary())
     return 0
 
 # ---- run functions: train ----------------------------------------------------------------
@@ -544,7 +724,12 @@ def _run_train(args: argparse.Namespace) -> int:
     report = train_cost_model(args.features, args.output, kind=args.kind, templates=args.template,
                               folds=args.folds, params=params,
                               baseline=None if args.baseline == "none" else args.baseline,
-                              name=args.name, plots=not args.no_plots)
+                              name=args.name, plots=not args.no_plots, progress=not args.quiet)
+    if args.json:
+        from lorien.costmodel.train import report_json
+
+        print(report_json(report))
+        return 0
     for template, entry in report["templates"].items():
         summary = entry["cv"]["summary"] if entry["cv"] else None
         line = f"{template}: {entry['rows']} rows, {entry['workloads']} workloads"
@@ -635,18 +820,24 @@ def _run_warehouse_dynamodb(args: argparse.Namespace) -> int:
 
 def _run_generate(args: argparse.Namespace) -> int:
     from lorien.costmodel.generate import generate_training_set
+    from lorien.warehouse import resolve_store_uri
 
-    summaries = generate_training_set(args.store, size=args.size, workloads=args.workload, trials=args.trials,
+    store_uri = resolve_store_uri(args.store)
+    summaries = generate_training_set(store_uri, size=args.size, workloads=args.workload, trials=args.trials,
                                       target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
                                       progress=not args.quiet)
+    if args.json:
+        print(_tune_json(summaries))
+        return 0
     measured = sum(summary.trials for summary in summaries)
-    print(f"generated {measured} measurements of {len(summaries)} workloads into {args.store or 'the default store'}")
+    print(f"generated {measured} measurements of {len(summaries)} workloads into {store_uri}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = "lorien " + shlex.join(sys.argv[1:] if argv is None else argv)
     run = getattr(args, "run", None)
     if run is None:
         parser.print_help()

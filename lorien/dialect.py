@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -49,20 +50,34 @@ class Dialect(ABC):
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name
 
-    def apply_log_line(self, path: str, line_no: int, **options: Any) -> Any:
-        """Build and measure the config of line ``line_no`` (1-based) of a native log here
-        (``lorien apply``). Options: ``target``, ``measure``, ``store_uri`` (commit there).
-        The result has ``record``, ``config_text``, ``error_msg``, ``notes`` and the log's own
-        ``logged_cost_s`` and ``logged_target``."""
-        raise DialectError(f"dialect {self.name!r} cannot apply configs")
-
-    def apply_config(self, workload_key: str, config: Any, **options: Any) -> Any:
-        """Build and measure one config (the dialect's JSON form) of a workload here."""
-        raise DialectError(f"dialect {self.name!r} cannot apply configs")
-
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job (a workload, tuner and budget) and yield the measured records."""
         raise DialectError(f"dialect {self.name!r} cannot tune")
+
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
+        """Build and measure here the config of one record of a log in this dialect's format
+        (``lorien apply --log F --line N``). Options: ``target``, ``measure``, ``store_uri``
+        (commit the measured record there)."""
+        raise DialectError(f"dialect {self.name!r} cannot apply a logged config")
+
+    def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
+        """Build and measure here one config (JSON text, the dialect's form) of a workload key
+        (``lorien apply --workload-key K --config C``); options as for apply_log_line."""
+        raise DialectError(f"dialect {self.name!r} cannot apply a config")
+
+
+@dataclass
+class AppliedConfig:
+    """One config built and measured here: its record, the config as the dialect prints it,
+    and, for a logged record, what the log said it cost and where; ``notes`` say how it ran
+    here when that differs from the log (e.g. GPU bindings run as CPU loops)."""
+
+    record: TuningRecord
+    config_text: str
+    error_msg: str = ""
+    logged_cost_s: float | None = None
+    logged_target: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 def dialect_of_workload_key(workload_key: str) -> str:

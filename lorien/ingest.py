@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,7 +31,8 @@ INGEST_FORMATS = ("auto", "autotvm", "ansor", "meta_schedule")
 
 @dataclass
 class FileReport:
-    """What one log gave: records read, newly stored, already stored, and bad lines."""
+    """What one log gave: records read, newly stored, already stored, bad lines, and the
+    tasks whose FLOPs are unknown (their records have no GFLOPS; said once per file)."""
 
     path: str
     format: str
@@ -38,10 +40,25 @@ class FileReport:
     stored: int = 0
     duplicates: int = 0
     errors: list[RecordParseError] = field(default_factory=list)
+    flop_unknown: set[str] = field(default_factory=set)
 
     def summary(self) -> str:
         return (f"{self.path} [{self.format}]: {self.records} records, {self.stored} stored, "
                 f"{self.duplicates} already stored, {len(self.errors)} bad lines")
+
+    def flop_note(self) -> str:
+        """One line on the tasks without a FLOP count, or "" when every task has one."""
+        if not self.flop_unknown:
+            return ""
+        names = sorted(self.flop_unknown)
+        shown = ", ".join(repr(name) for name in names[:3]) + (", ..." if len(names) > 3 else "")
+        return (f"FLOPs unknown for {len(names)} task(s) ({shown}): no FLOP formula or registered compute "
+                "definition, so their records have no GFLOPS")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "records": self.records, "stored": self.stored,
+                "duplicates": self.duplicates, "bad_lines": [str(error) for error in self.errors],
+                "flop_unknown_tasks": sorted(self.flop_unknown)}
 
 
 @dataclass
@@ -77,6 +94,13 @@ class IngestReport:
                 f"{self.duplicates} already stored, {len(self.errors)} bad lines, "
                 f"{self.seconds:.2f} s ({self.records_per_s:,.0f} records/s) into {self.store_uri}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``lorien ingest --json``)."""
+        return {"store": self.store_uri, "files": [report.to_dict() for report in self.files],
+                "records": self.records, "stored": self.stored, "duplicates": self.duplicates,
+                "bad_lines": len(self.errors), "seconds": round(self.seconds, 3),
+                "records_per_s": round(self.records_per_s, 1)}
+
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     """Logs named by ``paths``; directories are walked (sorted, hidden entries skipped)."""
@@ -108,13 +132,18 @@ def _walk(directory: Path) -> list[Path]:
 
 def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, strict: bool = False,
                  nbest: int | None = None, format: str | None = None,  # noqa: A002
-                 batch_size: int = 65536) -> IngestReport:
+                 batch_size: int = 65536, on_file: Callable[[FileReport, int], None] | None = None,
+                 ) -> IngestReport:
     """Read every log under ``paths`` and commit its records to the store at ``store_uri``.
 
     ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
     file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
-    committed.
+    committed. ``on_file(report, files_in_all)`` is called as each file is done (progress).
+    Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
+    of being warned about one by one.
     """
+    from lorien.workload import flop_warnings_counted_by_caller
+
     if format is not None and format not in INGEST_FORMATS:
         raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(INGEST_FORMATS)})")
     chosen_format = None if format in (None, "auto") else format
@@ -125,19 +154,23 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
     dictionary = getattr(store, "accepts_dictionary_columns", False)
 
-    def ingest_all(add, put_workloads) -> None:
-        report.files = [_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads, dictionary)
-                        for log in logs]
+    def ingest_all(add, put_workloads, announce: bool = True) -> None:
+        report.files = []
+        for log in logs:
+            report.files.append(_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads, dictionary))
+            if announce and on_file is not None:
+                on_file(report.files[-1], len(logs))
 
     try:
-        transaction = getattr(store, "transaction", None)
-        if transaction is not None:
-            with transaction(nbest, publish_each_batch=not strict) as commit:
-                ingest_all(commit.add, store.put_workloads)
-        else:
-            if strict:  # validate every line before committing any
-                ingest_all(lambda table: CommitResult(), lambda entries: 0)
-            ingest_all(lambda table: store.commit(table, nbest), store.put_workloads)
+        with flop_warnings_counted_by_caller():
+            transaction = getattr(store, "transaction", None)
+            if transaction is not None:
+                with transaction(nbest, publish_each_batch=not strict) as commit:
+                    ingest_all(commit.add, store.put_workloads)
+            else:
+                if strict:  # validate every line before committing any
+                    ingest_all(lambda table: CommitResult(), lambda entries: 0, announce=False)
+                ingest_all(lambda table: store.commit(table, nbest), store.put_workloads)
     finally:
         store.close()
     report.seconds = time.perf_counter() - started
@@ -169,6 +202,8 @@ def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: 
                 put_workloads(entries)
                 workloads_kept |= wanted
         if table.num_rows:
+            unknown = table.filter(pc.is_null(table.column("flop"))).column("task_name")
+            file_report.flop_unknown.update(pc.unique(pc.cast(unknown, pa.string())).to_pylist())
             result = add(table)
             file_report.records += table.num_rows
             file_report.stored += result.stored

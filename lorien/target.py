@@ -177,3 +177,40 @@ def host_target() -> Target:
     llvm.initialize_native_target()
     cpu = llvm.get_host_cpu_name()
     return parse_target(f"llvm -mcpu={cpu}")
+
+
+#: How a query target matches stored targets (see :func:`match_tier`).
+MATCH_MODES = ("exact", "options", "family")
+
+
+def match_mode(exact: bool = False, by_alternate_key: bool = False) -> str:
+    """The match mode of a query's ``exact`` / ``by_alternate_key`` flags (at most one set)."""
+    if exact and by_alternate_key:
+        raise TargetError("a target query is either exact or by alternate key, not both")
+    return "exact" if exact else "family" if by_alternate_key else "options"
+
+
+@lru_cache(maxsize=65536)
+def match_tier(query: str, stored: str, mode: str = "options") -> int | None:
+    """How well a stored target answers a query target: lower is more specific, None is no match.
+
+    ``options`` (the default): 0 for the query's own target, 1 for a stored target of the same
+    family (kind and device keys: the alternate key) with the same value for every option the
+    query names; ``llvm`` matches ``llvm -keys=cpu -mcpu=znver4``, ``llvm -mcpu=znver4``
+    matches ``llvm -keys=cpu -mcpu=znver4 -num-cores=2``. ``exact``: the query's own target
+    only. ``family``: every target of the family, all tier 0 (one pool, fastest first).
+    """
+    if mode not in MATCH_MODES:
+        raise TargetError(f"unknown target match mode {mode!r} (known: {', '.join(MATCH_MODES)})")
+    wanted = parse_target(query)
+    try:
+        found = parse_target(stored)
+    except TargetError:  # a foreign spelling kept as logged matches only itself
+        return 0 if stored == query else None
+    if wanted.canonical == found.canonical:
+        return 0
+    if mode == "exact" or wanted.alternate_key != found.alternate_key:
+        return None
+    if mode == "family":
+        return 0
+    return 1 if all(found.options.get(name) == value for name, value in wanted.options.items()) else None

@@ -18,6 +18,7 @@ Conventions (see docs/formats.md):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -32,13 +33,36 @@ logger = logging.getLogger(__name__)
 LAYOUT_NA = "NA"
 
 _warned_task_names: set[str] = set()
+#: The text every "FLOPs unknown" warning starts with (lorien.workload and lorien.formats.tir).
+FLOP_UNKNOWN = "flop unknown for "
 
 
 def warn_unknown_flop(task_name: str, reason: str) -> None:
     """Log once per task name that its FLOP count is unknown, and why."""
     if task_name not in _warned_task_names:
         _warned_task_names.add(task_name)
-        logger.warning("flop unknown for task %r: %s", task_name, reason)
+        logger.warning(FLOP_UNKNOWN + "task %r: %s", task_name, reason)
+
+
+class _DropFlopUnknown(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(FLOP_UNKNOWN)
+
+
+@contextlib.contextmanager
+def flop_warnings_counted_by_caller() -> Iterator[None]:
+    """Silence the per-workload "flop unknown" warnings in this process (and in processes it
+    forks meanwhile), for a caller that counts the records without FLOPs and says so once
+    (``lorien ingest`` does, per file)."""
+    silencer = _DropFlopUnknown()
+    loggers = [logging.getLogger(name) for name in (__name__, "lorien.formats.tir")]
+    for each in loggers:
+        each.addFilter(silencer)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(silencer)
 
 
 # ---------------------------------------------------------------- argument helpers

@@ -198,6 +198,22 @@ def test_export_keeps_only_the_fastest_record_per_workload(capsys, llvm_log, tmp
     assert len(out.splitlines()) == 2
 
 
+def test_export_follows_the_query_target_rule(capsys, llvm_log, tmp_path, store_uri):
+    line = native_lines(llvm_log)[0]
+    faster_elsewhere = json.loads(json.dumps(line))
+    faster_elsewhere["input"][0] = "llvm -mcpu=skylake-avx512 -num-cores=4"
+    faster_elsewhere["result"][0] = [line["result"][0][0] / 2]
+    log = tmp_path / "two.log"
+    log.write_text(json.dumps(faster_elsewhere) + "\n" + json.dumps(line) + "\n")
+    run_cli(capsys, "ingest", str(log), "--store", store_uri)
+    exported = lambda *flags: [json.loads(text) for text in run_cli(  # noqa: E731
+        capsys, "export", "--target", *flags, "--format", "autotvm", "--store", store_uri)[1].splitlines()]
+    assert exported(SKYLAKE) == [line]  # the query's own target first
+    assert exported("llvm") == [faster_elsewhere]  # both match equally: the faster
+    assert exported("llvm", "--exact") == []
+    assert exported("llvm -mcpu=skylake-avx512 -num-cores=4", "--exact") == [faster_elsewhere]
+
+
 def test_export_of_ansor_records_round_trips(capsys, shared_data, tmp_path, store_uri):
     log = shared_data / "ansor" / "resnet-50-NHWC-B1-llvm.json"
     run_cli(capsys, "ingest", str(log), "--store", store_uri)

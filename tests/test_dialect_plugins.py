@@ -55,3 +55,14 @@ def test_a_third_party_package_registers_a_dialect_without_touching_lorien(tmp_p
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['toy-jsonl']"
+
+
+def test_the_core_never_imports_a_dialect_package():
+    import re
+    from pathlib import Path
+
+    core = Path(__file__).resolve().parent.parent / "lorien"
+    offenders = [f"{path.relative_to(core.parent)}:{number}" for path in sorted(core.rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.match(r"\s*(from|import)\s+dialects\b", line)]
+    assert offenders == []

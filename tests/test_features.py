@@ -250,9 +250,16 @@ def test_cli_featurize_writes_outputs_and_prints_counts(tmp_path, llvm_log, caps
     assert output_paths(tmp_path / "out", X86_TEMPLATE)["csv"].is_file()
 
 
-def test_cli_featurize_without_a_source_fails_with_a_message(tmp_path, capsys):
+def test_cli_featurize_without_a_source_reads_the_default_store(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("LORIEN_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
     assert main(["featurize", "-o", str(tmp_path / "out")]) == 1
-    assert "exactly one source" in capsys.readouterr().err
+    assert f"no warehouse at '{tmp_path / 'lorien-warehouse'}'" in capsys.readouterr().err
+
+
+def test_cli_featurize_takes_logs_or_a_store_not_both(tmp_path, llvm_log, capsys):
+    assert main(["featurize", str(llvm_log), "--store", str(tmp_path), "-o", str(tmp_path / "out")]) == 1
+    assert "not both" in capsys.readouterr().err
 
 
 def test_phase1_table_batches_are_featurized_per_template(llvm_log):

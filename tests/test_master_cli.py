@@ -72,6 +72,19 @@ def test_a_config_through_the_local_manager_fails_only_the_bad_workload(tmp_path
     assert sum(state.records for state in states.values() if state.state == "done") == 4
 
 
+def test_a_manager_run_shows_each_job_and_prints_json_with_the_store(tmp_path, store_uri, capsys):
+    config = tmp_path / "tune.yaml"
+    config.write_text(CONFIG)
+    code = main(["tune", str(config), "--manager", "local", "--workers", "2", "--store", store_uri, "--json"])
+    captured = capsys.readouterr()
+    assert code == 1
+    summary = json.loads(captured.out)
+    assert (summary["store"], summary["done"], summary["failed"], summary["records"]) == (store_uri, 2, 1, 4)
+    lines = [line for line in captured.err.splitlines() if line.startswith("tune: ")]
+    assert [line.split(" - ")[0] for line in lines] == ["tune: 1/3 jobs", "tune: 2/3 jobs", "tune: 3/3 jobs"]
+    assert lines[-1].endswith("done 2, running 0, failed 1")
+
+
 def test_tune_without_config_or_job_says_what_to_give(capsys):
     assert main(["tune", "--manager", "local"]) == 1
     assert "give a tuning CONFIG.yaml" in capsys.readouterr().err

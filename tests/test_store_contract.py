@@ -177,6 +177,51 @@ def test_by_alternate_key_matches_every_target_of_the_family(store):
     assert family[0].cost_s == pytest.approx(1e-4)
 
 
+HOST = "llvm -keys=cpu -mcpu=znver4"
+HOST_2CORES = "llvm -keys=cpu -mcpu=znver4 -num-cores=2"
+
+
+def test_a_bare_kind_finds_records_tuned_on_a_specific_cpu(store):
+    store.commit(workload_records("dense#a", 2, target=HOST))
+    best = store.best("dense#a", "llvm", k=5)
+    assert [record.target for record in best] == [parse_target(HOST).canonical] * 2
+
+
+def test_a_query_naming_an_option_needs_stored_targets_with_that_value(store):
+    store.commit(workload_records("dense#a", 2, target=HOST) + workload_records("dense#a", 2, target=SKYLAKE))
+    assert {record.target for record in store.best("dense#a", "llvm -mcpu=znver4", k=10)} == {
+        parse_target(HOST).canonical}
+    assert store.best("dense#a", "llvm -mcpu=haswell", k=10) == []
+    assert store.best("dense#a", "cuda", k=10) == []
+
+
+def test_the_query_s_own_target_comes_before_other_matches_then_cost_decides(store):
+    store.commit(workload_records("dense#a", 2, target=HOST_2CORES, base_s=1e-5) +
+                 workload_records("dense#a", 2, target=HOST, base_s=1e-3) +
+                 workload_records("dense#a", 2, target="llvm -mcpu=znver4 -num-cores=4", base_s=1e-4))
+    best = store.best("dense#a", HOST, k=6)
+    assert [(parse_target(record.target).get("num-cores"), record.cost_s) for record in best] == [
+        (None, pytest.approx(1e-3)), (None, pytest.approx(2e-3)),
+        (2, pytest.approx(1e-5)), (2, pytest.approx(2e-5)),
+        (4, pytest.approx(1e-4)), (4, pytest.approx(2e-4))]
+
+
+def test_exact_takes_only_the_query_s_own_target(store):
+    store.commit(workload_records("dense#a", 2, target=HOST_2CORES))
+    assert store.best("dense#a", HOST, k=5, exact=True) == []
+    assert len(store.best("dense#a", HOST_2CORES, k=5, exact=True)) == 2
+    with pytest.raises(TargetError):
+        store.best("dense#a", HOST, exact=True, by_alternate_key=True)
+
+
+def test_per_layout_answers_follow_the_target_match_too(store):
+    store.commit(workload_records("conv#a", 2, target=HOST, layout="NCHW") +
+                 workload_records("conv#a", 2, target=SKYLAKE, layout="NCHW8c", base_s=1e-5))
+    best = store.best("conv#a", "llvm", k=1, per_layout=True)
+    assert [(record.layout, record.cost_s) for record in best] == [
+        ("NCHW8c", pytest.approx(1e-5)), ("NCHW", pytest.approx(1e-3))]
+
+
 def test_prefix_matches_every_workload_starting_with_the_key(store):
     store.commit(workload_records("dense.x86#a", 2) + workload_records("dense.x86#b", 2, base_s=1e-4) +
                  workload_records("conv2d.x86#a", 2, base_s=1e-6))

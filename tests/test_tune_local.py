@@ -158,6 +158,25 @@ def test_compile_from_warehouse_uses_the_best_record(store_uri):
     np.testing.assert_allclose(out, data @ weight.T, rtol=1e-4, atol=1e-4)
 
 
+def test_compile_follows_the_query_target_rule(store_uri):
+    import lorien
+    from lorien.build import FallbackScheduleWarning
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target
+
+    job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
+           "args": [["TENSOR", [4, 8], "float32"], ["TENSOR", [4, 8], "float32"], None, "float32"],
+           "target": host_target().canonical, "tuner": "random", "trials": 2, "measure": MEASURE, "batch_size": 2}
+    records = list(get_dialect("autotvm").tune(job, store_uri))
+    key = records[0].workload_key
+    assert lorien.compile(key, "llvm", store=store_uri).record.target == host_target().canonical
+    with pytest.warns(FallbackScheduleWarning):
+        assert not lorien.compile(key, "llvm", store=store_uri, exact=True).from_warehouse
+    with pytest.warns(FallbackScheduleWarning):
+        assert not lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri).from_warehouse
+    assert lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri, by_alternate_key=True).from_warehouse
+
+
 def test_compile_without_records_falls_back_and_says_so(store_uri):
     import lorien
     from lorien.build import FallbackScheduleWarning

@@ -4,7 +4,6 @@ kernel, check it against NumPy and measure it (``lorien apply``)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,32 +11,13 @@ import orjson
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.steps import replay_steps
+from lorien.dialect import AppliedConfig
 from lorien.errors import ConfigError, DialectError, WorkloadError
 from lorien.record import TuningRecord
 
 
-@dataclass
-class AppliedSteps:
-    """The outcome of applying one list of steps: the measured record and its numbers."""
-
-    record: TuningRecord
-    steps: list[list[Any]]
-    error_msg: str = ""
-    logged_cost_s: float | None = None
-    logged_target: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def config_text(self) -> str:
-        return json.dumps(self.steps)
-
-    @property
-    def latency_s(self) -> float | None:
-        return self.record.cost_s
-
-
 def apply_steps(workload_key: str, steps: Any, target: str | None = None, measure: dict[str, Any] | None = None,
-                store_uri: str | None = None, source: str = "lorien apply") -> AppliedSteps:
+                store_uri: str | None = None, source: str = "lorien apply") -> AppliedConfig:
     """Replay ``steps`` (a list, or its JSON) on the registered workload, then build, check and
     measure the kernel on this host; optionally commit the record to ``store_uri``.
 
@@ -64,7 +44,8 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
 
         with open_store(store_uri) as store:
             store.commit([record])
-    return AppliedSteps(record, steps, getattr(result, "error_msg", "") or "", notes=replay.notes)
+    return AppliedConfig(record=record, config_text=json.dumps(steps), error_msg=getattr(result, "error_msg", "") or "",
+                         notes=replay.notes)
 
 
 def read_log_line(path: str | Path, line_no: int) -> TuningRecord:
@@ -84,7 +65,7 @@ def read_log_line(path: str | Path, line_no: int) -> TuningRecord:
     return decode_line(text, str(path), line_no)
 
 
-def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedSteps:
+def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedConfig:
     """Apply the steps of one Ansor log line and measure them here; the log's own latency and
     target are kept beside ours."""
     logged = read_log_line(path, line_no)

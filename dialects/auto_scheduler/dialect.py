@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dialects.auto_scheduler import features
-from lorien.dialect import Dialect
+from lorien.dialect import AppliedConfig, Dialect
 from lorien.errors import WorkloadError
 from lorien.record import TuningRecord
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
@@ -65,14 +65,14 @@ class AutoSchedulerDialect(Dialect):
 
         return compile_default(workload_key, target=target)
 
-    def apply_log_line(self, path: str, line_no: int, **options: Any):
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
         """Replay, check and measure the steps of one Ansor log line here."""
         from dialects.auto_scheduler.apply import apply_log_line
 
         return apply_log_line(path, line_no, **options)
 
-    def apply_config(self, workload_key: str, config: Any, **options: Any):
-        """Replay, check and measure a list of steps (or its JSON) of a workload here."""
+    def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
+        """Replay, check and measure a list of steps (JSON) of a workload here."""
         from dialects.auto_scheduler.apply import apply_steps
 
         return apply_steps(workload_key, config, **options)

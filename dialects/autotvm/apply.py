@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,6 @@ class AppliedConfig:
     error_msg: str = ""
     logged_cost_s: float | None = None
     logged_target: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def config_text(self) -> str:
-        return f"{json.dumps(self.config.to_json_entity())} (index {self.config.index})"
 
     @property
     def gflops(self) -> float | None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dialects.autotvm import features, workloads
-from lorien.dialect import Dialect
+from lorien.dialect import AppliedConfig, Dialect
 from lorien.record import TuningRecord
 
 
@@ -33,18 +34,6 @@ class AutoTVMDialect(Dialect):
         task_name, args = parse_autotvm_workload_key(workload_key)
         return infer_layout(task_name, args), compute_flop(task_name, args)
 
-    def apply_log_line(self, path: str, line_no: int, **options: Any):
-        from dialects.autotvm.apply import apply_log_line
-
-        return apply_log_line(path, line_no, **options)
-
-    def apply_config(self, workload_key: str, config: Any, **options: Any):
-        from dialects.autotvm.apply import apply_config
-        from lorien.workload import parse_autotvm_workload_key
-
-        task_name, args = parse_autotvm_workload_key(workload_key)
-        return apply_config(task_name, args, config, **options)
-
     def template_of(self, record: TuningRecord) -> str:
         return record.task_name
 
@@ -64,6 +53,18 @@ class AutoTVMDialect(Dialect):
 
         return compile_default(workload_key, target=target)
 
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
+        from dialects.autotvm.apply import apply_log_line
+
+        return _generic(apply_log_line(path, line_no, **options))
+
+    def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
+        from dialects.autotvm.apply import apply_config
+        from lorien.workload import parse_autotvm_workload_key
+
+        task_name, task_args = parse_autotvm_workload_key(workload_key)
+        return _generic(apply_config(task_name, task_args, config, **options))
+
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job; each measured batch is committed to ``store_uri`` as it completes.
 
@@ -77,3 +78,10 @@ class AutoTVMDialect(Dialect):
                             on_batch=options.get("on_batch"), source=options.get("source"),
                             commit=options.get("commit", True))
         return progress.records
+
+
+def _generic(applied: Any) -> AppliedConfig:
+    """The core's view of an autotvm ``apply`` outcome: the config as an entity list and index."""
+    config = f"{json.dumps(applied.config.to_json_entity())} (index {applied.config.index})"
+    return AppliedConfig(record=applied.record, config_text=config, error_msg=applied.error_msg,
+                         logged_cost_s=applied.logged_cost_s, logged_target=applied.logged_target)

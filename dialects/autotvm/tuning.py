@@ -143,7 +143,8 @@ def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None,
              commit: bool = True) -> TuneProgress:
-    """Tune one job dict (team schema); commit each measured batch to ``store_uri``."""
+    """Tune one job dict (team schema); with ``commit``, each measured batch is committed to
+    ``store_uri`` (None: the default store)."""
     from lorien.target import parse_target
 
     for key in ("task_name", "args"):
@@ -160,7 +161,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     source = source or job.get("source") or _job_source(job)
 
     store = None
-    if store_uri is not None and commit:
+    if commit:
         from lorien.warehouse import open_store
 
         store = open_store(store_uri)

@@ -8,7 +8,6 @@ real training set); ``--workload op:K=V,...`` adds explicit workloads.
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,15 +73,14 @@ def generate_training_set(store_uri: str | None, size: str = "small", workloads:
                           ops: Sequence[str] | None = None, measure: dict[str, Any] | None = None,
                           progress: bool = True) -> list[Any]:
     """Tune every job of the spread into ``store_uri``; returns the per-workload summaries."""
+    from lorien.progress import Progress
     from lorien.tune.local import tune_workload
 
     jobs = training_jobs(size, workloads, trials, target, tuner, seed, ops, measure)
     summaries = []
-    for number, job in enumerate(jobs, 1):
-        summary = tune_workload(job, store_uri, progress=progress)
-        summaries.append(summary)
-        if progress:
-            best = f"{summary.best_gflops:.2f} GFLOPS" if summary.best_gflops else "no valid config"
-            print(f"generate: {number}/{len(jobs)} {summary.name}: {summary.trials} trials, {best}",
-                  file=sys.stderr, flush=True)
+    with Progress(len(jobs), "generate", unit="workload", enabled=progress) as bar:
+        for job in jobs:
+            # on a terminal each workload draws its trial bar under this one; in a log, one line each
+            summaries.append(tune_workload(job, store_uri, progress=bar.is_bar))
+            bar.step(summaries[-1].line())
     return summaries

@@ -8,7 +8,6 @@ The final model is fitted on every row; a report (JSON and PNG plots) is written
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from lorien.costmodel.models import make_model
 from lorien.errors import LorienError
 from lorien.features.meta import TARGET_COLUMN
 from lorien.features.pipeline import MANIFEST, list_templates, load_features, safe_name
+from lorien.progress import Progress
 
 REPORT_FILE = "report.json"
 
@@ -92,6 +92,7 @@ def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = 
     report: dict[str, Any] = {"model": model.name, "kind": kind, "params": params, "folds": folds,
                               "baseline": baseline, "templates": {}, "skipped": {}}
     out.mkdir(parents=True, exist_ok=True)
+    bar = Progress(len(chosen), "train", unit="template", enabled=progress)
     for template in chosen:
         start = time.perf_counter()
         frame, meta = load_features(features_dir, template)
@@ -102,6 +103,7 @@ def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = 
         groups = workload_groups(frame, meta.names)
         if (y > 0).sum() == 0:
             report["skipped"][template] = f"no valid measurement among {len(y)} records"
+            bar.step(f"{template}: skipped")
             continue
         entry: dict[str, Any] = {"rows": int(len(y)), "workloads": int(np.unique(groups).size),
                                  "features": len(meta.names)}
@@ -121,16 +123,21 @@ def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = 
                                                                     "workloads": entry["workloads"]})
         entry["seconds"] = round(time.perf_counter() - start, 3)
         report["templates"][template] = entry
-        if progress:
-            summary = entry["cv"]["summary"] if entry["cv"] else {}
-            print(f"train: {template}: {entry['rows']} rows, {entry['workloads']} workloads, "
-                  + ", ".join(f"{k}={summary[k]:.3f}" for k in ("spearman", "pairwise_accuracy", "top1", "top5")
-                              if k in summary), file=sys.stderr, flush=True)
+        summary = entry["cv"]["summary"] if entry["cv"] else {}
+        bar.step(f"{template}: {entry['rows']} rows, {entry['workloads']} workloads"
+                 + "".join(f", {k}={summary[k]:.3f}" for k in ("spearman", "pairwise_accuracy", "top1", "top5")
+                           if k in summary))
+    bar.close()
     if not model.templates:
         raise LorienError(f"no template could be trained: {report['skipped']}")
     model.save(out)
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, default=_json_default))
+    (out / REPORT_FILE).write_text(report_json(report))
     return report
+
+
+def report_json(report: dict[str, Any]) -> str:
+    """A training report as JSON text (what ``report.json`` holds)."""
+    return json.dumps(report, indent=2, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:

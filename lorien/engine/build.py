@@ -87,14 +87,13 @@ class Kernel:
         With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
         """
         ptrs = self._pointers(arrays)
-        lib = runtime.library()
-        lib.lorien_time(self.address, ptrs, 1)
+        runtime.time_kernel(self.address, ptrs, 1)
         costs = []
         for _ in range(repeat):
             while True:
                 if flush_cache:
                     flush_cpu_cache()
-                elapsed = lib.lorien_time(self.address, ptrs, number)
+                elapsed = runtime.time_kernel(self.address, ptrs, number)
                 if elapsed * 1e3 >= min_repeat_ms or min_repeat_ms <= 0:
                     break
                 scale = min_repeat_ms / max(elapsed * 1e3, 1e-3)

@@ -1,20 +1,37 @@
 """The native runtime: a persistent thread pool for parallel loops and a timing loop.
 
-A few dozen lines of C compiled once with the system C compiler and cached in
-``~/.cache/lorien`` (keyed by the source hash). Worker threads spin briefly on a generation
-counter, then sleep on a futex, so launching a parallel loop costs a few microseconds.
-JIT-compiled kernels call ``lorien_parallel_for``; Python times kernels through
-``lorien_time`` so the timing loop runs without the interpreter (and without the GIL).
+Two builds of the same runtime exist; ``$LORIEN_RUNTIME`` picks one (``auto`` by default):
+
+- ``llvm``: LLVM IR JIT-compiled by llvmlite (:mod:`lorien.engine.runtime_ir`). Needs nothing
+  but the installed wheels, so tuning works on a slim image with no C compiler.
+- ``c``: a few dozen lines of C compiled once with the system C compiler (``$CC``, default
+  gcc) and cached in ``~/.cache/lorien`` (keyed by the source hash).
+
+``auto`` takes ``llvm`` (same speed, nothing to compile outside the process; see
+``benchmarks/engine.py``), and ``c`` only when asked. Which one is in use is logged once.
+Worker threads spin briefly on a generation counter, then sleep on a futex, so launching a
+parallel loop costs a few microseconds. JIT-compiled kernels call ``lorien_parallel_for``;
+Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
+(and without the GIL).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
+from dataclasses import dataclass
 
+from lorien.errors import ConfigError
 from lorien.native import NativeBuildError, cache_dir, install, load_shared
 
-__all__ = ["RuntimeBuildError", "cache_dir", "install", "library", "num_threads", "set_num_threads",
-           "symbol_addresses"]
+__all__ = ["RUNTIMES", "RuntimeBuildError", "backend", "cache_dir", "install", "num_threads", "set_num_threads",
+           "symbol_addresses", "time_kernel"]
+
+logger = logging.getLogger(__name__)
+
+RUNTIME_ENV = "LORIEN_RUNTIME"
+RUNTIMES = ("auto", "llvm", "c")
 
 C_SOURCE = r"""
 #define _GNU_SOURCE
@@ -166,37 +183,83 @@ void lorien_free(void *p) { free(p); }
 EXPORTS = ("lorien_parallel_for", "lorien_time", "lorien_alloc", "lorien_free",
            "lorien_num_threads", "lorien_set_num_threads")
 
-_LIB: ctypes.CDLL | None = None
-
 
 class RuntimeBuildError(NativeBuildError):
-    """The native runtime could not be compiled (no C compiler, or it failed)."""
+    """The native runtime could not be built (no C compiler for ``c``, or it failed)."""
 
 
-def library() -> ctypes.CDLL:
-    """The loaded runtime library, compiling it on first use."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
-    lib = load_shared(C_SOURCE, "runtime", ("-O2", "-pthread"), mode=ctypes.RTLD_GLOBAL, error=RuntimeBuildError)
-    lib.lorien_time.restype = ctypes.c_double
-    lib.lorien_time.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    lib.lorien_set_num_threads.argtypes = [ctypes.c_int]
-    lib.lorien_num_threads.restype = ctypes.c_int
-    _LIB = lib
-    return lib
+TIME_FN = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+NUM_THREADS_FN = ctypes.CFUNCTYPE(ctypes.c_int)
+SET_NUM_THREADS_FN = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+
+@dataclass
+class _Loaded:
+    """A built runtime: which one, its exported addresses, and ctypes calls into it (ctypes
+    releases the GIL for the call)."""
+
+    name: str
+    addresses: dict[str, int]
+
+    def __post_init__(self) -> None:
+        self.time = TIME_FN(self.addresses["lorien_time"])
+        self.num_threads = NUM_THREADS_FN(self.addresses["lorien_num_threads"])
+        self.set_num_threads = SET_NUM_THREADS_FN(self.addresses["lorien_set_num_threads"])
+
+
+_LOADED: _Loaded | None = None
+
+
+def chosen_runtime() -> str:
+    """``llvm`` or ``c``: what ``$LORIEN_RUNTIME`` asks for (``auto``, the default, is ``llvm``)."""
+    wanted = os.environ.get(RUNTIME_ENV, "auto").strip().lower() or "auto"
+    if wanted not in RUNTIMES:
+        raise ConfigError(f"${RUNTIME_ENV}={wanted!r} is not a runtime (known: {', '.join(RUNTIMES)})")
+    return "llvm" if wanted == "auto" else wanted
+
+
+def _build_c() -> dict[str, int]:
+    try:
+        lib = load_shared(C_SOURCE, "runtime", ("-O2", "-pthread"), mode=ctypes.RTLD_GLOBAL, error=RuntimeBuildError)
+    except RuntimeBuildError as exc:
+        raise RuntimeBuildError(f"{exc}\n(${RUNTIME_ENV}=c needs a C compiler; ${RUNTIME_ENV}=llvm needs none)") from exc
+    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in EXPORTS}
+
+
+def _loaded() -> _Loaded:
+    global _LOADED
+    if _LOADED is None:
+        name = chosen_runtime()
+        if name == "c":
+            addresses = _build_c()
+        else:
+            from lorien.engine import runtime_ir
+
+            addresses = runtime_ir.build()
+        _LOADED = _Loaded(name, addresses)
+        logger.info("engine runtime: %s", "LLVM IR via llvmlite" if name == "llvm" else "C, built with $CC")
+    return _LOADED
+
+
+def backend() -> str:
+    """The runtime in use in this process: ``llvm`` or ``c`` (built on first use)."""
+    return _loaded().name
 
 
 def symbol_addresses() -> dict[str, int]:
     """Addresses of the runtime's exported functions, for the JIT's symbol table."""
-    lib = library()
-    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in EXPORTS}
+    return dict(_loaded().addresses)
+
+
+def time_kernel(address: int, args: ctypes.Array, number: int) -> float:
+    """Seconds taken by ``number`` calls of the kernel at ``address`` with ``args``."""
+    return float(_loaded().time(address, args, number))
 
 
 def set_num_threads(n: int) -> None:
     """Threads used by parallel loops (the caller counts as one); call before the first launch."""
-    library().lorien_set_num_threads(int(n))
+    _loaded().set_num_threads(int(n))
 
 
 def num_threads() -> int:
-    return int(library().lorien_num_threads())
+    return int(_loaded().num_threads())

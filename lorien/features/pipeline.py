@@ -44,6 +44,7 @@ from lorien.features.extract import (
 )
 from lorien.features.meta import ID_COLUMNS, TARGET_COLUMN, FeatureColumn, FeatureMeta
 from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_batches
+from lorien.progress import Progress
 
 SPILL_DIR = "_phase1"
 #: Phase-1 batches a worker process handles before it is replaced.
@@ -71,6 +72,10 @@ class FeaturizeReport:
     @property
     def records_per_s(self) -> float:
         return self.records_read / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``lorien featurize --json``)."""
+        return {**asdict(self), "seconds": round(self.seconds, 3), "records_per_s": round(self.records_per_s, 1)}
 
     def summary(self) -> str:
         lines = [f"featurized {self.records_featurized} of {self.records_read} records into "
@@ -512,11 +517,6 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _progress(message: str, enabled: bool) -> None:
-    if enabled:
-        print(message, file=sys.stderr, flush=True)
-
-
 def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str | Path] = (),
               filters: dict[str, Any] | None = None, templates: Sequence[str] | None = None,
               jobs: int | None = None, batch_size: int = 65536, extractor: str = "auto",
@@ -562,13 +562,18 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         template_rows.update(counts["templates"])
         report.examples.extend(counts["examples"][: max(0, 5 - len(report.examples))])
 
-    last_report = time.perf_counter()
+    phase1 = Progress(None, "featurize: phase 1", unit="record", enabled=progress, line_interval_s=2.0)
+    read_before = 0
+
+    def phase1_step() -> None:
+        nonlocal read_before
+        phase1.step(f"{report.records_featurized} featurized", count=report.records_read - read_before)
+        read_before = report.records_read
+
     if jobs == 1:
         for index, batch in enumerate(batches):
             absorb(_phase1_task(batch, str(spill), index, extractor))
-            if time.perf_counter() - last_report > 2:
-                last_report = time.perf_counter()
-                _progress(f"phase 1: {report.records_read} records", progress)
+            phase1_step()
     else:
         inbox = spill / "_batches"
         inbox.mkdir()
@@ -585,13 +590,14 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
                 pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, extractor))
                 while len(pending) >= jobs + 1:
                     absorb(pending.pop(0).result())
-                if time.perf_counter() - last_report > 2:
-                    last_report = time.perf_counter()
-                    _progress(f"phase 1: {report.records_read} records", progress)
+                    phase1_step()
             for future in pending:
                 absorb(future.result())
-    _progress(f"phase 1: {report.records_read} records read, {report.records_featurized} featurized "
-              f"into {len(template_rows)} templates", progress)
+                phase1_step()
+    phase1.close()
+    if progress:
+        print(f"featurize: phase 1: {report.records_read} records read, {report.records_featurized} featurized "
+              f"into {len(template_rows)} templates", file=sys.stderr, flush=True)
 
     report.parse_errors = info.parse_errors
     report.examples.extend(info.parse_error_examples)
@@ -611,19 +617,21 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         raise LorienError(f"none of the {report.records_read} records could be featurized: {report.dropped}")
 
     names = sorted(template_rows)
+    phase2 = Progress(len(names), "featurize: phase 2", unit="template", enabled=progress)
     if jobs == 1 or len(names) == 1:
         results = []
-        for done, name in enumerate(names, 1):
+        for name in names:
             results.append(_phase2_task(name, str(spill / safe_name(name)), str(out)))
-            _progress(f"phase 2: {done}/{len(names)} templates ({name})", progress)
+            phase2.step(name)
     else:
         with ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=_worker_context(),
                                  max_tasks_per_child=WORKER_BATCHES) as pool:
             futures = [pool.submit(_phase2_task, name, str(spill / safe_name(name)), str(out)) for name in names]
             results = []
-            for done, future in enumerate(futures, 1):
+            for future in futures:
                 results.append(future.result())
-                _progress(f"phase 2: {done}/{len(names)} templates ({results[-1]['template']})", progress)
+                phase2.step(results[-1]["template"])
+    phase2.close()
     for result in results:
         missing = result.pop("missing_values")
         if missing:

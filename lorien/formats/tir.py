@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from lorien.workload import FLOP_UNKNOWN
+
 logger = logging.getLogger(__name__)
 
 _ARITHMETIC = {"Add", "Sub", "Mul", "Div", "FloorDiv", "FloorMod", "Mod", "Min", "Max"}
@@ -129,7 +131,7 @@ def summarize(encoded: str) -> TirSummary:
             for store in graph.stores(block["body"]):
                 ops += graph.count_ops(store["value"], graph.dtype(graph.data(store["buffer"])["ty"]))
         except (KeyError, ValueError, TypeError, IndexError) as exc:
-            logger.warning("flop unknown for block %r of a MetaSchedule workload: %s", name, exc)
+            logger.warning(FLOP_UNKNOWN + "block %r of a MetaSchedule workload: %s", name, exc)
             countable = False
             continue
         flop += math.prod(extents) * ops

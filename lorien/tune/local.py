@@ -10,7 +10,7 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,10 +32,23 @@ class WorkloadSummary:
     log_path: str = ""
     interrupted: bool = False
     best_config: list[Any] | None = None
+    workload_key: str = ""
+    store_uri: str = ""
 
     @property
     def trials_per_s(self) -> float:
         return self.trials / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def line(self) -> str:
+        """One line for a log: trials, errors, best GFLOPS and latency."""
+        best = (f"best {self.best_gflops:.2f} GFLOPS ({self.best_cost_s * 1e3:.4f} ms)"
+                if self.best_gflops is not None and self.best_cost_s is not None else "no valid config")
+        return (f"{self.name}: {self.trials} trials, {self.errors} errors, {best}, "
+                f"{self.committed} committed" + (" (interrupted)" if self.interrupted else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready data (``lorien tune --json``)."""
+        return {**asdict(self), "trials_per_s": round(self.trials_per_s, 3)}
 
 
 def workload_name(job: dict[str, Any]) -> str:
@@ -52,13 +65,11 @@ def workload_name(job: dict[str, Any]) -> str:
 
 def default_log_dir(store_uri: str | None) -> Path:
     """``<store dir>/logs`` for a local parquet store, ``./lorien-logs`` otherwise."""
-    from lorien.warehouse import default_store_uri
+    from lorien.warehouse import resolve_store_uri
 
-    uri = store_uri or default_store_uri()
-    scheme, sep, rest = uri.partition(":")
-    path = rest if sep and scheme == "parquet" else uri if not sep or len(scheme) == 1 else None
-    if path is not None and "://" not in path:
-        return Path(path) / "logs"
+    scheme, _, location = resolve_store_uri(store_uri).partition(":")
+    if scheme == "parquet" and "://" not in location:
+        return Path(location.partition("?")[0]) / "logs"
     return Path("lorien-logs")
 
 
@@ -76,33 +87,38 @@ def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
 
 def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: str | Path | None = None,
                   progress: bool = True, stream: TextIO | None = None) -> WorkloadSummary:
-    """Tune one job through its dialect, with a progress bar; returns its summary.
+    """Tune one job through its dialect into ``store_uri`` (None: the default store), with a
+    progress bar; returns its summary.
 
     A KeyboardInterrupt stops the workload after committing what was measured; the summary
     (marked ``interrupted``) is attached to the exception as ``exc.summary`` and re-raised.
     """
     from lorien.dialect import get_dialect
+    from lorien.progress import Progress
+    from lorien.warehouse import resolve_store_uri
 
+    store_uri = resolve_store_uri(store_uri)
     name = workload_name(job)
     directory = Path(log_dir) if log_dir is not None else default_log_dir(store_uri)
     summary = WorkloadSummary(name=name, task_name=str(job.get("task_name")),
-                              log_path=str(log_path_for(directory, job)))
+                              log_path=str(log_path_for(directory, job)), store_uri=store_uri)
     flop = _flop(job)
-    bar = _progress_bar(name, int(job.get("trials", 0)), progress, stream)
+    # A bar on a terminal; in a log, one line when the workload is done (below).
+    bar = Progress(int(job.get("trials", 0)), name[:48], unit="trial", enabled=progress, stream=stream)
     started = time.monotonic()
 
     def on_batch(state: Any, records: list[Any]) -> None:
         summary.trials, summary.errors, summary.committed = state.trials, state.errors, state.committed
+        if records and not summary.workload_key:
+            summary.workload_key = records[0].workload_key
         if math.isfinite(state.best_cost_s):
             summary.best_cost_s = state.best_cost_s
             summary.best_gflops = flop / state.best_cost_s / 1e9 if flop else None
             config = state.best_config
             summary.best_config = config.to_json_entity() if hasattr(config, "to_json_entity") else config
-        if bar is not None:
-            bar.total = state.total
-            bar.update(len(records))
-            if summary.best_gflops is not None:
-                bar.set_postfix_str(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}")
+        if bar.is_bar:
+            bar.step(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}"
+                     if summary.best_gflops is not None else f"errors {state.errors}", count=len(records))
 
     try:
         get_dialect(job.get("dialect", "autotvm")).tune(job, store_uri, log_path=summary.log_path, on_batch=on_batch)
@@ -112,9 +128,10 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
         exc.summary = summary  # type: ignore[attr-defined]
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     summary.elapsed_s = time.monotonic() - started
+    if progress and not bar.is_bar:
+        print(f"tune: {summary.line()}", file=stream or sys.stderr, flush=True)
     return summary
 
 
@@ -130,20 +147,14 @@ def _flop(job: dict[str, Any]) -> float | None:
         return None
 
 
-def _progress_bar(name: str, total: int, enabled: bool, stream: TextIO | None):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=name[:48], unit="trial", file=stream or sys.stderr, leave=True,
-                dynamic_ncols=True)
-
-
 def tune_config(config: TuneConfig, progress: bool = True, stream: TextIO | None = None,
                 log_dir: str | Path | None = None, store_uri: str | None = None) -> list[WorkloadSummary]:
-    """Tune every workload of a config in order. On KeyboardInterrupt the summaries so far
-    (the interrupted one included) are attached to the exception as ``exc.summaries``."""
-    store = store_uri or config.store_uri
+    """Tune every workload of a config in order, into ``store_uri``, else the config's store,
+    else the default store. On KeyboardInterrupt the summaries so far (the interrupted one
+    included) are attached to the exception as ``exc.summaries``."""
+    from lorien.warehouse import resolve_store_uri
+
+    store = resolve_store_uri(store_uri, config.store_uri)
     logs = log_dir or config.log_dir
     summaries: list[WorkloadSummary] = []
     for job in config.jobs:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from lorien.errors import ConfigError
-from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
+from lorien.tune.jobspec import Job, JobList, canonical_json, load_job, result_uri
+from lorien.tune.local import workload_name
 from lorien.tune.managers import create_manager
 from lorien.tune.managers.base import (
     Completion,
@@ -101,14 +102,17 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
              trace_file: str | Path | None = None, store_uri: str | None = None,
              max_retries: int = DEFAULT_MAX_RETRIES, runner: Runner | None = None,
              retry_failed: bool = False, log: Callable[[str], None] | None = None,
-             **manager_options: Any) -> RunSummary:
+             progress: bool = False, **manager_options: Any) -> RunSummary:
     """Run every job through ``manager`` and return what happened.
 
     ``runner(job_spec, store_uri) -> records`` replaces the dialect's tune (tests and
     benchmarks). A lost attempt (dead worker, unexpected exception) is retried up to
     ``max_retries`` times; a LorienError (bad workload, unknown dialect) fails the job at
     once. ``manager_options`` go to the manager (``workers``, ``scheduler``, ``job_queue``...).
+    ``progress`` shows jobs done / running / failed on stderr (a bar, or a line per job).
     """
+    from lorien.progress import Progress
+
     log = log or (lambda message: print(message, file=sys.stderr))
     started = time.monotonic()
     job_list, invalid = _as_jobs(jobs)
@@ -149,7 +153,8 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
             job_manager = (create_manager(manager, store_uri=store_uri, runner=runner, **manager_options)
                            if isinstance(manager, str) else manager)
             try:
-                _drive(job_manager, queue, trace, summary, max_retries, log)
+                with Progress(len(queue), "tune", unit="job", enabled=progress) as bar:
+                    _drive(job_manager, queue, trace, summary, max_retries, bar.write if progress else log, bar)
             finally:
                 if owned:
                     job_manager.close(cancel=sys.exc_info()[0] is not None)
@@ -160,7 +165,7 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
 
 
 def _drive(manager: JobManager, queue: deque[Task], trace: _Tracer, summary: RunSummary,
-           max_retries: int, log: Callable[[str], None]) -> None:
+           max_retries: int, log: Callable[[str], None], bar: Any) -> None:
     in_flight = 0
     while queue or in_flight:
         while queue and in_flight < manager.capacity:
@@ -173,6 +178,10 @@ def _drive(manager: JobManager, queue: deque[Task], trace: _Tracer, summary: Run
             retry = _settle(completion, trace, summary, max_retries, log)
             if retry is not None:
                 queue.append(retry)
+                continue
+            task = completion.task
+            bar.step(f"{summary.states[task.job_id]} {workload_name(task.spec)} ({task.job_id}); "
+                     f"done {summary.done}, running {in_flight}, failed {summary.failed}")
 
 
 def _settle(completion: Completion, trace: _Tracer, summary: RunSummary, max_retries: int,
@@ -225,13 +234,6 @@ def run_job_uri(uri: str, store_uri: str | None = None, runner: Runner | None = 
     return result
 
 
-def result_uri(spec_uri: str) -> str:
-    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
-    path, sep, query = spec_uri.partition("?")
-    stem = path[:-5] if path.endswith(".json") else path
-    return f"{stem}.result.json{sep}{query}"
-
-
 def format_summary(summary: RunSummary) -> str:
     lines = [summary.line()]
     for job_id, error in summary.failures.items():
@@ -239,10 +241,13 @@ def format_summary(summary: RunSummary) -> str:
     return "\n".join(lines)
 
 
-def summary_json(summary: RunSummary) -> str:
-    return json.dumps({"total": summary.total, "done": summary.done, "failed": summary.failed,
-                       "skipped": summary.skipped, "retried": summary.retried,
-                       "records": summary.records, "failures": summary.failures})
+def summary_json(summary: RunSummary, store_uri: str | None = None) -> str:
+    """The run summary as one JSON object (``lorien tune --manager ... --json``)."""
+    return json.dumps({"store": store_uri, "total": summary.total, "done": summary.done,
+                       "failed": summary.failed, "skipped": summary.skipped, "retried": summary.retried,
+                       "reused": summary.reused, "records": summary.records,
+                       "elapsed_s": round(summary.elapsed_s, 3), "failures": summary.failures,
+                       "states": summary.states})
 
 
 def tune_command(args: Any) -> int:
@@ -251,11 +256,11 @@ def tune_command(args: Any) -> int:
     ``--job URI`` runs one job spec here and commits to ``--store`` / ``$LORIEN_STORE`` (what an
     AWS Batch container runs); otherwise the config's jobs go through the chosen manager.
     """
-    from lorien.warehouse import default_store_uri
+    from lorien.warehouse import resolve_store_uri
 
     if args.job:
-        result = run_job_uri(args.job, args.store or default_store_uri())
-        print(json.dumps(result, sort_keys=True))
+        result = run_job_uri(args.job, resolve_store_uri(args.store))
+        print(json.dumps(result, sort_keys=True))  # one JSON object, with or without --json
         if result["error"]:
             print(f"lorien tune: job {result['job_id']} failed: {result['error']}", file=sys.stderr)
             return 1
@@ -268,7 +273,7 @@ def tune_command(args: Any) -> int:
     for job in config.jobs:
         job.update({key: value for key, value in (("trials", args.trials), ("tuner", args.tuner))
                     if value is not None})
-    store_uri = args.store or config.store_uri or default_store_uri()
+    store_uri = resolve_store_uri(args.store, config.store_uri)
     options: dict[str, Any] = {"workers": args.workers, "measure_slots": args.measure_slots}
     if args.manager == "dask":
         options["scheduler"] = args.scheduler
@@ -281,6 +286,7 @@ def tune_command(args: Any) -> int:
         options = {"job_queue": args.job_queue, "job_definition": args.job_definition,
                    "spec_prefix": args.spec_prefix, "region": args.region}
     summary = run_jobs(config.jobs, manager=args.manager or "local", trace_file=args.trace_file,
-                       store_uri=store_uri, max_retries=args.max_retries, **options)
-    print(format_summary(summary))
+                       store_uri=store_uri, max_retries=args.max_retries,
+                       progress=not args.no_progress, **options)
+    print(summary_json(summary, store_uri) if args.json else format_summary(summary))
     return 1 if summary.failed else 0

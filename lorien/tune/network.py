@@ -69,6 +69,20 @@ class NetworkSummary:
         """Estimated network latency: sum of weight x best latency (inf while a task has none)."""
         return sum(t.weight * t.best_cost_s for t in self.tasks)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready data (``lorien tune --json``; unknown latencies are null)."""
+        def seconds(value: float) -> float | None:
+            return value if math.isfinite(value) else None
+
+        return {"strategy": self.strategy, "budget": self.budget, "trials": self.trials,
+                "resumed_trials": self.resumed_trials, "latency_s": seconds(self.latency_s),
+                "tasks": [{"name": t.name, "weight": t.weight, "workload_key": t.workload_key, "trials": t.trials,
+                           "best_cost_s": seconds(t.best_cost_s), "best_gflops": t.best_gflops}
+                          for t in self.tasks],
+                "history": [{"elapsed_s": round(e, 3), "trials": n, "latency_s": seconds(v)}
+                            for e, n, v in self.history],
+                "failures": self.failures}
+
 
 class InlineManager(JobManager):
     """Runs each round right here, one at a time (measurement workers are reused across rounds)."""

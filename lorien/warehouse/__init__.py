@@ -9,6 +9,7 @@ from lorien.warehouse.base import (
     default_store_uri,
     open_store,
     register_store,
+    resolve_store_uri,
 )
 
 _BACKENDS_LOADED = False
@@ -65,4 +66,5 @@ __all__ = [
     "default_store_uri",
     "open_store",
     "register_store",
+    "resolve_store_uri",
 ]

@@ -48,12 +48,16 @@ class Store(ABC):
     @abstractmethod
     def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
              by_alternate_key: bool = False, prefix: bool = False,
-             per_layout: bool = False) -> list[TuningRecord]:
-        """The ``k`` fastest valid records of a workload on a target, fastest first.
+             per_layout: bool = False, exact: bool = False) -> list[TuningRecord]:
+        """The ``k`` best valid records of a workload on the stored targets matching ``target``.
 
-        ``by_alternate_key`` matches every target with the same alternate key (``llvm_cpu``);
-        ``prefix`` treats ``workload_key`` as a prefix; ``per_layout`` returns the best ``k``
-        of each layout.
+        A stored target matches when it agrees on every option the query names (``llvm``
+        finds records tuned on ``llvm -keys=cpu -mcpu=znver4``); records of the most specific
+        match come first (the query's own target, then the others), each group fastest first.
+        ``exact`` takes the query's own target only; ``by_alternate_key`` every target of the
+        family (``llvm_cpu``), fastest first. ``prefix`` treats ``workload_key`` as
+        a prefix; ``per_layout`` returns the best ``k`` of each layout. Each record's
+        ``target`` says which stored target it came from.
         """
 
     @abstractmethod
@@ -100,20 +104,43 @@ def register_store(scheme: str, factory: Callable[[str], Store]) -> None:
 
 
 def default_store_uri() -> str:
+    """``$LORIEN_STORE``, else ``parquet:./lorien-warehouse`` (not yet resolved; see
+    :func:`resolve_store_uri`)."""
     return os.environ.get(STORE_ENV) or DEFAULT_STORE_URI
 
 
+def resolve_store_uri(explicit: str | None = None, configured: str | None = None) -> str:
+    """The store a command uses: ``explicit`` (``--store``), else ``configured`` (a config
+    file's ``store:``), else ``$LORIEN_STORE``, else ``./lorien-warehouse``.
+
+    Every command and library entry point resolves its store here, so they all agree. A local
+    parquet store comes back as ``parquet:<absolute path>``, so worker processes that start in
+    another directory (a process pool, a Dask worker) commit to the same place.
+    """
+    uri = explicit or configured or default_store_uri()
+    scheme, sep, rest = uri.partition(":")
+    if sep and scheme == "parquet":
+        location = rest
+    elif not sep or scheme in ("s3", "file") or len(scheme) == 1:
+        location = uri  # a bare path or s3:// URI means the parquet backend
+    else:
+        return uri
+    if location.startswith("s3://"):
+        return f"parquet:{location}"
+    path, mark, options = location.removeprefix("file:").removeprefix("//").partition("?")
+    if not path:
+        raise StoreError(f"store URI {uri!r} names no directory")
+    return f"parquet:{os.path.abspath(os.path.expanduser(path))}{mark}{options}"
+
+
 def open_store(uri: str | None = None) -> Store:
-    """Open the store named by ``uri`` (default: ``$LORIEN_STORE`` or ``./lorien-warehouse``)."""
+    """Open the store named by ``uri`` (None: the default store of :func:`resolve_store_uri`)."""
     from lorien.warehouse import _load_backends
 
-    uri = uri or default_store_uri()
-    scheme, sep, rest = uri.partition(":")
-    _load_backends(scheme if sep and scheme not in ("s3", "file") and len(scheme) > 1 else "parquet")
-    if not sep or scheme not in _REGISTRY or scheme in ("s3", "file"):
-        # A bare path (or s3://) means the parquet backend.
-        if "parquet" in _REGISTRY and (not sep or scheme in ("s3", "file") or len(scheme) == 1):
-            return _REGISTRY["parquet"](uri)
+    uri = resolve_store_uri(uri)
+    scheme, _, rest = uri.partition(":")
+    _load_backends(scheme)
+    if scheme not in _REGISTRY:
         known = ", ".join(f"{name}:" for name in sorted(_REGISTRY))
         raise StoreError(f"unknown store URI {uri!r} (known schemes: {known})")
     return _REGISTRY[scheme](rest)

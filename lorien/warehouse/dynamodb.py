@@ -47,7 +47,7 @@ from botocore.exceptions import (
 
 from lorien.errors import RecordParseError, StoreError, StoreUnreachableError
 from lorien.record import ARROW_SCHEMA, TuningRecord, records_to_table, table_to_records
-from lorien.target import parse_target
+from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
 
 log = logging.getLogger(__name__)
@@ -874,16 +874,21 @@ class DynamoDBStore(Store):
     # -- reads --
 
     def items(self, workload_key: str | None, target: str, by_alternate_key: bool = False,
-              prefix: bool = False) -> Iterator[dict[str, Any]]:
-        """Raw items of a target (or alternate key), by workload key or prefix, paginated."""
-        if by_alternate_key:
-            spellings = _unique([parse_target(target).alternate_key, seed_alternate_key(target)])
-            hash_name, index = ALTERNATE_KEY, {"IndexName": ALTERNATE_INDEX}
+              prefix: bool = False, own_target: bool = False) -> Iterator[dict[str, Any]]:
+        """Raw items of a target (or of its alternate key), by workload key or prefix, paginated.
+
+        With ``by_alternate_key`` and ``own_target`` the target's own items are read from the
+        table first (strongly consistent) and the family's from the alternate-key index."""
+        own = [(spelling, HASH_KEY, {}) for spelling in
+               _unique([parse_target(target).canonical, seed_target_spelling(target)])]
+        family = [(spelling, ALTERNATE_KEY, {"IndexName": ALTERNATE_INDEX}) for spelling in
+                  _unique([parse_target(target).alternate_key, seed_alternate_key(target)])]
+        if not by_alternate_key:
+            lookups = own
         else:
-            spellings = _unique([parse_target(target).canonical, seed_target_spelling(target)])
-            hash_name, index = HASH_KEY, {}
+            lookups = own + family if own_target else family
         seen: set[tuple[str, str]] = set()
-        for spelling in spellings:
+        for spelling, hash_name, index in lookups:
             condition = f"{hash_name} = :hash"
             values = {":hash": {"S": spelling}}
             if workload_key is not None:
@@ -899,14 +904,19 @@ class DynamoDBStore(Store):
 
     def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
              by_alternate_key: bool = False, prefix: bool = False,
-             per_layout: bool = False) -> list[TuningRecord]:
-        records = [
-            record
-            for item in self.items(workload_key, target, by_alternate_key, prefix)
-            for record in self._item_records(item)
-            if record.is_valid and (layout is None or record.layout == layout)
-        ]
-        records.sort(key=lambda record: (record.cost_s, record.timestamp))
+             per_layout: bool = False, exact: bool = False) -> list[TuningRecord]:
+        mode = match_mode(exact, by_alternate_key)
+        canonical = parse_target(target).canonical
+        ranked = []
+        for item in self.items(workload_key, target, by_alternate_key=mode != "exact", prefix=prefix,
+                               own_target=mode == "options"):
+            tier = match_tier(canonical, item[HASH_KEY]["S"], mode)
+            if tier is None:
+                continue
+            ranked.extend((tier, record) for record in self._item_records(item)
+                          if record.is_valid and (layout is None or record.layout == layout))
+        ranked.sort(key=lambda pair: (pair[0], pair[1].cost_s, pair[1].timestamp))
+        records = [record for _, record in ranked]
         if not per_layout:
             return records[:k]
         taken: dict[str, int] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lorien.errors import UnknownFormatError
 from lorien.record import TuningRecord, table_to_records
-from lorien.target import parse_target
+from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import Store
 
 #: Log format -> the dialect whose records it carries.
@@ -20,23 +20,43 @@ def dialect_of_format(log_format: str) -> str:
 
 
 def export_records(store: Store, target: str, log_format: str, best_only: bool = True,
-                   by_alternate_key: bool = False) -> list[TuningRecord]:
-    """Records of one target in one format's dialect, ordered by workload then cost.
+                   by_alternate_key: bool = False, exact: bool = False) -> list[TuningRecord]:
+    """Records of the stored targets matching ``target`` (as in ``Store.best``) in one
+    format's dialect.
 
-    ``best_only`` keeps the fastest valid record per (target, workload_key, layout), the shape
-    of a TopHub log that TVM's ``ApplyHistoryBest`` reads; otherwise every record is returned.
+    ``best_only`` keeps one record per (workload_key, layout): the most specific target
+    match first, then the fastest valid record, ordered by workload, the shape of a TopHub
+    log that TVM's ``ApplyHistoryBest`` reads; otherwise every matching record is returned.
     """
-    from lorien.warehouse.parquet import top_per_group
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    dialect = dialect_of_format(log_format)
+    from lorien.warehouse.parquet import group_starts
+
+    mode = match_mode(exact, by_alternate_key)
     parsed = parse_target(target)
-    filters = {"dialect": dialect}
-    if by_alternate_key:
-        filters["target_key"] = parsed.alternate_key
-    else:
+    filters = {"dialect": dialect_of_format(log_format), "target_key": parsed.alternate_key}
+    if mode == "exact":
         filters["target"] = parsed.canonical
     table = store.scan(filters)
-    return table_to_records(top_per_group(table, 1) if best_only else table)
+    stored_targets = pc.cast(table.column("target"), pa.string())
+    distinct = pc.unique(stored_targets).to_pylist()
+    tier_of = {stored: match_tier(parsed.canonical, stored, mode) for stored in distinct}
+    matched = [stored for stored in distinct if tier_of[stored] is not None]
+    keep = pc.is_in(stored_targets, value_set=pa.array(matched, pa.string()))
+    if best_only:
+        keep = pc.and_(keep, pc.is_valid(table.column("cost_s")))
+    table = table.filter(keep)
+    if not best_only or table.num_rows == 0:
+        return table_to_records(table)
+    tiers = pa.array([tier_of[stored] for stored in pc.cast(table.column("target"), pa.string()).to_pylist()])
+    keys = pa.table({"workload_key": pc.cast(table.column("workload_key"), pa.string()),
+                     "layout": pc.cast(table.column("layout"), pa.string()), "tier": tiers,
+                     "cost_s": table.column("cost_s"), "record_id": table.column("record_id")})
+    order = pc.sort_indices(keys, sort_keys=[(name, "ascending") for name in keys.column_names]).to_numpy()
+    starts = group_starts(keys.take(order), ("workload_key", "layout"))
+    return table_to_records(table.take(np.asarray(order[starts])))
 
 
 def record_summary(record: TuningRecord) -> dict[str, object]:

@@ -1,0 +1,443 @@
+"""The engine runtime written in LLVM IR and JIT-compiled with llvmlite: no C compiler needed.
+
+It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persistent thread pool
+for parallel loops, a timing loop, aligned allocation), function for function: worker threads
+spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
+few parts per thread, claimed with a compare-and-swap on (job id, next part); the caller runs
+parts too and waits for the last one. Only libc is called (pthread, futex through
+``syscall``, ``clock_gettime``, ``posix_memalign``); their addresses come from the running
+process, so nothing is linked or compiled outside llvmlite.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+#: Exported functions, as in the C runtime.
+EXPORTS = ("lorien_parallel_for", "lorien_time", "lorien_alloc", "lorien_free",
+           "lorien_num_threads", "lorien_set_num_threads")
+LIBC_FUNCTIONS = ("syscall", "sched_yield", "sysconf", "getenv", "atoi", "pthread_create", "pthread_detach",
+                  "clock_gettime", "posix_memalign", "free")
+#: ``pthread_atfork`` as the C library exports it: glibc links it statically into each program
+#: and exports ``__register_atfork(prepare, parent, child, dso_handle)`` instead.
+ATFORK_FUNCTIONS = ("pthread_atfork", "__register_atfork")
+
+#: Per machine: the futex system call number and the spin-wait hint.
+_ARCHES = {
+    "x86_64": (202, "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
+    "aarch64": (98, "", 'call void asm sideeffect "yield", ""()'),
+}
+SPIN_LIMIT = 100000
+PARTS_PER_THREAD = 4
+MAX_THREADS = 256
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+SC_NPROCESSORS_ONLN = 84
+CLOCK_MONOTONIC = 1
+
+IR_TEMPLATE = r"""
+@wanted_threads = internal global i32 0
+@started_threads = internal global i32 0
+@generation = internal global i32 0, align 64
+@sleepers = internal global i32 0, align 64
+@next_part = internal global i64 0, align 64      ; (job id << 32) | next unclaimed part
+@done_parts = internal global i32 0, align 64
+@job_fn = internal global ptr null
+@job_ctx = internal global ptr null
+@job_n = internal global i64 0
+@job_parts = internal global i32 0
+@initial_generation = internal global [{max_threads} x i32] zeroinitializer
+@pool_lock = internal global i32 0                ; 0 free, 1 held
+@atfork_done = internal global i32 0
+@threads_env = private constant [19 x i8] c"LORIEN_NUM_THREADS\00"
+
+declare i64 @syscall(i64, ...)
+declare i32 @sched_yield()
+declare i64 @sysconf(i32)
+declare ptr @getenv(ptr)
+declare i32 @atoi(ptr)
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_detach(i64)
+declare i32 @lorien_libc_atfork(ptr, ptr, ptr, ptr)
+declare i32 @clock_gettime(i32, ptr)
+declare i32 @posix_memalign(ptr, i64, i64)
+declare void @free(ptr)
+{pause_declaration}
+
+define internal void @cpu_relax() {{
+  {pause_call}
+  ret void
+}}
+
+define internal void @lock() {{
+entry:
+  br label %try
+try:
+  %pair = cmpxchg weak ptr @pool_lock, i32 0, i32 1 acquire monotonic
+  %won = extractvalue {{ i32, i1 }} %pair, 1
+  br i1 %won, label %done, label %wait
+wait:
+  %yielded = call i32 @sched_yield()
+  br label %try
+done:
+  ret void
+}}
+
+define internal void @unlock() {{
+  store atomic i32 0, ptr @pool_lock release, align 4
+  ret void
+}}
+
+; Claim and run parts of job %id until none is left; a thread that wakes late never runs a
+; part twice or a part of a later job (the claim names the job).
+define internal void @run_parts(i32 %id) {{
+entry:
+  br label %claim
+claim:
+  %cur = load atomic i64, ptr @next_part acquire, align 8
+  %part = trunc i64 %cur to i32
+  %cur_high = lshr i64 %cur, 32
+  %cur_id = trunc i64 %cur_high to i32
+  %other_job = icmp ne i32 %cur_id, %id
+  %parts = load i32, ptr @job_parts
+  %claimed_all = icmp uge i32 %part, %parts
+  %stop = or i1 %other_job, %claimed_all
+  br i1 %stop, label %done, label %try
+try:
+  %next = add i64 %cur, 1
+  %pair = cmpxchg weak ptr @next_part, i64 %cur, i64 %next acq_rel acquire
+  %won = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %won, label %run, label %claim
+run:
+  %n = load i64, ptr @job_n
+  %parts64 = zext i32 %parts to i64
+  %rounded = add i64 %n, %parts64
+  %rounded1 = sub i64 %rounded, 1
+  %chunk = sdiv i64 %rounded1, %parts64
+  %part64 = zext i32 %part to i64
+  %begin = mul i64 %part64, %chunk
+  %end_unclipped = add i64 %begin, %chunk
+  %past = icmp sgt i64 %end_unclipped, %n
+  %end = select i1 %past, i64 %n, i64 %end_unclipped
+  %nonempty = icmp slt i64 %begin, %end
+  br i1 %nonempty, label %call, label %count
+call:
+  %fn = load ptr, ptr @job_fn
+  %ctx = load ptr, ptr @job_ctx
+  call void %fn(ptr %ctx, i64 %begin, i64 %end)
+  br label %count
+count:
+  %old_done = atomicrmw add ptr @done_parts, i32 1 release
+  br label %claim
+done:
+  ret void
+}}
+
+define internal ptr @worker_main(ptr %arg) {{
+entry:
+  %index = ptrtoint ptr %arg to i64
+  %slot = getelementptr [{max_threads} x i32], ptr @initial_generation, i64 0, i64 %index
+  %first_seen = load i32, ptr %slot
+  br label %wait
+wait:
+  %seen = phi i32 [ %first_seen, %entry ], [ %now, %work ]
+  br label %spin
+spin:
+  %spins = phi i32 [ 0, %wait ], [ %spins_next, %relax ], [ 0, %sleep ]
+  %now = load atomic i32, ptr @generation acquire, align 4
+  %idle = icmp eq i32 %now, %seen
+  br i1 %idle, label %count, label %work
+count:
+  %spins_next = add i32 %spins, 1
+  %short = icmp slt i32 %spins_next, {spin_limit}
+  br i1 %short, label %relax, label %sleep
+relax:
+  call void @cpu_relax()
+  br label %spin
+sleep:
+  %sleepers_before = atomicrmw add ptr @sleepers, i32 1 seq_cst
+  %seen64 = zext i32 %seen to i64
+  %waited = call i64 (i64, ...) @syscall(i64 {sys_futex}, ptr @generation, i64 {futex_wait}, i64 %seen64, ptr null, ptr null, i64 0)
+  %sleepers_after = atomicrmw sub ptr @sleepers, i32 1 seq_cst
+  br label %spin
+work:
+  call void @run_parts(i32 %now)
+  br label %wait
+}}
+
+; In a forked child no worker thread exists: start them again on the next launch.
+define internal void @reset_after_fork() {{
+  store i32 0, ptr @started_threads
+  store i32 0, ptr @pool_lock
+  ret void
+}}
+
+; Called with the lock held: decide the thread count once, then start the missing workers.
+define internal void @start_pool() {{
+entry:
+  %tid = alloca i64
+  %wanted_now = load i32, ptr @wanted_threads
+  %unset = icmp sle i32 %wanted_now, 0
+  br i1 %unset, label %count_cpus, label %atfork
+count_cpus:
+  %cpus = call i64 @sysconf(i32 {sc_nprocessors_onln})
+  %env = call ptr @getenv(ptr @threads_env)
+  %has_env = icmp ne ptr %env, null
+  br i1 %has_env, label %parse_env, label %clamp
+parse_env:
+  %from_env = call i32 @atoi(ptr %env)
+  %env_positive = icmp sgt i32 %from_env, 0
+  %from_env64 = sext i32 %from_env to i64
+  %chosen = select i1 %env_positive, i64 %from_env64, i64 %cpus
+  br label %clamp
+clamp:
+  %n = phi i64 [ %cpus, %count_cpus ], [ %chosen, %parse_env ]
+  %too_many = icmp sgt i64 %n, {max_threads}
+  %n_capped = select i1 %too_many, i64 {max_threads}, i64 %n
+  %too_few = icmp slt i64 %n_capped, 1
+  %n_clamped = select i1 %too_few, i64 1, i64 %n_capped
+  %n32 = trunc i64 %n_clamped to i32
+  store i32 %n32, ptr @wanted_threads
+  br label %atfork
+atfork:
+  %registered = load i32, ptr @atfork_done
+  %register_now = icmp eq i32 %registered, 0
+  br i1 %register_now, label %register, label %spawn_check
+register:
+  %atfork_rc = call i32 @lorien_libc_atfork(ptr null, ptr null, ptr @reset_after_fork, ptr null)
+  store i32 1, ptr @atfork_done
+  br label %spawn_check
+spawn_check:
+  %started = load i32, ptr @started_threads
+  %wanted = load i32, ptr @wanted_threads
+  %workers = sub i32 %wanted, 1
+  %missing = icmp slt i32 %started, %workers
+  br i1 %missing, label %spawn, label %out
+spawn:
+  %index = add i32 %started, 1
+  %generation_now = load atomic i32, ptr @generation monotonic, align 4
+  %index64 = sext i32 %index to i64
+  %slot = getelementptr [{max_threads} x i32], ptr @initial_generation, i64 0, i64 %index64
+  store i32 %generation_now, ptr %slot
+  %arg = inttoptr i64 %index64 to ptr
+  %create_rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker_main, ptr %arg)
+  %created = icmp eq i32 %create_rc, 0
+  br i1 %created, label %detach, label %give_up
+detach:
+  %thread = load i64, ptr %tid
+  %detach_rc = call i32 @pthread_detach(i64 %thread)
+  store i32 %index, ptr @started_threads
+  br label %spawn_check
+give_up:
+  ; no more threads can be made: run with those there are
+  store i32 %index, ptr @wanted_threads
+  br label %out
+out:
+  ret void
+}}
+
+define i32 @lorien_num_threads() {{
+entry:
+  %wanted = load i32, ptr @wanted_threads
+  %unset = icmp sle i32 %wanted, 0
+  br i1 %unset, label %init, label %done
+init:
+  call void @lock()
+  call void @start_pool()
+  call void @unlock()
+  br label %done
+done:
+  %threads = load i32, ptr @wanted_threads
+  ret i32 %threads
+}}
+
+define void @lorien_set_num_threads(i32 %n) {{
+  call void @lock()
+  %too_few = icmp slt i32 %n, 1
+  %at_least_one = select i1 %too_few, i32 1, i32 %n
+  %too_many = icmp sgt i32 %at_least_one, {max_threads}
+  %clamped = select i1 %too_many, i32 {max_threads}, i32 %at_least_one
+  store i32 %clamped, ptr @wanted_threads
+  call void @unlock()
+  ret void
+}}
+
+; fn(ctx, begin, end) over [0, n): on the pool, or serially inside another parallel loop.
+define void @lorien_parallel_for(ptr %fn, ptr %ctx, i64 %n) {{
+entry:
+  %empty = icmp sle i64 %n, 0
+  br i1 %empty, label %return, label %try_lock
+try_lock:
+  %pair = cmpxchg ptr @pool_lock, i32 0, i32 1 acquire monotonic
+  %locked = extractvalue {{ i32, i1 }} %pair, 1
+  br i1 %locked, label %pool, label %serial
+serial:
+  call void %fn(ptr %ctx, i64 0, i64 %n)
+  br label %return
+pool:
+  call void @start_pool()
+  %wanted = load i32, ptr @wanted_threads
+  %started = load i32, ptr @started_threads
+  %available = add i32 %started, 1
+  %fewer = icmp slt i32 %wanted, %available
+  %threads = select i1 %fewer, i32 %wanted, i32 %available
+  %one_thread = icmp sle i32 %threads, 1
+  %one_iteration = icmp eq i64 %n, 1
+  %alone = or i1 %one_thread, %one_iteration
+  br i1 %alone, label %run_alone, label %launch
+run_alone:
+  call void @unlock()
+  call void %fn(ptr %ctx, i64 0, i64 %n)
+  br label %return
+launch:
+  ; a few parts per thread: a descheduled thread holds back at most a small part
+  %threads64 = sext i32 %threads to i64
+  %most_parts = mul i64 %threads64, {parts_per_thread}
+  %few = icmp slt i64 %n, %most_parts
+  %parts64 = select i1 %few, i64 %n, i64 %most_parts
+  %parts = trunc i64 %parts64 to i32
+  %last_id = load atomic i32, ptr @generation monotonic, align 4
+  %id = add i32 %last_id, 1
+  store ptr %fn, ptr @job_fn
+  store ptr %ctx, ptr @job_ctx
+  store i64 %n, ptr @job_n
+  store i32 %parts, ptr @job_parts
+  store atomic i32 0, ptr @done_parts monotonic, align 4
+  %id64 = zext i32 %id to i64
+  %first_claim = shl i64 %id64, 32
+  store atomic i64 %first_claim, ptr @next_part release, align 8
+  store atomic i32 %id, ptr @generation seq_cst, align 4
+  %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
+  %wake = icmp sgt i32 %sleeping, 0
+  br i1 %wake, label %wake_up, label %own_share
+wake_up:
+  %woken = call i64 (i64, ...) @syscall(i64 {sys_futex}, ptr @generation, i64 {futex_wake}, i64 {max_threads}, ptr null, ptr null, i64 0)
+  br label %own_share
+own_share:
+  call void @run_parts(i32 %id)
+  br label %join
+join:
+  %spins = phi i32 [ 0, %own_share ], [ %spins_next, %relax ], [ 0, %yield ]
+  %finished = load atomic i32, ptr @done_parts acquire, align 4
+  %all_done = icmp sge i32 %finished, %parts
+  br i1 %all_done, label %release, label %count
+count:
+  %spins_next = add i32 %spins, 1
+  %short = icmp slt i32 %spins_next, {spin_limit}
+  br i1 %short, label %relax, label %yield
+relax:
+  call void @cpu_relax()
+  br label %join
+yield:
+  %yielded = call i32 @sched_yield()
+  br label %join
+release:
+  call void @unlock()
+  br label %return
+return:
+  ret void
+}}
+
+; Seconds taken by %number calls of fn(args), timed without the interpreter.
+define double @lorien_time(ptr %fn, ptr %args, i64 %number) {{
+entry:
+  %start = alloca [2 x i64]
+  %stop = alloca [2 x i64]
+  %rc_start = call i32 @clock_gettime(i32 {clock_monotonic}, ptr %start)
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i_next, %body ]
+  %more = icmp slt i64 %i, %number
+  br i1 %more, label %body, label %end
+body:
+  call void %fn(ptr %args)
+  %i_next = add i64 %i, 1
+  br label %loop
+end:
+  %rc_stop = call i32 @clock_gettime(i32 {clock_monotonic}, ptr %stop)
+  %start_s = load i64, ptr %start
+  %stop_s = load i64, ptr %stop
+  %start_ns_at = getelementptr [2 x i64], ptr %start, i64 0, i64 1
+  %stop_ns_at = getelementptr [2 x i64], ptr %stop, i64 0, i64 1
+  %start_ns = load i64, ptr %start_ns_at
+  %stop_ns = load i64, ptr %stop_ns_at
+  %seconds = sub i64 %stop_s, %start_s
+  %nanoseconds = sub i64 %stop_ns, %start_ns
+  %seconds_f = sitofp i64 %seconds to double
+  %nanoseconds_f = sitofp i64 %nanoseconds to double
+  %fraction = fmul double %nanoseconds_f, 1.0e-9
+  %elapsed = fadd double %seconds_f, %fraction
+  ret double %elapsed
+}}
+
+define ptr @lorien_alloc(i64 %nbytes) {{
+entry:
+  %out = alloca ptr
+  store ptr null, ptr %out
+  %tiny = icmp slt i64 %nbytes, 64
+  %size = select i1 %tiny, i64 64, i64 %nbytes
+  %rc = call i32 @posix_memalign(ptr %out, i64 64, i64 %size)
+  %ok = icmp eq i32 %rc, 0
+  br i1 %ok, label %done, label %failed
+done:
+  %memory = load ptr, ptr %out
+  ret ptr %memory
+failed:
+  ret ptr null
+}}
+
+define void @lorien_free(ptr %memory) {{
+  call void @free(ptr %memory)
+  ret void
+}}
+"""
+
+
+class RuntimeIRError(RuntimeError):
+    """This machine's architecture has no IR runtime (the C runtime may still build)."""
+
+
+def ir_text(machine: str | None = None) -> str:
+    """The runtime module's LLVM IR for ``machine`` (``platform.machine()`` by default)."""
+    machine = machine or platform.machine()
+    if machine not in _ARCHES:
+        raise RuntimeIRError(f"no IR runtime for machine {machine!r} (known: {', '.join(_ARCHES)})")
+    sys_futex, pause_declaration, pause_call = _ARCHES[machine]
+    return IR_TEMPLATE.format(
+        max_threads=MAX_THREADS, spin_limit=SPIN_LIMIT, parts_per_thread=PARTS_PER_THREAD,
+        sys_futex=sys_futex, futex_wait=FUTEX_WAIT_PRIVATE, futex_wake=FUTEX_WAKE_PRIVATE,
+        sc_nprocessors_onln=SC_NPROCESSORS_ONLN, clock_monotonic=CLOCK_MONOTONIC,
+        pause_declaration=pause_declaration, pause_call=pause_call)
+
+
+_KEEP: list = []  # the execution engine owns the runtime's code: it lives as long as the process
+
+
+def build() -> dict[str, int]:
+    """JIT the runtime; returns the address of each exported function."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    libc = ctypes.CDLL(None)
+    for name in LIBC_FUNCTIONS:
+        llvm.add_symbol(name, _address(libc, name))
+    atfork = next((name for name in ATFORK_FUNCTIONS if hasattr(libc, name)), None)
+    if atfork is None:
+        raise RuntimeIRError(f"the C library exports none of {ATFORK_FUNCTIONS}")
+    llvm.add_symbol("lorien_libc_atfork", _address(libc, atfork))
+    module = llvm.parse_assembly(ir_text())
+    module.triple = llvm.get_process_triple()
+    module.verify()
+    machine = llvm.Target.from_triple(module.triple).create_target_machine(opt=2, codemodel="jitdefault")
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    _KEEP.append(engine)
+    return {name: engine.get_function_address(name) for name in EXPORTS}
+
+
+def _address(library: ctypes.CDLL, name: str) -> int:
+    try:
+        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    except AttributeError as exc:
+        raise RuntimeIRError(f"the C library does not export {name!r}, which the runtime calls") from exc
