@@ -31,6 +31,7 @@ Last line: ansor_vs_autotvm_net= gradient_vs_roundrobin= replay_ok=
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import tempfile
@@ -153,6 +154,7 @@ def interleaved_latencies(systems: dict[str, list], layers: list, seconds_per_ta
 def replay_shared_logs() -> tuple[int, int]:
     from dialects.auto_scheduler.compile import replay_log
 
+    logging.getLogger("lorien.workload").setLevel(logging.ERROR)  # unregistered hashes are summed up below
     ok = registered = 0
     if not SHARED.is_dir():
         log(f"  no shared Ansor logs at {SHARED} (set LORIEN_SHARED_DATA)")

@@ -186,3 +186,12 @@ def test_dialect_expands_shorthands_to_registered_workloads():
 def test_bad_shorthands_are_errors_naming_the_value(op, params, message):
     with pytest.raises(DialectError, match=message):
         get_dialect("auto_scheduler").expand_workload(op, params)
+
+
+def test_conv2d_shorthand_takes_four_paddings_and_refuses_groups():
+    dialect = get_dialect("auto_scheduler")
+    name, args = dialect.expand_workload("conv2d", {"C": 4, "H": 7, "W": 7, "K": 8, "padding": [1, 0, 2, 1]})
+    assert args[8] == [1, 0, 2, 1]
+    assert registry.workload_key_to_tensors(dialect.workload_key(name, args))[-1].shape == (1, 8, 6, 8)
+    with pytest.raises(DialectError, match="groups=2: no grouped convolution"):
+        dialect.expand_workload("conv2d", {"C": 4, "H": 7, "W": 7, "K": 8, "groups": 2})

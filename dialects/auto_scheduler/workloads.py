@@ -10,7 +10,8 @@ and the same ops in the same order (so the steps of TVM's logs replay on them). 
     conv2d_nhwc_layer(N, C, H, W, K, KH, KW, stride, padding, dilation, bias, relu, dtype)
     depthwise_conv2d_nchw_layer(N, C, H, W, multiplier, KH, KW, stride, padding, dilation, bias, relu, dtype)
 
-``stride``, ``padding`` (top/left = bottom/right) and ``dilation`` are ``[h, w]`` pairs.
+``stride`` and ``dilation`` are ``[h, w]`` pairs, ``padding`` a pair (top/left = bottom/right)
+or four values (top, left, bottom, right).
 Each has a NumPy reference from :mod:`lorien.engine.reference`.
 """
 
@@ -23,8 +24,8 @@ import numpy as np
 
 from dialects.auto_scheduler.registry import register_workload
 from lorien.engine import ops, reference, te
-from lorien.errors import DialectError
-from lorien.workload import shorthand_pair, shorthand_params
+from lorien.errors import DialectError, WorkloadError
+from lorien.workload import pad4, shorthand_pair, shorthand_params
 
 # ---------------------------------------------------------------- TVM's tutorial workloads
 
@@ -116,7 +117,8 @@ def batch_matmul_layer(B: int, M: int, N: int, K: int, bias: bool, relu: bool,  
 
 
 def _conv_params(stride, padding, dilation) -> dict[str, Any]:
-    return {"stride": _pair(stride), "padding": _pair(padding), "dilation": _pair(dilation)}
+    return {"stride": _pair(stride), "padding": tuple(padding) if isinstance(padding, list) else padding,
+            "dilation": _pair(dilation)}
 
 
 def _conv2d_nchw_reference(N, C, H, W, K, KH, KW, stride, padding, dilation, bias, relu, dtype):  # noqa: N803
@@ -171,6 +173,16 @@ _EPILOGUE = {"bias": False, "relu": False, "dtype": "float32"}
 _WINDOW = {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1}
 
 
+def _padding(value: Any) -> list[int]:
+    """``[h, w]`` of an int or a pair, or the four values (top, left, bottom, right) as given."""
+    if isinstance(value, list) and len(value) == 4:
+        try:
+            return list(pad4(value))
+        except (WorkloadError, TypeError, ValueError) as exc:
+            raise DialectError(f"padding must be an int, a pair or four ints, got {value!r}") from exc
+    return shorthand_pair(value, "padding")
+
+
 def _flag(params: dict[str, Any], op: str, key: str) -> bool:
     if not isinstance(params[key], bool):
         raise DialectError(f"{op}: {key} must be true or false, got {params[key]!r}")
@@ -192,20 +204,24 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         return "batch_matmul_layer", [p["B"], p["M"], p["N"], p["K"], _flag(p, op, "bias"), _flag(p, op, "relu"),
                                       p["dtype"]]
     if op == "conv2d":
-        p = shorthand_params(params, op, ("C", "H", "W", "K"), {**_WINDOW, **_EPILOGUE, "layout": "NHWC"})
+        p = shorthand_params(params, op, ("C", "H", "W", "K"), {**_WINDOW, **_EPILOGUE, "layout": "NHWC",
+                                                                "groups": 1})
+        if p["groups"] != 1:
+            raise DialectError(f"conv2d: groups={p['groups']}: no grouped convolution workload yet (a depthwise "
+                               "convolution, groups == C, is depthwise_conv2d)")
         if p["layout"] not in CONV2D_LAYOUTS:
             raise DialectError(f"conv2d: the auto_scheduler dialect tunes layouts {sorted(CONV2D_LAYOUTS)}, "
                                f"got {p['layout']!r}")
         kh, kw = shorthand_pair(p["kernel"], "kernel")
         return CONV2D_LAYOUTS[p["layout"]], [
             p["N"], p["C"], p["H"], p["W"], p["K"], kh, kw, shorthand_pair(p["stride"], "stride"),
-            shorthand_pair(p["padding"], "padding"), shorthand_pair(p["dilation"], "dilation"),
+            _padding(p["padding"]), shorthand_pair(p["dilation"], "dilation"),
             _flag(p, op, "bias"), _flag(p, op, "relu"), p["dtype"]]
     if op == "depthwise_conv2d":
         p = shorthand_params(params, op, ("C", "H", "W"), {**_WINDOW, **_EPILOGUE, "multiplier": 1})
         kh, kw = shorthand_pair(p["kernel"], "kernel")
         return "depthwise_conv2d_nchw_layer", [
             p["N"], p["C"], p["H"], p["W"], p["multiplier"], kh, kw, shorthand_pair(p["stride"], "stride"),
-            shorthand_pair(p["padding"], "padding"), shorthand_pair(p["dilation"], "dilation"),
+            _padding(p["padding"]), shorthand_pair(p["dilation"], "dilation"),
             _flag(p, op, "bias"), _flag(p, op, "relu"), p["dtype"]]
     raise DialectError(f"unknown op shorthand {op!r} (known: {', '.join(SHORTHANDS)})")
