@@ -49,6 +49,15 @@ def test_replaying_the_shared_logs_reports_every_record(shared_data):
     assert unregistered[0].summary().startswith("resnet-50-NHWC-B1-llvm.json:3 ")
 
 
+def test_a_line_that_does_not_parse_is_reported_and_the_replay_goes_on(shared_data, tmp_path):
+    log = tmp_path / "broken.json"
+    lines = (shared_data / "ansor" / "matmul.json").read_text().splitlines()
+    log.write_text("\n".join([lines[1][:80], lines[1]]) + "\n")
+    first, second = replay_log(log, check=False)
+    assert first.status == "failed" and first.summary().startswith("broken.json:1: failed: ")
+    assert second.status == "ok" and second.line == 2
+
+
 def test_split_inner_to_outer_and_follow_splits_take_the_lengths_of_the_split_they_follow():
     steps = [["SP", 2, 0, 1024, [2, 1, 4], 1], ["FSP", 4, 0, 0, 2], ["FFSP", 4, 0, [0, 0], 2, 0]]
     assert split_lengths(steps, 0) == ([2, 1, 4], True)

@@ -90,40 +90,41 @@ class ReplayOutcome:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        where = f"{Path(self.path).name}:{self.line}"
+        where = f"{Path(self.path).name}:{self.line}" + (f" {self.workload_key}" if self.workload_key else "")
         if self.status == "ok":
             extra = f"; {'; '.join(self.notes)}" if self.notes else ""
-            return f"{where} {self.workload_key}: replayed, output matches NumPy (max abs error {self.max_error:.2g}){extra}"
-        return f"{where} {self.workload_key}: {self.status}: {self.message}"
+            return f"{where}: replayed, output matches NumPy (max abs error {self.max_error:.2g}){extra}"
+        return f"{where}: {self.status}: {self.message}"
 
 
 def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
     """Replay every record of an Ansor log on Lorien's engine: each registered workload's steps
     build a kernel whose output is checked against NumPy; a workload nobody registered is
-    reported with its key (never guessed), a step that cannot be applied with its index."""
+    reported with its key (never guessed), a step that cannot be applied with its index, a
+    line that does not parse with its error."""
+    from lorien.errors import RecordParseError
+    from lorien.formats.ansor import decode_line
+    from lorien.formats.base import iter_lines
+
     outcomes = []
-    for number, item in enumerate(_records_with_lines(path)):
-        line, record = item
-        key = record.workload_key
+    for number, (line, text) in enumerate(iter_lines(path)):
+        try:
+            record = decode_line(text, str(path), line)
+        except RecordParseError as exc:
+            outcomes.append(ReplayOutcome(str(path), line, "", "failed", str(exc)))
+            continue
+        key, steps = record.workload_key, orjson.loads(record.config)
         try:
             dag = registry.workload_dag(key)
         except registry.UnregisteredWorkloadError as exc:
             outcomes.append(ReplayOutcome(str(path), line, key, "unregistered", str(exc)))
             continue
         try:
-            replay = replay_steps(dag, orjson.loads(record.config))
-            kernel = _kernel(replay, None, key, [])
+            replay = replay_steps(dag, steps)
+            kernel = _kernel(replay, None, key, steps)
             error = check_kernel(kernel, key, seed=number) if check else None
         except LorienError as exc:
             outcomes.append(ReplayOutcome(str(path), line, key, "failed", str(exc)))
             continue
         outcomes.append(ReplayOutcome(str(path), line, key, "ok", max_error=error, notes=replay.notes))
     return outcomes
-
-
-def _records_with_lines(path: str | Path):
-    from lorien.formats.ansor import decode_line
-    from lorien.formats.base import iter_lines
-
-    for lineno, line in iter_lines(path):
-        yield lineno, decode_line(line, str(path), lineno)
