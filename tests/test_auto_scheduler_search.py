@@ -8,6 +8,7 @@ import math
 import numpy as np
 import orjson
 import pytest
+import yaml
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
@@ -184,3 +185,27 @@ def test_the_model_learns_from_other_workloads_of_the_same_function(store_uri):
 def test_autotvm_only_options_are_refused():
     with pytest.raises(ConfigError, match="'warm_start_model' is an autotvm option"):
         tune_job(_job(warm_start_model="models/dense"), None)
+
+
+def test_lorien_tune_writes_ansor_logs_that_export_unchanged_and_build(tmp_path, store_uri, capsys):
+    from lorien.cli import main
+
+    config = tmp_path / "tune.yaml"
+    config.write_text(yaml.safe_dump({
+        "dialect": "auto_scheduler", "tuner": "random", "trials": 4, "batch_size": 4, "target": "llvm -keys=cpu",
+        "measure": {"repeat": 1},
+        "workloads": [{"dense": {"M": 4, "N": 16, "K": 8, "bias": True, "relu": True}},
+                      {"depthwise_conv2d": {"C": 4, "H": 6, "W": 6, "padding": 1}}]}))
+    logs = tmp_path / "logs"
+    assert main(["tune", str(config), "--store", store_uri, "--no-progress", "--log-dir", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "dense_layer 4,16,8,true,true" in out and "depthwise_conv2d_nchw_layer" in out
+    logged = [json.loads(line) for path in sorted(logs.glob("*.json")) for line in path.read_text().splitlines()]
+    exported = tmp_path / "exported.json"
+    assert main(["export", "--all", "--target", "llvm -keys=cpu", "--format", "ansor", "--store", store_uri,
+                 "-o", str(exported)]) == 0
+    again = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert len(logged) == 8 and sorted(map(json.dumps, logged)) == sorted(map(json.dumps, again))
+    key = logged[0]["i"][0][0]
+    assert main(["query", "--workload-key", key, "--target", "llvm", "--build", "--store", store_uri]) == 0
+    assert "from the best stored config" in capsys.readouterr().out

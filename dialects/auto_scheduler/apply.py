@@ -51,18 +51,9 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
 def read_log_line(path: str | Path, line_no: int) -> TuningRecord:
     """The record of line ``line_no`` (1-based, comment lines count) of an Ansor log."""
     from lorien.formats.ansor import decode_line
+    from lorien.formats.base import log_line
 
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read log {path}: {exc}") from exc
-    if not 1 <= line_no <= len(lines):
-        raise ConfigError(f"{path} has {len(lines)} lines; line {line_no} does not exist")
-    text = lines[line_no - 1].strip()
-    if not text or text.startswith("#"):
-        raise ConfigError(f"{path}:{line_no} is a comment or blank, not a record")
-    return decode_line(text, str(path), line_no)
+    return decode_line(log_line(path, line_no), str(path), line_no)
 
 
 def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedConfig:

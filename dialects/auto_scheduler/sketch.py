@@ -35,7 +35,7 @@ from typing import Any
 from dialects.auto_scheduler.dag import ComputeDAG, loads_in_order
 from dialects.auto_scheduler.steps import AUTO_UNROLL, LoopState
 from lorien.engine import te
-from lorien.engine.schedule import Stage
+from lorien.engine.schedule import Stage, derived_extents
 
 #: Spatial levels and reduce levels of CPU multi-level tiling (``SSRSRS``).
 SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
@@ -92,9 +92,9 @@ def _is_output(state: LoopState, stage: Stage) -> bool:
 
 
 def _inlinable(state: LoopState, stage: Stage) -> bool:
-    body = stage.op.body
-    return (not stage.op.reduce_axis and not _is_output(state, stage) and not isinstance(body, te.Reduce)
-            and not any(isinstance(n, te.Call) and n.fn in _EXPENSIVE_CALLS for n in te.walk(body)))
+    """An element-wise stage that is not an output and computes nothing expensive."""
+    return (not stage.op.reduce_axis and not _is_output(state, stage)
+            and not any(isinstance(n, te.Call) and n.fn in _EXPENSIVE_CALLS for n in te.walk(stage.op.body)))
 
 
 def needs_multi_level_tiling(stage: Stage) -> bool:
@@ -225,19 +225,7 @@ def _tiling_sketches(state: LoopState, sketch: Sketch, index: int) -> list[tuple
 def leaf_extents(stage: Stage) -> dict[str, int]:
     """Static extents of a stage's loops (root extents through its splits and fuses; for a
     stage computed at another loop these are upper bounds)."""
-    ext = {iv.name: int(iv.extent) for iv in stage.op.axis + stage.op.reduce_axis}
-    for rel in stage.relations:
-        if rel[0] == "split":
-            _, parent, outer, inner, factor, nparts = rel
-            if factor is not None:
-                ext[inner] = min(int(factor), ext[parent])
-                ext[outer] = -(-ext[parent] // ext[inner])
-            else:
-                ext[outer] = min(int(nparts), ext[parent])
-                ext[inner] = -(-ext[parent] // ext[outer])
-        else:
-            ext[rel[3]] = ext[rel[1]] * ext[rel[2]]
-    return ext
+    return derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in stage.op.axis + stage.op.reduce_axis})
 
 
 def parallel_depth(state: LoopState, stage: Stage, chunks: float) -> int:

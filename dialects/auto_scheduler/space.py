@@ -35,6 +35,7 @@ from dialects.auto_scheduler.sketch import (
     render,
 )
 from lorien.errors import DialectError
+from lorien.search.base import index_of_positions, knob_positions
 
 MAX_INNERMOST = 64
 #: Probability of each mutation kind (Ansor's CPU defaults; compute location is the sketch's).
@@ -101,7 +102,6 @@ class SketchSpace:
         if self._size >= 1 << 62:
             raise DialectError(f"the search space of stages {dag.stage_names} has {self._size} points, "
                                "more than an index can hold")
-        self._radix = np.cumprod([1, *self.dims[:-1]]).astype(np.int64)
         self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
 
     # ------------------------------------------------------------ IndexedSpace
@@ -109,15 +109,10 @@ class SketchSpace:
         return self._size
 
     def knob_indices(self, index: int) -> list[int]:
-        index = int(index)
-        positions = []
-        for dim in self.dims:
-            positions.append(index % dim)
-            index //= dim
-        return positions
+        return knob_positions(index, self.dims)
 
     def index_of_knobs(self, positions: Sequence[int]) -> int:
-        return int(sum(int(p) * int(r) for p, r in zip(positions, self._radix, strict=True)))
+        return index_of_positions(positions, self.dims)
 
     def get(self, index: int) -> list[list[Any]]:
         """The Ansor steps of point ``index``."""

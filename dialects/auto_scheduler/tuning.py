@@ -29,7 +29,9 @@ from dialects.auto_scheduler.steps import replay_steps
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost
-from lorien.tune.progress import BatchCallback, TuneProgress
+from lorien.search.xgb import history_by_workload
+from lorien.tune.managers.base import job_source_tag
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
 
 #: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
 XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
@@ -145,14 +147,7 @@ def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: 
         features = space.features_of_steps(orjson.loads(row["config"]), orjson.loads(row["args"]))
         if features is not None:
             per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
-    xs, ys = [], []
-    for items in per_workload.values():
-        best = max(throughput for _, throughput in items)
-        for features, throughput in items:
-            xs.append(features)
-            ys.append(throughput / best)
-    width = sum(table_.shape[1] for table_ in space.knob_feature_tables())
-    return np.array(xs, dtype=float).reshape(len(xs), width), np.array(ys, dtype=float)
+    return history_by_workload(per_workload, sum(table_.shape[1] for table_ in space.knob_feature_tables()))
 
 
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
@@ -174,7 +169,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     batch_size = int(job.get("batch_size", 16))
     early_stopping = job.get("early_stopping")
     nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or _job_source(job)
+    source = source or job.get("source") or job_source_tag(job)
 
     store = None
     if store_uri is not None:
@@ -247,11 +242,9 @@ def _next_candidates(tuner: Tuner, space: SketchSpace, wanted: int,
 
 def _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest, source,
           store, log_path, on_batch) -> None:
-    last_improvement = 0
-    log_file = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally
+    from lorien.formats import encode_record
+
+    sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
     try:
         while progress.trials < progress.total and tuner.has_next():
             indices, candidates = _next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
@@ -262,37 +255,13 @@ def _tune(job, workload_key, target, space, tuner, progress, measured, batch_siz
             records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
                                    float(r.timestamp), source=source)
                        for steps, r in zip(candidates, results, strict=True)]
-            if store is not None:
-                store.commit(records, nbest=nbest)
-                progress.committed += len(records)
-            if log_file is not None:
-                from lorien.formats import encode_record
-
-                log_file.write("".join(encode_record(record, "ansor") + "\n" for record in records))
-                log_file.flush()
+            sink.write(records, progress)
             tuner.update(indices, results)
-            for steps, result in zip(candidates, results, strict=True):
-                measured[orjson.dumps(steps)] = result
-                progress.trials += 1
-                cost = result_cost(result)
-                if math.isinf(cost):
-                    progress.errors += 1
-                elif cost < progress.best_cost_s:
-                    progress.best_cost_s, progress.best_config = cost, steps
-                    last_improvement = progress.trials
-            progress.records.extend(records)
+            measured.update((orjson.dumps(steps), result) for steps, result in zip(candidates, results, strict=True))
+            progress.count(candidates, results, records)
             if on_batch is not None:
                 on_batch(progress, records)
-            if early_stopping and progress.trials - last_improvement >= early_stopping:
+            if progress.stalled(early_stopping):
                 break
     finally:
-        if log_file is not None:
-            log_file.close()
-
-
-def _job_source(job: dict[str, Any]) -> str:
-    """The source tag the orchestration layer uses for a job's records, so resume finds them."""
-    from lorien.tune.jobspec import job_id_of
-    from lorien.tune.managers.base import source_tag
-
-    return source_tag(job_id_of(job))
+        sink.close()

@@ -125,14 +125,20 @@ def _conv2d_nchw_reference(N, C, H, W, K, KH, KW, stride, padding, dilation, bia
     return functools.partial(_op_numpy, "conv2d_nchw", bias, relu, _conv_params(stride, padding, dilation))
 
 
+def _window_layer(op: Any, data_shape: tuple, kernel_shape: tuple, channels: int, stride, padding, dilation,
+                  bias: bool, relu: bool, dtype: str) -> list[te.Tensor]:
+    """I/O tensors of a convolution op: data, kernel, optional bias [channels], output."""
+    data = te.placeholder(data_shape, dtype, name="data")
+    kernel = te.placeholder(kernel_shape, dtype, name="kernel")
+    b = _bias(channels, dtype, bias)
+    return _io(data, kernel, b, op(data, kernel, bias=b, relu=relu, **_conv_params(stride, padding, dilation)))
+
+
 @register_workload("conv2d_nchw_layer", reference=_conv2d_nchw_reference)
 def conv2d_nchw_layer(N, C, H, W, K, KH, KW, stride, padding, dilation, bias, relu, dtype):  # noqa: N803
     """conv2d, data NCHW [N, C, H, W], kernel OIHW [K, C, KH, KW] (+bias [K], relu)."""
-    data = te.placeholder((N, C, H, W), dtype, name="data")
-    kernel = te.placeholder((K, C, KH, KW), dtype, name="kernel")
-    b = _bias(K, dtype, bias)
-    return _io(data, kernel, b, ops.conv2d_nchw(data, kernel, bias=b, relu=relu,
-                                                **_conv_params(stride, padding, dilation)))
+    return _window_layer(ops.conv2d_nchw, (N, C, H, W), (K, C, KH, KW), K, stride, padding, dilation, bias, relu,
+                         dtype)
 
 
 def _conv2d_nhwc_reference(N, C, H, W, K, KH, KW, stride, padding, dilation, bias, relu, dtype):  # noqa: N803
@@ -142,11 +148,8 @@ def _conv2d_nhwc_reference(N, C, H, W, K, KH, KW, stride, padding, dilation, bia
 @register_workload("conv2d_nhwc_layer", reference=_conv2d_nhwc_reference)
 def conv2d_nhwc_layer(N, C, H, W, K, KH, KW, stride, padding, dilation, bias, relu, dtype):  # noqa: N803
     """conv2d, data NHWC [N, H, W, C], kernel HWIO [KH, KW, C, K] (+bias [K], relu)."""
-    data = te.placeholder((N, H, W, C), dtype, name="data")
-    kernel = te.placeholder((KH, KW, C, K), dtype, name="kernel")
-    b = _bias(K, dtype, bias)
-    return _io(data, kernel, b, ops.conv2d_nhwc(data, kernel, bias=b, relu=relu,
-                                                **_conv_params(stride, padding, dilation)))
+    return _window_layer(ops.conv2d_nhwc, (N, H, W, C), (KH, KW, C, K), K, stride, padding, dilation, bias, relu,
+                         dtype)
 
 
 def _depthwise_reference(N, C, H, W, multiplier, KH, KW, stride, padding, dilation, bias, relu, dtype):  # noqa: N803
@@ -157,11 +160,8 @@ def _depthwise_reference(N, C, H, W, multiplier, KH, KW, stride, padding, dilati
 def depthwise_conv2d_nchw_layer(N, C, H, W, multiplier, KH, KW, stride, padding, dilation, bias,  # noqa: N803
                                 relu, dtype):
     """Depthwise conv2d, data NCHW, kernel [C, multiplier, KH, KW] (+bias [C*multiplier], relu)."""
-    data = te.placeholder((N, C, H, W), dtype, name="data")
-    kernel = te.placeholder((C, multiplier, KH, KW), dtype, name="kernel")
-    b = _bias(C * multiplier, dtype, bias)
-    return _io(data, kernel, b, ops.depthwise_conv2d_nchw(data, kernel, bias=b, relu=relu,
-                                                          **_conv_params(stride, padding, dilation)))
+    return _window_layer(ops.depthwise_conv2d_nchw, (N, C, H, W), (C, multiplier, KH, KW), C * multiplier, stride,
+                         padding, dilation, bias, relu, dtype)
 
 
 # ---------------------------------------------------------------- tuning-YAML shorthands

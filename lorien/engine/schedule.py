@@ -150,21 +150,22 @@ class Stage:
                 other.attach = (self.name, new)
 
 
-def _reduce_extents(stage: Stage) -> dict[str, int]:
-    """Extents of a stage's reduce loops (roots and everything split or fused from them)."""
-    ext = {iv.name: int(iv.extent) for iv in stage.op.reduce_axis}
-    for rel in stage.relations:
-        if rel[0] == "split" and rel[1] in ext:
+def derived_extents(relations: list[tuple], extents: dict[str, int]) -> dict[str, int]:
+    """Add to ``extents`` (loop name -> extent) the extent of every loop that ``relations``
+    split or fuse from loops it knows (a split that does not divide rounds its outer loop
+    up); returns it."""
+    for rel in relations:
+        if rel[0] == "split" and rel[1] in extents:
             _, parent, outer, inner, factor, nparts = rel
             if factor is not None:
-                ext[inner] = min(int(factor), ext[parent])
-                ext[outer] = -(-ext[parent] // ext[inner])
+                extents[inner] = min(int(factor), extents[parent])
+                extents[outer] = -(-extents[parent] // extents[inner])
             else:
-                ext[outer] = min(int(nparts), ext[parent])
-                ext[inner] = -(-ext[parent] // ext[outer])
-        elif rel[0] == "fuse" and rel[1] in ext:
-            ext[rel[3]] = ext[rel[1]] * ext[rel[2]]
-    return ext
+                extents[outer] = min(int(nparts), extents[parent])
+                extents[inner] = -(-extents[parent] // extents[outer])
+        elif rel[0] == "fuse" and rel[1] in extents and rel[2] in extents:
+            extents[rel[3]] = extents[rel[1]] * extents[rel[2]]
+    return extents
 
 
 def _connected(relations: list[tuple], axis: str) -> set[str]:
@@ -313,7 +314,7 @@ class Schedule:
                 isinstance(st.attach, tuple) and st.attach[0] == stage.name for st in self.stages):
             raise ScheduleError(f"rfactor: stage {stage.name!r} has split/fused spatial loops or stages computed "
                                 "at its loops; rfactor it first")
-        ext = _reduce_extents(stage)
+        ext = derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in op.reduce_axis})
         touched = _connected(stage.relations, axis)
         factored = te.IterVar(axis, ext[axis], "spatial")
         rf_spatial = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]

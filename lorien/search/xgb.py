@@ -31,6 +31,20 @@ from lorien.search.sa import anneal
 OPTIMIZERS = ("sa", "evolution")
 
 
+def history_by_workload(per_workload: dict[str, list[tuple[Sequence[float], float]]],
+                        width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(features, scores) for :meth:`XGBTuner.load_history` from (features, throughput) pairs
+    grouped by workload: throughput is normalized per workload (its best = 1), so workloads of
+    different sizes teach which configs are good relative to each other."""
+    xs, ys = [], []
+    for items in per_workload.values():
+        best = max(throughput for _, throughput in items)
+        for features, throughput in items:
+            xs.append(features)
+            ys.append(throughput / best)
+    return np.array(xs, dtype=float).reshape(len(xs), width), np.array(ys, dtype=float)
+
+
 class KnobFeatures:
     """Vectorized features of config indices from per-knob tables."""
 

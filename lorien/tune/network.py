@@ -233,7 +233,7 @@ def _drive(scheduler: TaskScheduler, jobs: list[dict[str, Any]], states: list[Ta
             job_id = job_id_of(spec)
             in_flight[job_id] = (task_id, trials)
             planned += trials
-            manager.submit(Task(job_id, spec, attempt=1, check_existing=True))
+            manager.submit(Task(job_id, spec, attempt=1, check_existing=False))
         if not in_flight:
             return
         for completion in manager.wait(timeout_s=1.0):
