@@ -153,7 +153,8 @@ def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: 
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
              history: Sequence[TuningRecord] | None = None) -> TuneProgress:
-    """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``.
+    """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``
+    (None: the default store; with ``commit=False`` the store is only read).
 
     ``history``: records measured before (default: the store's records of the workload and
     target); they are never measured again and train the tuner first.
@@ -172,10 +173,10 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     source = source or job.get("source") or job_source_tag(job)
 
     store = None
-    if store_uri is not None:
+    if commit or store_uri is not None:
         from lorien.warehouse import open_store
 
-        store = open_store(store_uri)
+        store = open_store(store_uri)  # None: the default store
     try:
         if history is None:
             history = history_from_store(store, workload_key, target) if store is not None else []
