@@ -49,18 +49,23 @@ def compile_from_warehouse(workload_key: str, target: str, store: Store | str | 
     """
     from lorien.dialect import dialect_of_workload_key, get_dialect
 
-    record = best_record(workload_key, target, store, exact=exact, by_alternate_key=by_alternate_key)
-    if record is not None:
-        name = record.dialect
-    else:
-        name = dialect or dialect_of_workload_key(workload_key)
-    builder = getattr(get_dialect(name), "compile_record", None)
-    if builder is None:
-        raise DialectError(f"dialect {name!r} cannot compile kernels from records")
-    if record is not None:
-        kernel = builder(record, target=target)
-        kernel.from_warehouse, kernel.record, kernel.fallback_reason = True, record, ""
-        return kernel
+    owned = not isinstance(store, Store)
+    opened = open_store(store) if owned else store
+    try:
+        record = best_record(workload_key, target, opened, exact=exact, by_alternate_key=by_alternate_key)
+        name = record.dialect if record is not None else dialect or dialect_of_workload_key(workload_key)
+        builder = getattr(get_dialect(name), "compile_record", None)
+        if builder is None:
+            raise DialectError(f"dialect {name!r} cannot compile kernels from records")
+        if record is not None:
+            # A dialect whose records name their workload by hash reads the entry from the store.
+            extra = {"store": opened} if getattr(get_dialect(name), "compile_reads_store", False) else {}
+            kernel = builder(record, target=target, **extra)
+            kernel.from_warehouse, kernel.record, kernel.fallback_reason = True, record, ""
+            return kernel
+    finally:
+        if owned:
+            opened.close()
     reason = f"no valid record of {workload_key!r} for target {target!r} in the warehouse; built a default schedule"
     warnings.warn(reason, FallbackScheduleWarning, stacklevel=2)
     logger.warning(reason)

@@ -82,8 +82,12 @@ class AppliedConfig:
 
 def dialect_of_workload_key(workload_key: str) -> str:
     """The dialect a workload key belongs to by its form: a JSON list ``["func", ...]`` is an
-    auto-scheduler key, anything else an AutoTVM key ``task#arg#...``."""
-    return "auto_scheduler" if workload_key.lstrip().startswith("[") else "autotvm"
+    auto-scheduler key, a decimal number a MetaSchedule structural hash, anything else an
+    AutoTVM key ``task#arg#...``."""
+    key = workload_key.strip()
+    if key.startswith("["):
+        return "auto_scheduler"
+    return "meta_schedule" if key.isdigit() else "autotvm"
 
 
 @lru_cache(maxsize=1)

@@ -32,3 +32,36 @@ def tensor_shapes(record: TuningRecord) -> list[tuple[str, list[int]]]:
         if isinstance(arg, list) and len(arg) == 3 and arg[0] == "TENSOR":
             shapes.append((str(arg[1]), list(arg[2])))
     return shapes
+
+
+def make_record(target: str, workload_key: str, trace: Any, costs: list[float], error_no: int, all_cost: float,
+                timestamp: float, args_info: list[Any], flop: float | None, task_name: str, extra: dict[str, Any],
+                source: str = "lorien tune") -> TuningRecord:
+    """A TuningRecord of one measured trace, in MetaSchedule's record form (run_secs, the target
+    as TVM's JSON dict, args_info); ``extra`` says where its workload is."""
+    from lorien.engine.build import build_info
+    from lorien.record import FAILED_COST_S
+    from lorien.target import parse_target
+
+    parsed = parse_target(target)
+    if error_no != 0 and not costs:
+        costs = [FAILED_COST_S]
+    return TuningRecord(
+        dialect="meta_schedule", target=parsed.canonical, target_key=parsed.alternate_key, workload_key=workload_key,
+        task_name=task_name, args=orjson.dumps(args_info).decode(), layout=extra.get("layout", "NA"),
+        config=orjson.dumps(trace).decode(), costs=list(costs), error_no=int(error_no), all_cost=float(all_cost),
+        timestamp=float(timestamp), flop=flop, extra=orjson.dumps(extra).decode(), source=source,
+        target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build_info())
+
+
+def target_dict(target: Any) -> dict[str, Any]:
+    """TVM's JSON dict form of a parsed target (``{"kind": "llvm", "keys": [...], ...}``)."""
+    value: dict[str, Any] = {"kind": target.kind}
+    for key, option in sorted(target.options.items()):
+        value[key.lstrip("-")] = list(option) if isinstance(option, tuple) else option
+    return value
+
+
+def args_info(dag: Any) -> list[Any]:
+    """MetaSchedule's ``args_info`` of a DAG's arguments: ``["TENSOR", dtype, shape]`` each."""
+    return [["TENSOR", t.dtype, list(t.shape)] for t in dag.io_tensors]

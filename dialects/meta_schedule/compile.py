@@ -1,0 +1,175 @@
+"""Build kernels of MetaSchedule records on Lorien's engine, measure traces in isolated workers,
+and replay whole JSONDatabases with every kernel checked against NumPy.
+
+A record's workload is found from its ``extra``: the TIR module of a database entry (by its
+content hash, in the store or among the entries this process has read, or carried in the
+record), or ``lorien_workload`` (the compute DAG of a workload tuned here, as plain data).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dialects.auto_scheduler.compile import ReplayOutcome
+from dialects.auto_scheduler.dag import ComputeDAG
+from dialects.meta_schedule.trace import replay_trace
+from dialects.meta_schedule.workload import dag_of_module
+from lorien.errors import ConfigError, LorienError, RecordParseError, WorkloadError
+from lorien.record import TuningRecord
+
+LORIEN_WORKLOAD = "lorien_workload"
+
+
+def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
+    """The compute DAG of a MetaSchedule record's workload."""
+    from lorien.formats.meta_schedule import known_workloads
+
+    extra = orjson.loads(record.extra) if record.extra else {}
+    if LORIEN_WORKLOAD in extra:
+        return dag_from_json(orjson.dumps(extra[LORIEN_WORKLOAD]).decode())
+    if "workload" in extra:
+        return _module_dag(orjson.dumps(extra["workload"]).decode())
+    digest = extra.get("workload_hash")
+    if digest is None:
+        raise WorkloadError(f"record {record.record_id} names no MetaSchedule workload in its extra")
+    text = (store.get_workloads([digest]).get(digest) if store is not None else None) or \
+        known_workloads([digest]).get(digest)
+    if text is None:
+        raise WorkloadError(f"record {record.record_id}: the entry of MetaSchedule workload {digest} is not at hand "
+                            f"(compile from the store it was ingested into, or read its database first)")
+    return _module_dag(text)
+
+
+@functools.lru_cache(maxsize=16)
+def _module_dag(entry_text: str) -> ComputeDAG:
+    entry = orjson.loads(entry_text)
+    return dag_of_module(entry[1])
+
+
+@functools.lru_cache(maxsize=16)
+def dag_from_json(dag_json: str) -> ComputeDAG:
+    """A compute DAG from its JSON text (:meth:`ComputeDAG.to_json`), cached for workers."""
+    return ComputeDAG.from_json(orjson.loads(dag_json))
+
+
+def dag_text(dag: ComputeDAG) -> str:
+    """The JSON text of a DAG, what builders and references carry to worker processes."""
+    return orjson.dumps(dag.to_json()).decode()
+
+
+def _kernel(dag: ComputeDAG, trace: Any, target: str | None, workload_key: str):
+    from dialects.auto_scheduler.compile import _cpu
+    from lorien.engine.build import build
+
+    replay = replay_trace(dag, trace)
+    kernel = build(replay.schedule, replay.args, target=_cpu(target))
+    kernel.workload_key, kernel.trace, kernel.notes, kernel.tensors = workload_key, trace, replay.notes, replay.args
+    return kernel
+
+
+def compile_record(record: TuningRecord, target: str | None = None, store: Any = None):
+    """The kernel of a MetaSchedule record: its trace replayed on its workload.
+
+    The kernel carries ``workload_key``, ``trace``, ``notes`` and ``tensors`` (its arguments).
+    """
+    return _kernel(workload_dag(record, store), orjson.loads(record.config), target, record.workload_key)
+
+
+def check_kernel(kernel: Any, dag: ComputeDAG, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3,
+                 expected: list[np.ndarray] | None = None) -> float:
+    """Run a kernel on random inputs (from ``seed``) and compare its outputs with the DAG's
+    NumPy evaluation (or ``expected``, computed from the same inputs); returns the largest
+    absolute error, raises WorkloadError when an output differs."""
+    inputs = reference_inputs(dag, seed)
+    arrays, given = [], iter(inputs)
+    for spec in kernel.args:
+        arrays.append(np.zeros(spec.shape, spec.dtype) if spec.is_output else next(given))
+    kernel(*arrays)
+    want = expected if expected is not None else dag.evaluate(*inputs)
+    worst = 0.0
+    outputs = [(a, spec) for a, spec in zip(arrays, kernel.args, strict=True) if spec.is_output]
+    for (got, spec), value in zip(outputs, want, strict=True):
+        error = float(np.max(np.abs(got.astype(np.float64) - value.astype(np.float64))))
+        if not np.allclose(got, value, rtol=rtol, atol=atol):
+            raise WorkloadError(f"output {spec.name!r} differs from the NumPy reference (max abs error {error:.3g})")
+        worst = max(worst, error)
+    return worst
+
+
+def reference_inputs(dag: ComputeDAG, seed: int) -> list[np.ndarray]:
+    """Random inputs of a DAG in [-1, 1), one array per input tensor in argument order."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, t.shape).astype(t.dtype) for t in dag.io_tensors if t not in dag.outputs]
+
+
+def replay_database(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
+    """Replay every record of a MetaSchedule JSONDatabase on Lorien's engine: each trace builds
+    a kernel whose output is checked against NumPy (one reference per workload); an
+    instruction that cannot be applied is reported with its index, name and why, a line that
+    does not parse with its error."""
+    from lorien.formats.meta_schedule import iter_records, pair_paths
+
+    record_file = str(pair_paths(path)[1])
+    outcomes: list[ReplayOutcome] = []
+    expected: dict[str, list[np.ndarray]] = {}
+    for line, item in enumerate(iter_records(path), 1):
+        if isinstance(item, RecordParseError):
+            outcomes.append(ReplayOutcome(record_file, line, "", "failed", str(item)))
+            continue
+        try:
+            dag = workload_dag(item)
+            kernel = _kernel(dag, orjson.loads(item.config), None, item.workload_key)
+            error = None
+            if check:
+                if item.workload_key not in expected:
+                    expected[item.workload_key] = dag.evaluate(*reference_inputs(dag, 0))
+                error = check_kernel(kernel, dag, expected=expected[item.workload_key])
+        except LorienError as exc:
+            outcomes.append(ReplayOutcome(record_file, line, item.workload_key, "failed", str(exc)))
+            continue
+        outcomes.append(ReplayOutcome(record_file, line, item.workload_key, "ok", max_error=error, notes=kernel.notes))
+    return outcomes
+
+
+@dataclass(frozen=True)
+class TraceBuilder:
+    """Picklable ``() -> (schedule, tensors)`` of one trace on a DAG (carried as JSON text)."""
+
+    dag_json: str
+    trace_json: str
+
+    def __call__(self) -> tuple[Any, list[Any]]:
+        replay = replay_trace(dag_from_json(self.dag_json), orjson.loads(self.trace_json))
+        return replay.schedule, replay.args
+
+
+@dataclass(frozen=True)
+class DagReference:
+    """Picklable NumPy reference of a DAG: its outputs evaluated from its inputs."""
+
+    dag_json: str
+
+    def __call__(self, *inputs: Any) -> Any:
+        return dag_from_json(self.dag_json).evaluate(*inputs)
+
+
+def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None = None) -> list[Any]:
+    """Build and measure traces in isolated workers, each output checked against NumPy; one
+    MeasureResult per trace."""
+    from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
+
+    try:
+        option = MeasureOption(**(measure or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad measure options {measure}: {exc}") from exc
+    text = dag_text(dag)
+    reference = DagReference(text)
+    inputs = [MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference) for trace in traces]
+    return measure_batch(inputs, option)
