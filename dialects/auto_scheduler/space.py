@@ -176,21 +176,7 @@ class SketchSpace:
         return self.index_of_knobs(positions)
 
     def _move_factor(self, knob: int, position: int, rng: np.random.Generator) -> int:
-        """A factorization with one prime factor moved from one level to another."""
-        parts = list(self.tiles[knob].entities[position])
-        sources = [i for i, v in enumerate(parts) if v > 1]
-        for _ in range(8):
-            src = sources[int(rng.integers(len(sources)))]
-            dst = _other(src, len(parts), rng)
-            primes = _primes(parts[src])
-            prime = primes[int(rng.integers(len(primes)))]
-            moved = list(parts)
-            moved[src] //= prime
-            moved[dst] *= prime
-            found = self._entity_index[knob].get(tuple(moved))
-            if found is not None:
-                return found
-        return _other(position, len(self.tiles[knob].entities), rng)
+        return move_factor(self.tiles[knob].entities, self._entity_index[knob], position, rng)
 
     # ------------------------------------------------------------ records back to points
     def index_of_steps(self, steps: Sequence[Sequence[Any]]) -> int | None:
@@ -218,6 +204,27 @@ class SketchSpace:
                 if self.get(index) == steps:
                     return index
         return None
+
+
+def move_factor(entities: Sequence[tuple[int, ...]], entity_index: dict[tuple[int, ...], int], position: int,
+                rng: np.random.Generator) -> int:
+    """The tile-size mutation (Ansor's and MetaSchedule's): the factorization ``entities[position]``
+    with one prime factor moved from one level to another; another entity when no move lands
+    on one. ``entity_index`` maps each entity back to its position."""
+    parts = list(entities[position])
+    sources = [i for i, v in enumerate(parts) if v > 1]
+    for _ in range(8):
+        src = sources[int(rng.integers(len(sources)))]
+        dst = _other(src, len(parts), rng)
+        primes = _primes(parts[src])
+        prime = primes[int(rng.integers(len(primes)))]
+        moved = list(parts)
+        moved[src] //= prime
+        moved[dst] *= prime
+        found = entity_index.get(tuple(moved))
+        if found is not None:
+            return found
+    return _other(position, len(entities), rng)
 
 
 def _shape(step: Sequence[Any]) -> list[Any]:

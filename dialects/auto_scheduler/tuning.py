@@ -31,7 +31,7 @@ from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost
 from lorien.search.xgb import history_by_workload
 from lorien.tune.managers.base import job_source_tag
-from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_batches
 
 #: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
 XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
@@ -213,56 +213,15 @@ def _resume(tuner: Tuner, space: SketchSpace, history: Sequence[TuningRecord]) -
     return records
 
 
-def _next_candidates(tuner: Tuner, space: SketchSpace, wanted: int,
-                     measured: dict[bytes, Any]) -> tuple[list[int], list[list[list[Any]]]]:
-    """Up to ``wanted`` points whose programs were never measured. Points that render to a
-    program measured before (several points can: a parallel depth beyond what a sketch
-    fuses) teach the tuner that program's result instead of being measured again."""
-    indices: list[int] = []
-    candidates: list[list[list[Any]]] = []
-    keys: set[bytes] = set()
-    while len(candidates) < wanted and tuner.has_next():
-        proposed = tuner.next_batch(wanted - len(candidates))
-        if not proposed:
-            break
-        known_indices, known_results = [], []
-        for index in proposed:
-            steps = space.get(index)
-            key = orjson.dumps(steps)
-            if key in measured:
-                known_indices.append(index)
-                known_results.append(measured[key])
-            elif key not in keys:
-                keys.add(key)
-                indices.append(index)
-                candidates.append(steps)
-        if known_indices:
-            tuner.update(known_indices, known_results)
-    return indices, candidates
-
-
 def _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest, source,
           store, log_path, on_batch) -> None:
     from lorien.formats import encode_record
 
+    def to_records(candidates: list[Any], results: list[Any]) -> list[TuningRecord]:
+        return [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
+                            float(r.timestamp), source=source)
+                for steps, r in zip(candidates, results, strict=True)]
+
     sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
-    try:
-        while progress.trials < progress.total and tuner.has_next():
-            indices, candidates = _next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
-                                                   measured)
-            if not candidates:
-                break
-            results = measure_steps(workload_key, candidates, job.get("measure"))
-            records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
-                                   float(r.timestamp), source=source)
-                       for steps, r in zip(candidates, results, strict=True)]
-            sink.write(records, progress)
-            tuner.update(indices, results)
-            measured.update((orjson.dumps(steps), result) for steps, result in zip(candidates, results, strict=True))
-            progress.count(candidates, results, records)
-            if on_batch is not None:
-                on_batch(progress, records)
-            if progress.stalled(early_stopping):
-                break
-    finally:
-        sink.close()
+    tune_batches(tuner, space, progress, measured, batch_size, early_stopping, sink,
+                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure")), to_records, on_batch)

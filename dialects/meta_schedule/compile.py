@@ -3,7 +3,7 @@ and replay whole JSONDatabases with every kernel checked against NumPy.
 
 A record's workload is found from its ``extra``: the TIR module of a database entry (by its
 content hash, in the store or among the entries this process has read, or carried in the
-record), or ``lorien_workload`` (the compute DAG of a workload tuned here, as plain data).
+record); a workload tuned here is an entry ``[hash, {"lorien_dag": DAG as plain data}]``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import orjson
 from dialects.auto_scheduler.compile import ReplayOutcome
 from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.meta_schedule.trace import replay_trace
-from dialects.meta_schedule.workload import dag_of_module
+from dialects.meta_schedule.workload import dag_of_module, workload_key_of
 from lorien.errors import ConfigError, LorienError, RecordParseError, WorkloadError
 from lorien.record import TuningRecord
 
-LORIEN_WORKLOAD = "lorien_workload"
+LORIEN_DAG = "lorien_dag"
 
 
 def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
@@ -32,8 +32,6 @@ def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
     from lorien.formats.meta_schedule import known_workloads
 
     extra = orjson.loads(record.extra) if record.extra else {}
-    if LORIEN_WORKLOAD in extra:
-        return dag_from_json(orjson.dumps(extra[LORIEN_WORKLOAD]).decode())
     if "workload" in extra:
         return _module_dag(orjson.dumps(extra["workload"]).decode())
     digest = extra.get("workload_hash")
@@ -49,8 +47,17 @@ def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
 
 @functools.lru_cache(maxsize=16)
 def _module_dag(entry_text: str) -> ComputeDAG:
+    """The DAG of a workload entry: a TVM TIR module, or ``{"lorien_dag": ...}`` (tuned here)."""
     entry = orjson.loads(entry_text)
+    if isinstance(entry[1], dict) and LORIEN_DAG in entry[1]:
+        return ComputeDAG.from_json(entry[1][LORIEN_DAG])
     return dag_of_module(entry[1])
+
+
+def lorien_entry(dag: ComputeDAG) -> list[Any]:
+    """The workload entry ``[structural hash, {"lorien_dag": DAG}]`` of a workload defined with
+    Lorien's compute DSL (what a record tuned here carries and a JSONDatabase export writes)."""
+    return [workload_key_of(dag), {LORIEN_DAG: dag.to_json()}]
 
 
 @functools.lru_cache(maxsize=16)

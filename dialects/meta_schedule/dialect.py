@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from dialects.meta_schedule import features
 from lorien.dialect import AppliedConfig, Dialect
 from lorien.errors import DialectError
 from lorien.record import TuningRecord
+from lorien.workload import LAYOUT_NA, warn_unknown_flop
 
 
 class MetaScheduleDialect(Dialect):
@@ -22,6 +24,43 @@ class MetaScheduleDialect(Dialect):
 
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
         return features.featurize(record)
+
+    def __init__(self) -> None:
+        self._described: dict[str, tuple[str, float | None]] = {}
+
+    def workload_key(self, task_name: str, args: list[Any]) -> str:
+        """The structural hash of the compute DAG of a registered workload function's args."""
+        from dialects.auto_scheduler import registry
+        from dialects.meta_schedule.tuning import job_dag
+        from dialects.meta_schedule.workload import workload_key_of
+
+        dag = job_dag(registry.make_workload_key(task_name, args))
+        key = workload_key_of(dag)
+        self._described[key] = (dag.layout(), dag.flop())
+        return key
+
+    def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
+        """Layout and FLOPs of a workload keyed in this process; a hash from elsewhere is unknown."""
+        if workload_key in self._described:
+            return self._described[workload_key]
+        warn_unknown_flop(workload_key, "a MetaSchedule structural hash names no workload Lorien has built")
+        return LAYOUT_NA, None
+
+    def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+        """(workload function, args) of a tuning-YAML op shorthand, as the auto_scheduler's."""
+        from dialects.auto_scheduler.workloads import expand_workload
+
+        return expand_workload(op, params)
+
+    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
+        """Tune one job by evolutionary search over its design space; each measured batch is
+        committed to ``store_uri``. Options: ``on_batch(progress, records)``, ``source``,
+        ``commit`` (default True); ``log_path`` is ignored (export a JSONDatabase instead)."""
+        from dialects.meta_schedule.tuning import tune_job
+
+        progress = tune_job(job, store_uri, on_batch=options.get("on_batch"), source=options.get("source"),
+                            commit=options.get("commit", True))
+        return progress.records
 
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built by replaying a stored record's trace on its workload."""

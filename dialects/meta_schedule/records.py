@@ -36,7 +36,7 @@ def tensor_shapes(record: TuningRecord) -> list[tuple[str, list[int]]]:
 
 def make_record(target: str, workload_key: str, trace: Any, costs: list[float], error_no: int, all_cost: float,
                 timestamp: float, args_info: list[Any], flop: float | None, task_name: str, extra: dict[str, Any],
-                source: str = "lorien tune") -> TuningRecord:
+                source: str = "lorien tune", layout: str = "NA") -> TuningRecord:
     """A TuningRecord of one measured trace, in MetaSchedule's record form (run_secs, the target
     as TVM's JSON dict, args_info); ``extra`` says where its workload is."""
     from lorien.engine.build import build_info
@@ -48,7 +48,7 @@ def make_record(target: str, workload_key: str, trace: Any, costs: list[float], 
         costs = [FAILED_COST_S]
     return TuningRecord(
         dialect="meta_schedule", target=parsed.canonical, target_key=parsed.alternate_key, workload_key=workload_key,
-        task_name=task_name, args=orjson.dumps(args_info).decode(), layout=extra.get("layout", "NA"),
+        task_name=task_name, args=orjson.dumps(args_info).decode(), layout=layout,
         config=orjson.dumps(trace).decode(), costs=list(costs), error_no=int(error_no), all_cost=float(all_cost),
         timestamp=float(timestamp), flop=flop, extra=orjson.dumps(extra).decode(), source=source,
         target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build_info())

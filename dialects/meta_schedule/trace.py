@@ -350,7 +350,9 @@ class TraceState:
         extents = leaf_extents(producer)
         mirror: dict[str, str] = {}
         own: list[str] = []
-        for axis in producer.op.axis:
+        if [iv.extent for iv in copy.op.axis] != [iv.extent for iv in producer.op.axis]:
+            raise _Failure(f"block {copy.name!r} does not have the spatial loops of {producer.name!r}")
+        for axis, copy_axis in zip(producer.op.axis, copy.op.axis, strict=True):
             pieces = _pieces(producer, axis.name)
             if pieces is None:
                 raise _Failure(f"axis {axis.name!r} of {producer.name!r} was fused; only split loops can be shared")
@@ -358,8 +360,7 @@ class TraceState:
             if pieces[: len(outer)] != outer:
                 raise _Failure(f"the shared loops of axis {axis.name!r} are not its outermost pieces")
             inner_extent = math.prod(extents[p] for p in pieces[len(outer):])
-            current = axis.name
-            own_leaf = current
+            current = own_leaf = copy_axis.name
             if outer:
                 head, tail = copy.split(current, factor=inner_extent)
                 current, own_leaf = head.name, tail.name

@@ -72,3 +72,62 @@ class BatchSink:
 
 
 BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
+
+
+def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, Any]) -> tuple[list[int], list[Any]]:
+    """Up to ``wanted`` points (with their configs, ``space.get(index)``) whose configs were
+    never measured. Points that give a config measured before (several points can) teach the
+    tuner that config's result instead of being measured again."""
+    import orjson
+
+    indices: list[int] = []
+    candidates: list[Any] = []
+    keys: set[bytes] = set()
+    while len(candidates) < wanted and tuner.has_next():
+        proposed = tuner.next_batch(wanted - len(candidates))
+        if not proposed:
+            break
+        known_indices, known_results = [], []
+        for index in proposed:
+            config = space.get(index)
+            key = orjson.dumps(config)
+            if key in measured:
+                known_indices.append(index)
+                known_results.append(measured[key])
+            elif key not in keys:
+                keys.add(key)
+                indices.append(index)
+                candidates.append(config)
+        if known_indices:
+            tuner.update(known_indices, known_results)
+    return indices, candidates
+
+
+def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[bytes, Any], batch_size: int,
+                 early_stopping: int | None, sink: BatchSink,
+                 measure: Callable[[list[Any]], list[Any]],
+                 to_records: Callable[[list[Any], list[Any]], list[TuningRecord]],
+                 on_batch: BatchCallback | None = None) -> None:
+    """The tuning loop every dialect shares: propose a batch, ``measure`` its configs, turn
+    (configs, results) into records, write them to ``sink``, teach the tuner; until the
+    budget is spent, the space exhausted or ``early_stopping`` trials bring nothing better."""
+    import orjson
+
+    try:
+        while progress.trials < progress.total and tuner.has_next():
+            indices, candidates = next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
+                                                  measured)
+            if not candidates:
+                break
+            results = measure(candidates)
+            records = to_records(candidates, results)
+            sink.write(records, progress)
+            tuner.update(indices, results)
+            measured.update((orjson.dumps(config), result) for config, result in zip(candidates, results, strict=True))
+            progress.count(candidates, results, records)
+            if on_batch is not None:
+                on_batch(progress, records)
+            if progress.stalled(early_stopping):
+                break
+    finally:
+        sink.close()

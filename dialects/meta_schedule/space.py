@@ -1,0 +1,334 @@
+"""The design space of a workload: schedule rules applied to its blocks, their sampling
+instructions left open, and the postprocessing that completes a trace.
+
+Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
+
+- **multi-level tiling** ``SSRSRS`` on every block that needs it (a reduction whose loops
+  are reused, :func:`dialects.auto_scheduler.sketch.needs_multi_level_tiling`): each spatial
+  loop split in four by ``SamplePerfectTile``, each reduce loop in two, reordered
+  S0 S1 R0 S2 R1 S3; the result is written through a cache (``CacheWrite`` +
+  ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
+  consumer (bias, relu) takes the cache's place: it runs inside the tile.
+- **auto-inline**: other element-wise blocks without a condition are inlined.
+- **random compute location**: a block with a condition (padding) is computed where
+  ``SampleComputeLocation`` says: a loop of its consumer, or the root.
+- **parallel / vectorize / unroll**: the root block is annotated with the largest parallel
+  extent (jobs per core x cores), the vector width and a ``SampleCategorical`` unroll step.
+
+Knobs of the indexed space (``lorien.search``; first knob least significant): the tile
+sizes of every split loop (factorizations of its extent, innermost at most 64), the cache
+level of every tiled block, the location of every block placed by a random compute
+location, the unroll step, the parallel jobs per core. A point renders to a full trace:
+the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
+postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
+into one parallel loop up to the parallel extent, innermost spatial loops vectorized,
+``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
+replays every instruction on the engine, which verifies the trace.
+
+Mutators (:meth:`TraceSpace.mutate`): tile size (a prime factor moves between levels),
+unroll, compute location, parallel, cache level.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dialects.auto_scheduler.dag import ComputeDAG
+from dialects.auto_scheduler.sketch import leaf_extents, needs_multi_level_tiling
+from dialects.auto_scheduler.space import MAX_INNERMOST, _other, factorizations, move_factor
+from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
+from lorien.engine import te
+from lorien.errors import DialectError
+from lorien.search.base import index_of_positions, knob_positions
+
+UNROLL_STEPS = (0, 16, 64, 512)
+JOBS_PER_CORE = (4, 16, 64)
+VECTOR_EXTENT = 64
+SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
+#: Probability of each mutator.
+MUTATIONS = (("tile", 0.85), ("unroll", 0.05), ("location", 0.05), ("parallel", 0.03), ("cache", 0.02))
+
+
+@dataclass
+class _Tiled:
+    stage: str
+    loops: list[tuple[str, int, int]]  # (root axis, extent, levels), spatial first
+    epilogue: str | None
+    tile_knobs: list[int] = field(default_factory=list)
+    cache_knob: int = -1
+
+
+@dataclass
+class _Placed:
+    stage: str
+    consumer: str
+    knob: int = -1
+    choices: list[int] = field(default_factory=list)
+
+
+class _Writer:
+    """Emits instructions with fresh random-variable names, applying each to a TraceState."""
+
+    def __init__(self, dag: ComputeDAG):
+        self.state = TraceState(dag)
+        self.instructions: list[list[Any]] = []
+        self.decisions: list[list[Any]] = []
+        self.counter = 0
+
+    def names(self, prefix: str, count: int) -> list[str]:
+        made = [f"{prefix}{self.counter + i}" for i in range(count)]
+        self.counter += count
+        return made
+
+    def emit(self, name: str, inputs: list[Any], attrs: list[Any], outputs: list[str], decision: Any = None) -> list[str]:
+        index = len(self.instructions)
+        instruction = [name, inputs, attrs, outputs]
+        self.instructions.append(instruction)
+        if decision is not None:
+            self.decisions.append([index, decision])
+        self.state.apply(index, instruction, decision)
+        return outputs
+
+    def trace(self) -> list[Any]:
+        return [self.instructions, self.decisions]
+
+
+def _reads(stage: Any, name: str) -> bool:
+    return any(isinstance(n, te.Load) and n.tensor.name == name for n in te.walk(stage.op.body))
+
+
+def _has_condition(stage: Any) -> bool:
+    return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
+
+
+class TraceSpace:
+    """Every trace the rules give a workload, as an indexed space."""
+
+    def __init__(self, dag: ComputeDAG, cores: int | None = None, max_innermost: int = MAX_INNERMOST):
+        self.dag = dag
+        self.cores = cores or os.cpu_count() or 1
+        schedule = dag.init_schedule()
+        outputs = {t.name for t in dag.outputs}
+        self.tiled: list[_Tiled] = []
+        self.inlined: list[str] = []
+        self.placed: list[_Placed] = []
+        self.dims: list[int] = []
+        self.tile_entities: list[tuple[tuple[int, ...], ...]] = []
+        epilogues: set[str] = set()
+        for stage in schedule.stages:
+            if not needs_multi_level_tiling(stage):
+                continue
+            consumers = [s for s in schedule.stages if _reads(s, stage.name)]
+            epilogue = None
+            if len(consumers) == 1 and consumers[0].name in outputs and not consumers[0].op.reduce_axis \
+                    and consumers[0].tensor.shape == stage.tensor.shape:
+                epilogue = consumers[0].name
+                epilogues.add(epilogue)
+            loops = [(iv.name, int(iv.extent), SPATIAL_LEVELS) for iv in stage.op.axis]
+            loops += [(iv.name, int(iv.extent), REDUCE_LEVELS) for iv in stage.op.reduce_axis]
+            tiled = _Tiled(stage.name, loops, epilogue)
+            for _, extent, levels in loops:
+                tiled.tile_knobs.append(len(self.dims))
+                entities = tuple(factorizations(extent, levels, max_innermost))
+                self.tile_entities.append(entities)
+                self.dims.append(len(entities))
+            tiled.cache_knob = len(self.dims)
+            self.dims.append(3)
+            self.tiled.append(tiled)
+        if not self.tiled:
+            raise DialectError(f"no block of stages {dag.stage_names} needs multi-level tiling")
+        tiled_names = {t.stage for t in self.tiled}
+        for stage in schedule.stages:
+            if stage.name in tiled_names or stage.name in epilogues or stage.name in outputs:
+                continue
+            consumers = [s for s in schedule.stages if _reads(s, stage.name)]
+            if stage.op.reduce_axis or len(consumers) != 1:
+                continue
+            if not _has_condition(stage):
+                self.inlined.append(stage.name)
+                continue
+            consumer = consumers[0]
+            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else sum(
+                levels for _, _, levels in next(t for t in self.tiled if t.stage == consumer.name).loops)
+            placed = _Placed(stage.name, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
+            self.dims.append(len(placed.choices))
+            self.placed.append(placed)
+        self.unroll_knob = len(self.dims)
+        self.dims.append(len(UNROLL_STEPS))
+        self.parallel_knob = len(self.dims)
+        self.dims.append(len(JOBS_PER_CORE))
+        self._size = math.prod(self.dims)
+        self._entity_index = [{e: i for i, e in enumerate(entities)} for entities in self.tile_entities]
+
+    # ------------------------------------------------------------ IndexedSpace
+    def __len__(self) -> int:
+        return self._size
+
+    def knob_indices(self, index: int) -> list[int]:
+        return knob_positions(index, self.dims)
+
+    def index_of_knobs(self, positions: Sequence[int]) -> int:
+        return index_of_positions(positions, self.dims)
+
+    def get(self, index: int) -> list[Any]:
+        """The trace ``[instructions, decisions]`` of point ``index``."""
+        return self.render(self.knob_indices(index))
+
+    def knob_feature_tables(self) -> list[np.ndarray]:
+        """Per knob, features of each value: log2 of tile sizes, the cache level, the location
+        as a fraction of the consumer's loops, log2 of the unroll step and parallel extent."""
+        tables: list[np.ndarray] = [np.zeros((1, 1))] * len(self.dims)
+        knob = 0
+        for tiled in self.tiled:
+            for k in tiled.tile_knobs:
+                tables[k] = np.log2(np.array(self.tile_entities[knob], dtype=float))
+                knob += 1
+            tables[tiled.cache_knob] = np.arange(3, dtype=float).reshape(-1, 1)
+        for placed in self.placed:
+            tables[placed.knob] = (np.array(placed.choices, dtype=float) / max(1, len(placed.choices))).reshape(-1, 1)
+        tables[self.unroll_knob] = np.log2(1.0 + np.array(UNROLL_STEPS, dtype=float)).reshape(-1, 1)
+        tables[self.parallel_knob] = np.log2(np.array(JOBS_PER_CORE, dtype=float)).reshape(-1, 1)
+        return tables
+
+    # ------------------------------------------------------------ mutators
+    def mutate(self, index: int, rng: np.random.Generator) -> int:
+        """One mutation of a point: tile size, unroll, compute location, parallel or cache level."""
+        positions = self.knob_indices(index)
+        kinds, weights = zip(*MUTATIONS, strict=True)
+        kind = kinds[int(rng.choice(len(kinds), p=np.array(weights) / sum(weights)))]
+        tile_knobs = [k for t in self.tiled for k in t.tile_knobs]
+        movable = [(n, k) for n, k in enumerate(tile_knobs) if self.dims[k] > 1]
+        if kind == "tile" and movable:
+            n, k = movable[int(rng.integers(len(movable)))]
+            positions[k] = move_factor(self.tile_entities[n], self._entity_index[n], positions[k], rng)
+        elif kind == "location" and self.placed:
+            placed = self.placed[int(rng.integers(len(self.placed)))]
+            positions[placed.knob] = _other(positions[placed.knob], self.dims[placed.knob], rng)
+        elif kind == "parallel":
+            positions[self.parallel_knob] = _other(positions[self.parallel_knob], len(JOBS_PER_CORE), rng)
+        elif kind == "cache":
+            tiled = self.tiled[int(rng.integers(len(self.tiled)))]
+            positions[tiled.cache_knob] = _other(positions[tiled.cache_knob], 3, rng)
+        else:
+            positions[self.unroll_knob] = _other(positions[self.unroll_knob], len(UNROLL_STEPS), rng)
+        return self.index_of_knobs(positions)
+
+    # ------------------------------------------------------------ rendering
+    def render(self, positions: Sequence[int]) -> list[Any]:
+        """The trace of knob positions: the rules' instructions, then the postprocessing."""
+        writer = _Writer(self.dag)
+        blocks = {}
+        for stage in writer.state.schedule.stages:
+            (blocks[stage.name],) = writer.emit("GetSBlock", [], [stage.name, "main"], writer.names("b", 1))
+        (root,) = writer.emit("GetSBlock", [], ["root", "main"], writer.names("b", 1))
+        knob = 0
+        for tiled in self.tiled:
+            knob = self._tile(writer, blocks, tiled, positions, knob)
+        for name in self.inlined:
+            writer.emit("ComputeInline", [blocks[name]], [], [])
+        max_parallel = JOBS_PER_CORE[positions[self.parallel_knob]] * self.cores
+        writer.emit("Annotate", [root, max_parallel], ["meta_schedule.parallel"], [])
+        writer.emit("Annotate", [root, VECTOR_EXTENT], ["meta_schedule.vectorize"], [])
+        unroll_position = positions[self.unroll_knob]
+        (step,) = writer.emit("SampleCategorical", [], [list(UNROLL_STEPS), [1 / len(UNROLL_STEPS)] * len(UNROLL_STEPS)],
+                              writer.names("v", 1), unroll_position)
+        writer.emit("Annotate", [root, step], ["meta_schedule.unroll_explicit"], [])
+        for placed in self.placed:
+            (location,) = writer.emit("SampleComputeLocation", [blocks[placed.stage]], [], writer.names("l", 1),
+                                      placed.choices[positions[placed.knob]])
+            writer.emit("ComputeAt", [blocks[placed.stage], location], [1, -1], [])
+        self._postprocess(writer, max_parallel, UNROLL_STEPS[unroll_position])
+        return writer.trace()
+
+    def _tile(self, writer: _Writer, blocks: dict[str, str], tiled: _Tiled, positions: Sequence[int], knob: int) -> int:
+        block = blocks[tiled.stage]
+        writer.emit("Annotate", [block, '"SSRSRS"'], ["meta_schedule.tiling_structure"], [])
+        loops = writer.emit("GetLoops", [block], [], writer.names("l", len(tiled.loops)))
+        spatial: list[list[str]] = [[] for _ in range(SPATIAL_LEVELS)]
+        reduce: list[list[str]] = [[] for _ in range(REDUCE_LEVELS)]
+        for loop, (_, _, levels), k in zip(loops, tiled.loops, tiled.tile_knobs, strict=True):
+            sizes = list(self.tile_entities[knob][positions[k]])
+            knob += 1
+            factors = writer.emit("SamplePerfectTile", [loop], [levels, MAX_INNERMOST], writer.names("v", levels), sizes)
+            parts = writer.emit("Split", [loop, *factors], [1, 0], writer.names("l", levels))
+            for level, part in enumerate(parts):
+                (spatial if levels == SPATIAL_LEVELS else reduce)[level].append(part)
+        order = spatial[0] + spatial[1] + reduce[0] + spatial[2] + reduce[1] + spatial[3]
+        writer.emit("Reorder", order, [], [])
+        level = positions[tiled.cache_knob]
+        if level:
+            point = spatial[level - 1][-1]
+            if tiled.epilogue is not None:
+                writer.emit("ReverseComputeAt", [blocks[tiled.epilogue], point], [1, -1], [])
+            else:
+                (cache,) = writer.emit("CacheWrite", [block, []], [0, "global"], writer.names("b", 1))
+                writer.emit("ReverseComputeAt", [cache, point], [1, -1], [])
+        return knob
+
+    def _postprocess(self, writer: _Writer, max_parallel: int, unroll: int) -> None:
+        """TVM's RewriteParallelVectorizeUnroll as trace instructions, then DecomposeReduction."""
+        state = writer.state
+        writer.emit("EnterPostproc", [], [], [])
+        (root,) = writer.emit("GetSBlock", [], ["root", "main"], writer.names("b", 1))
+        for hint in ("meta_schedule.parallel", "meta_schedule.vectorize", "meta_schedule.unroll_explicit"):
+            writer.emit("Unannotate", [root], [hint], [])
+        order = [name for name in state.blocks_in_order() if state.schedule[name].attach != "inline"]
+        children = writer.emit("GetChildBlocks", [root], [], writer.names("b", len(order)))
+        tiled_names = {t.stage for t in self.tiled}
+        for name, block in zip(order, children, strict=True):
+            stage = state.schedule[name]
+            loops = state.loops_of(stage)
+            names = writer.emit("GetLoops", [block], [], writer.names("l", len(loops)))
+            prefix = self._parallel_prefix(state, loops, max_parallel)
+            first = None
+            if prefix:
+                (first,) = writer.emit("Fuse", names[:prefix], [1], writer.names("l", 1))
+                writer.emit("Parallel", [first], [], [])
+            own = state.own_leaves(stage)
+            last = loops[-1]
+            if own and last.stage == name and stage.axes[last.leaf].kind == "spatial" and len(loops) > prefix and \
+                    not any(s.attach == (name, last.leaf) for s in state.schedule.stages):
+                (vector,) = writer.emit("Fuse", [names[-1]], [1], writer.names("l", 1))
+                writer.emit("Vectorize", [vector], [], [])
+            if name in tiled_names and unroll and loops:
+                head = first or names[0]
+                writer.emit("Annotate", [head, unroll], ["pragma_auto_unroll_max_step"], [])
+                writer.emit("Annotate", [head, 1], ["pragma_unroll_explicit"], [])
+        for tiled in self.tiled:
+            stage = state.schedule[state.block_names.get(tiled.stage, tiled.stage)]
+            (block,) = writer.emit("GetSBlock", [], [tiled.stage, "main"], writer.names("b", 1))
+            loops = state.loops_of(stage)
+            names = writer.emit("GetLoops", [block], [], writer.names("l", len(loops)))
+            first_reduce = next(i for i, loop in enumerate(loops)
+                                if state.schedule[loop.stage].axes[loop.leaf].kind == "reduce")
+            writer.emit("DecomposeReduction", [block, names[first_reduce]], [], writer.names("b", 1))
+
+    @staticmethod
+    def _parallel_prefix(state: TraceState, loops: list[Loop], max_parallel: int) -> int:
+        """How many outer loops to fuse into the parallel loop: spatial loops of the root
+        stage, not annotated, while their extents multiply to at most ``max_parallel``
+        (at least one); a loop already parallel is fused alone."""
+        if not loops:
+            return 0
+        host = state.schedule[loops[0].stage]
+        if host.attach is not None:
+            return 0
+        if host.annotations.get(loops[0].leaf) == "parallel":
+            return 1
+        extents = leaf_extents(host)
+        count, product = 0, 1
+        for loop in loops:
+            if loop.stage != host.name or host.axes[loop.leaf].kind != "spatial" or loop.leaf in host.annotations:
+                break
+            if count and product * extents[loop.leaf] > max_parallel:
+                break
+            product *= extents[loop.leaf]
+            count += 1
+        return count
+

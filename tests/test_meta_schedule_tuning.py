@@ -1,0 +1,125 @@
+"""The meta_schedule dialect tunes: a design space from schedule rules, mutators, evolutionary
+search with XGBoost, records committed in MetaSchedule's form and exported as a JSONDatabase."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+import lorien
+from dialects.auto_scheduler import registry
+from dialects.meta_schedule.compile import check_kernel, replay_database
+from dialects.meta_schedule.space import TraceSpace
+from dialects.meta_schedule.trace import replay_trace
+from dialects.meta_schedule.tuning import tune_job
+from lorien.cli import main
+from lorien.dialect import get_dialect
+from lorien.engine.build import build
+from lorien.warehouse import open_store
+
+F32 = "float32"
+OPS = {
+    "dense": ("dense_layer", [4, 32, 16, False, False, F32]),
+    "dense+bias+relu": ("dense_layer", [4, 32, 16, True, True, F32]),
+    "batch_matmul": ("batch_matmul_layer", [2, 8, 16, 12, False, False, F32]),
+    "conv2d NHWC+bias+relu": ("conv2d_nhwc_layer", [1, 8, 10, 10, 16, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]),
+    "conv2d NCHW stride 2": ("conv2d_nchw_layer", [1, 8, 9, 9, 16, 3, 3, [2, 2], [1, 1], [1, 1], False, False, F32]),
+}
+MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
+
+
+def _dag(op: str):
+    name, args = OPS[op]
+    return registry.workload_dag(registry.make_workload_key(name, args))
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_random_and_mutated_points_of_the_space_build_kernels_that_match_numpy(op):
+    dag = _dag(op)
+    space = TraceSpace(dag, cores=2)
+    rng = np.random.default_rng(0)
+    index = int(rng.integers(len(space)))
+    for _ in range(4):
+        replay = replay_trace(dag, space.get(index))
+        assert check_kernel(build(replay.schedule, replay.args), dag) < 1e-3
+        index = space.mutate(index, rng)
+
+
+def test_the_space_tiles_reductions_and_places_padding_by_compute_location():
+    space = TraceSpace(_dag("conv2d NHWC+bias+relu"), cores=2)
+    assert [t.stage for t in space.tiled] == ["conv2d.acc"]
+    assert space.tiled[0].epilogue == "conv2d"
+    assert [p.stage for p in space.placed] == ["conv2d.pad"]
+    assert space.placed[0].choices[0] == -1 and len(space.placed[0].choices) == 1 + 4 * 4 + 3 * 2
+
+
+def test_a_rendered_trace_is_tvm_s_instruction_form_with_its_decisions():
+    space = TraceSpace(_dag("dense"), cores=2)
+    instructions, decisions = space.get(0)
+    names = [inst[0] for inst in instructions]
+    assert names[:3] == ["GetSBlock", "GetSBlock", "Annotate"]
+    assert "EnterPostproc" in names and names[-1] == "DecomposeReduction"
+    by_index = dict((index, value) for index, value in decisions)
+    tiles = [by_index[i] for i, name in enumerate(names) if name == "SamplePerfectTile"]
+    assert [math.prod(t) for t in tiles] == [4, 32, 16]
+    assert all(len(inst) == 4 for inst in instructions)
+
+
+def test_mutation_moves_one_prime_factor_between_tile_levels():
+    space = TraceSpace(_dag("dense"), cores=2)
+    rng = np.random.default_rng(1)
+    index = space.index_of_knobs([1] * len(space.dims))
+    moved = [space.mutate(index, rng) for _ in range(20)]
+    assert any(m != index for m in moved)
+    for m in moved:
+        diff = [k for k, (a, b) in enumerate(zip(space.knob_indices(index), space.knob_indices(m), strict=True)) if a != b]
+        assert len(diff) <= 1
+
+
+def test_tune_job_commits_meta_schedule_records_that_compile_from_the_store(store_uri):
+    job = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [8, 16, 16, True, True, F32],
+           "target": "llvm", "trials": 8, "batch_size": 4, "measure": MEASURE, "seed": 0}
+    progress = tune_job(job, store_uri)
+    assert progress.trials == 8 and progress.committed == 8 and math.isfinite(progress.best_cost_s)
+    key = get_dialect("meta_schedule").workload_key("dense_layer", job["args"])
+    with open_store(store_uri) as store:
+        best = store.best(key, "llvm", k=1)
+    assert best[0].dialect == "meta_schedule" and best[0].flop == 2 * 8 * 16 * 16 + 2 * 8 * 16
+    kernel = lorien.compile(key, "llvm", store=store_uri)
+    data, weight, bias = (np.random.default_rng(0).uniform(-1, 1, s).astype(F32) for s in ((8, 16), (16, 16), (16,)))
+    out = np.zeros((8, 16), F32)
+    kernel(data, weight, bias, out)
+    assert np.allclose(out, np.maximum(data @ weight.T + bias, 0), atol=1e-4)
+
+
+def test_tuning_again_measures_no_trace_twice(store_uri):
+    job = {"dialect": "meta_schedule", "task_name": "batch_matmul_layer", "args": [2, 8, 16, 12, False, False, F32],
+           "target": "llvm", "trials": 6, "batch_size": 3, "measure": MEASURE, "seed": 0, "tuner": "random"}
+    first = tune_job(job, store_uri)
+    second = tune_job(job, store_uri)
+    configs = [r.config for r in first.records + second.records]
+    assert len(configs) == len(set(configs)) == 12
+
+
+def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, store_uri):
+    config = yaml.safe_load(Path("configs/samples/meta_schedule.yaml").read_text())
+    config.update(trials=4, batch_size=4, measure=MEASURE)
+    config["workloads"] = [{"conv2d": {"C": 4, "H": 6, "W": 6, "K": 8, "kernel": 3, "padding": 1}},
+                           {"conv2d": {"C": 4, "H": 6, "W": 6, "K": 8, "kernel": 3, "padding": 1, "layout": "NCHW"}}]
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["tune", str(path), "--store", store_uri, "--no-progress"]) == 0
+    database = tmp_path / "db"
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--store", store_uri,
+                 "-o", str(database)]) == 0
+    workloads = (database / "database_workload.json").read_text().splitlines()
+    assert len(workloads) == 2
+    lines = (database / "database_tuning_record.json").read_text().splitlines()
+    assert len(lines) == 8 and all(orjson.loads(line)[0] in (0, 1) for line in lines)
+    outcomes = replay_database(database)
+    assert [o.status for o in outcomes] == ["ok"] * 8
