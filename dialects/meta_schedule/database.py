@@ -135,7 +135,8 @@ class Database(ABC):
         return _top_k(self.get_all_tuning_records(), workload, k)
 
     def query_tuning_record(self, workload: Workload, target: Any = None, workload_name: str = "main") -> Record | None:
-        """The best valid record of a workload (on ``target`` when given), or None."""
+        """The best valid record of a workload, or None; with ``target``, among the records of
+        stored targets that agree with it (TVM's own databases ignore the target)."""
         records = self.get_top_k(workload, len(self))
         if target is not None:
             records = [r for r in records if _same_target(r.target, target)]
@@ -164,12 +165,14 @@ class Database(ABC):
 
 
 def _same_target(stored: Any, wanted: Any) -> bool:
-    from lorien.target import parse_target, parse_target_dict
+    """Whether a stored target answers a query for ``wanted`` (Lorien's rule: the same family,
+    the same value for every option the query names)."""
+    from lorien.target import match_tier, parse_target, parse_target_dict
 
     def canonical(value: Any) -> str:
         return (parse_target_dict(value) if isinstance(value, dict) else parse_target(str(value))).canonical
 
-    return canonical(stored) == canonical(wanted)
+    return match_tier(canonical(wanted), canonical(stored)) is not None
 
 
 class MemoryDatabase(Database):

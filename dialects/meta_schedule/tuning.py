@@ -58,21 +58,30 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, on_batch: BatchC
              source: str | None = None, commit: bool = True) -> TuneProgress:
     """Tune one job dict: ``trials`` new traces, committing each batch to ``store_uri``
     (None: the default store; with ``commit=False`` the store is only read)."""
-    from lorien.target import parse_target
-    from lorien.warehouse import open_store
-
     if job.get("warm_start_model"):
         raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
     registry_key = job_workload_key(job)
-    dag = job_dag(registry_key)
-    space = cached_space(registry_key)
+    return tune_dag(job_dag(registry_key), job, store_uri, on_batch, source, commit,
+                    space=cached_space(registry_key), task_name=str(job.get("task_name", registry_key)))
+
+
+def tune_dag(dag: ComputeDAG, job: dict[str, Any], store_uri: str | None = None,
+             on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
+             space: TraceSpace | None = None, task_name: str | None = None) -> TuneProgress:
+    """Tune any computation defined with Lorien's compute DSL (a DAG of its I/O tensors) with a
+    job's options (``trials``, ``batch_size``, ``tuner``, ``measure``, ``target``, ...)."""
+    from lorien.target import parse_target
+    from lorien.warehouse import open_store
+
+    space = space or TraceSpace(dag)
     tuner = make_tuner(job, space)
     entry = lorien_entry(dag)
     workload_key = str(entry[0])
     target = parse_target(job.get("target") or "llvm").canonical
     source = source or job.get("source") or job_source_tag(job)
     extra = {"workload": entry}
-    info, flop, layout, task_name = args_info(dag), dag.flop(), dag.layout(), str(job.get("task_name", registry_key))
+    info, flop, layout = args_info(dag), dag.flop(), dag.layout()
+    task_name = task_name or next(t.name for t in reversed(dag.ops))
     store = open_store(store_uri) if commit or store_uri is not None else None
     try:
         history = history_from_store(store, workload_key, target) if store is not None else []

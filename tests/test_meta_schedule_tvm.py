@@ -1,0 +1,47 @@
+"""Real TVM MetaSchedule tunes into a Lorien store and compiles from it (needs apache-tvm)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lorien.cli import main
+
+pytestmark = pytest.mark.tvm
+
+
+def test_tvm_tunes_a_matmul_into_a_parquet_store_and_compiles_from_it(tmp_path, store_uri, capsys):
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import te
+
+    from dialects.meta_schedule.tvm_database import warehouse_database
+
+    n = 32
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    database = warehouse_database(store_uri)
+    ms.tune_tir(mod, target, str(tmp_path / "work"), max_trials_global=2, num_trials_per_iter=2, database=database,
+                builder=ms.builder.LocalBuilder(timeout_sec=120), num_tuning_cores=1)
+    assert len(database) == 2
+
+    shash = ms.database.Workload(mod).as_json()[0]
+    capsys.readouterr()  # TVM's tuning report
+    assert main(["query", "--workload-key", shash, "--target", "llvm", "--nbest", "2", "--format", "json",
+                 "--store", store_uri]) == 0
+    answers = json.loads(capsys.readouterr().out)
+    assert len(answers) == 2 and all("SamplePerfectTile" in answer["config"] for answer in answers)
+
+    schedule = ms.tir_integration.compile_tir(database, mod, target)
+    kernel = tvm.compile(schedule.mod, target=target)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, (n, n)).astype("float32"), rng.uniform(-1, 1, (n, n)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((n, n), "float32"))
+    kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    assert np.allclose(out.numpy(), x @ y, atol=1e-4)
