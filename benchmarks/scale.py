@@ -7,10 +7,16 @@
    configs lost by Lorien's conditional merge vs. the seed's read-modify-write.
 4. A master SIGKILLed mid-run and resumed from its trace: jobs it had finished are not
    measured again (``resumed_rerun`` must be 0).
+5. Mid-job kills (issue 14): jobs of 8 trials through the local pool, each job's first worker
+   SIGKILLed halfway; the retry resumes from the batches committed before the kill.
+   ``remeasured`` counts trials measured twice across retries in phases 1, 4 and 5 (goal 0):
+   from the runner's measurement log for synthetic jobs (a trial counts once its measurement
+   completed), from the store for ``--real`` jobs (records of one job with the same config).
 
 Small jobs are synthetic by default (each trial sleeps, records carry wall-clock timestamps
 so a job measured twice would show up as duplicates); ``--real`` tunes dense 16x16x16 with
-2 trials through the autotvm dialect instead.
+2 trials through the autotvm dialect instead (phase 5 needs the synthetic runner's self-kill
+and is skipped).
 
     python benchmarks/scale.py            # 500 jobs
     python benchmarks/scale.py --quick    # 60 jobs, kills every 3 s
@@ -76,6 +82,19 @@ def audit(jobs: list[dict[str, Any]], store_uri: str, expected_per_job: int | No
     return lost, duplicated
 
 
+def remeasured(log_dir: Path, store_uri: str, real: bool) -> int:
+    """Trials measured more than once: extra measurements per (job, trial) in the synthetic
+    runner's log, or extra records per (job, config) in the store for real jobs."""
+    if not real:
+        log = log_dir / "measured.log"
+        counts = Counter(log.read_text().splitlines()) if log.exists() else Counter()
+    else:
+        with open_store(store_uri) as store:
+            table = store.scan(columns=["source", "config"])
+        counts = Counter(zip(table.column("source").to_pylist(), table.column("config").to_pylist(), strict=True))
+    return sum(count - 1 for count in counts.values())
+
+
 def worker_killer(manager: DaskManager, every_s: float, stop: threading.Event, kills: list[int]) -> None:
     """SIGKILL one worker process of the cluster every ``every_s`` seconds, alternating."""
     turn = 0
@@ -106,9 +125,10 @@ def run_dask(jobs: list[dict[str, Any]], workdir: Path, runner: Any, kill_every_
         killer.join()
         manager.close()
     lost, duplicated = audit(jobs, store_uri, None if runner else 2)
+    again = remeasured(workdir / "logs-dask", store_uri, runner is None)
     print(f"dask: {summary.line()} workers_killed={len(kills)} jobs_per_s={summary.jobs_per_s:.2f} "
-          f"records_lost={lost} records_duplicated={duplicated}")
-    return {"summary": summary, "lost": lost, "duplicated": duplicated, "kills": len(kills)}
+          f"records_lost={lost} records_duplicated={duplicated} remeasured={again}")
+    return {"summary": summary, "lost": lost, "duplicated": duplicated, "kills": len(kills), "remeasured": again}
 
 
 def run_local(jobs: list[dict[str, Any]], workdir: Path, runner: Any) -> dict[str, Any]:
@@ -176,10 +196,30 @@ def run_master_kill(jobs: list[dict[str, Any]], workdir: Path, real: bool, log_d
     rerun = sum(1 for job_id in finished_before
                 if runs_after[job_id] > runs_before[job_id] or job_id in measured_again)
     lost, duplicated = audit(jobs, store_uri, None if not real else 2)
+    again = remeasured(log_dir, store_uri, real)
     print(f"resume: done_at_kill={done_at_kill} committed_at_kill={len(finished_before)} "
           f"resumed: {summary.line()} rerun_of_finished={rerun} records_lost={lost} "
-          f"records_duplicated={duplicated}")
-    return {"rerun": rerun, "summary": summary, "lost": lost, "duplicated": duplicated}
+          f"records_duplicated={duplicated} remeasured={again}")
+    return {"rerun": rerun, "summary": summary, "lost": lost, "duplicated": duplicated, "remeasured": again}
+
+
+def run_midjob_kills(count: int, workdir: Path, sleep_s: float) -> dict[str, Any]:
+    """``count`` synthetic jobs of 8 trials (a batch each) through the local pool; each job's
+    first worker SIGKILLs itself while measuring trial 4, after trials 0-3 were committed."""
+    store_uri = f"parquet:{workdir / 'midjob-warehouse'}"
+    log_dir, crash_dir = workdir / "logs-midjob", workdir / "midjob-crashed"
+    log_dir.mkdir()
+    crash_dir.mkdir()
+    jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 16, 16], "target": "llvm", "trials": 8,
+             "measure": {"sleep_s": sleep_s, "log_dir": str(log_dir), "crash_once_dir": str(crash_dir)}}
+            for index in range(count)]
+    summary = run_jobs(jobs, store_uri=store_uri, runner=synthetic_runner, workers=2, measure_slots=2,
+                       log=lambda message: None)
+    lost, duplicated = audit(jobs, store_uri, None)
+    again = remeasured(log_dir, store_uri, False)
+    print(f"midjob: {summary.line()} records_lost={lost} records_duplicated={duplicated} remeasured={again} "
+          f"(before batch commits, the {summary.resumed} resumed trials would have been measured again)")
+    return {"summary": summary, "lost": lost, "duplicated": duplicated, "remeasured": again}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,14 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         resume_jobs = make_jobs(max(12, count // 10), args.real, log_dirs["resume"], args.trials,
                                 max(args.sleep_s, 0.1))
         resume = run_master_kill(resume_jobs, workdir, args.real, log_dirs["resume"])
+        midjob = ({"lost": 0, "duplicated": 0, "remeasured": 0} if args.real
+                  else run_midjob_kills(max(12, count // 10), workdir, max(args.sleep_s, 0.05)))
 
     dask_summary = dask_result["summary"]
-    lost = dask_result["lost"]  # records missing, counted per job against its trials
-    duplicated = dask_result["duplicated"] + resume["duplicated"]
+    lost = dask_result["lost"] + midjob["lost"]  # records missing, counted per job against its trials
+    duplicated = dask_result["duplicated"] + resume["duplicated"] + midjob["duplicated"]
+    again = dask_result["remeasured"] + resume["remeasured"] + midjob["remeasured"]
     print(f"jobs_done={dask_summary.done} lost={lost} duplicated={duplicated} "
           f"dask_jobs_per_s={dask_summary.jobs_per_s:.2f} "
           f"local_jobs_per_s={local_result['summary'].jobs_per_s:.2f} "
-          f"ddb_lost={ddb['ddb_lost']} naive_lost={ddb['naive_lost']} resumed_rerun={resume['rerun']}")
+          f"ddb_lost={ddb['ddb_lost']} naive_lost={ddb['naive_lost']} resumed_rerun={resume['rerun']} "
+          f"remeasured={again}")
     return 0
 
 

@@ -2,15 +2,16 @@
 
 Every batch of measured candidates becomes TuningRecords that are committed to the store
 (and appended to the AutoTVM log) before the next batch starts, so an interrupted run keeps
-everything it measured.
+everything it measured. A resumed job replays what it measured before into its tuner (see
+:func:`replay`) and measures only the rest of its budget.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ import orjson
 from dialects.autotvm.records import encode, make_record
 from dialects.autotvm.space import ConfigEntity, entity_features
 from dialects.autotvm.templates import Task, instantiate
-from lorien.errors import ConfigError
+from lorien.errors import ConfigError, DialectError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost
+from lorien.tune.progress import BatchCallback, TuneProgress
 
 
 @functools.lru_cache(maxsize=32)
@@ -85,22 +87,6 @@ def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[Confi
     return measure_batch(measure_inputs(task_name, args, configs), option)
 
 
-@dataclass
-class TuneProgress:
-    """What a tuning run has done so far (handed to the per-batch callback)."""
-
-    total: int
-    trials: int = 0
-    errors: int = 0
-    best_cost_s: float = math.inf
-    best_config: ConfigEntity | None = None
-    committed: int = 0
-    records: list[TuningRecord] = field(default_factory=list)
-
-
-BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
-
-
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
     """(features, normalized throughput) of valid warehouse records of the same template.
 
@@ -156,11 +142,52 @@ def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
     return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
 
 
+def _count(progress: TuneProgress, configs: Sequence[ConfigEntity], results: Sequence[Any]) -> int | None:
+    """Count measured configs into the progress; the trial number of the last improvement, if any."""
+    improved = None
+    for config, result in zip(configs, results, strict=True):
+        progress.trials += 1
+        cost = result_cost(result)
+        if math.isinf(cost):
+            progress.errors += 1
+        elif cost < progress.best_cost_s:
+            progress.best_cost_s, progress.best_config = cost, config
+            improved = progress.trials
+    return improved
+
+
+def replay(task: Task, tuner: Tuner, progress: TuneProgress, records: Sequence[TuningRecord],
+           batch_size: int) -> int:
+    """Replay a job's earlier measurements (oldest first) into a fresh tuner, in batches as they
+    were measured: the tuner never proposes them again and learns from them (the xgb tuner is
+    trained on them before its first plan); they count as trials of the budget. Returns the trial
+    number of the last improvement (for early stopping)."""
+    measured: dict[int, tuple[ConfigEntity, TuningRecord]] = {}
+    for record in records:
+        try:
+            config = task.space.from_json_entity(orjson.loads(record.config)["entity"])
+        except (DialectError, KeyError, TypeError, ValueError) as exc:
+            raise DialectError(f"record {record.record_id} of this job does not fit the space of "
+                               f"{task.name} ({exc}); was the template changed since it was measured?") from None
+        measured.setdefault(config.index, (config, record))
+    pairs = list(measured.values())
+    last_improvement = 0
+    for start in range(0, len(pairs), batch_size):
+        configs = [config for config, _ in pairs[start:start + batch_size]]
+        results = [record for _, record in pairs[start:start + batch_size]]
+        tuner.replay([config.index for config in configs], results)
+        improved = _count(progress, configs, results)
+        last_improvement = improved if improved is not None else last_improvement
+    progress.resumed = progress.trials
+    return last_improvement
+
+
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None,
-             commit: bool = True) -> TuneProgress:
+             commit: bool = True, resume: Sequence[TuningRecord] = ()) -> TuneProgress:
     """Tune one job dict (team schema); with ``commit``, each measured batch is committed to
-    ``store_uri`` (None: the default store)."""
+    ``store_uri`` (None: the default store). ``resume``: the job's earlier measurements, replayed
+    (:func:`replay`) and counted against ``trials``; only the rest is measured."""
     from lorien.target import parse_target
 
     for key in ("task_name", "args"):
@@ -194,13 +221,16 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                          samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
 
     progress = TuneProgress(total=trials)
-    last_improvement = 0
+    last_improvement = replay(task, tuner, progress, resume, batch_size)
+    if progress.resumed and on_batch is not None:
+        on_batch(progress, [])
     log_file = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "a")  # noqa: SIM115
     try:
-        while progress.trials < trials and tuner.has_next():
+        while progress.trials < trials and tuner.has_next() and not (
+                early_stopping and progress.trials - last_improvement >= early_stopping):
             indices = tuner.next_batch(min(batch_size, trials - progress.trials))
             if not indices:
                 break
@@ -217,19 +247,11 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                 log_file.write("".join(encode(record) + "\n" for record in records))
                 log_file.flush()
             tuner.update(indices, results)
-            for config, result in zip(configs, results, strict=True):
-                progress.trials += 1
-                cost = result_cost(result)
-                if math.isinf(cost):
-                    progress.errors += 1
-                elif cost < progress.best_cost_s:
-                    progress.best_cost_s, progress.best_config = cost, config
-                    last_improvement = progress.trials
+            improved = _count(progress, configs, results)
+            last_improvement = improved if improved is not None else last_improvement
             progress.records.extend(records)
             if on_batch is not None:
                 on_batch(progress, records)
-            if early_stopping and progress.trials - last_improvement >= early_stopping:
-                break
     finally:
         if log_file is not None:
             log_file.close()
@@ -239,8 +261,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
 
 
 def _job_source(job: dict[str, Any]) -> str:
-    """The source tag the orchestration layer uses for a job's records, so resume finds them."""
-    from lorien.tune.jobspec import job_id_of
-    from lorien.tune.managers.base import source_tag
+    """The source tag the orchestration layer uses for a job's records, so resume finds them
+    (of the job as this module reads it: dialect autotvm, target llvm unless it says otherwise)."""
+    from lorien.tune.resume import job_source
 
-    return source_tag(job_id_of(job))
+    return job_source({**job, "dialect": "autotvm", "target": job.get("target") or "llvm"})
