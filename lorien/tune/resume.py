@@ -95,8 +95,10 @@ class CommitGuard:
     def remember(self, records: int) -> None:
         """Note that the job is complete with ``records`` records."""
 
-    def claim(self) -> None:
-        """This attempt measures the job from now on."""
+    def claim(self) -> bool:
+        """This attempt measures the job from now on; True when another attempt claimed it before
+        (then its records must be read, whatever the master knew when it started this one)."""
+        return False
 
     def owns(self) -> bool:
         """Whether this attempt still measures the job (no later attempt claimed it)."""
@@ -142,10 +144,16 @@ class JobJournal(CommitGuard):
             return int(result.get("records", 0))
         return None
 
-    def claim(self) -> None:
-        from lorien.warehouse.archive import write_bytes_uri
+    def claim(self) -> bool:
+        from lorien.warehouse.archive import read_bytes_uri, write_bytes_uri
 
+        try:
+            read_bytes_uri(self.owner_uri)
+            claimed_before = True
+        except StoreError:
+            claimed_before = False
         write_bytes_uri(self.owner_uri, self.token.encode())
+        return claimed_before
 
     def owns(self) -> bool:
         from lorien.warehouse.archive import read_bytes_uri

@@ -203,10 +203,17 @@ def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
 
 
 def _attempt(task: Task, store_uri: str | None, runner: Runner, guard: CommitGuard, outcome: JobOutcome) -> None:
-    """Claim the job, read what is committed (after taking the slot: an attempt that held it
-    meanwhile may have finished the job), tune the rest and commit it batch by batch."""
-    guard.claim()
-    earlier = earlier_records(store_uri, task.job_id, task.spec.get("target"), guard) if task.check_existing else []
+    """Claim the job, read what is committed, tune the rest and commit it batch by batch. Runs
+    holding the slot: an attempt that held it meanwhile may have finished or started the job,
+    so the guard is asked again, and an attempt that finds the job claimed before reads the
+    store even where the master found nothing of it (a dead master's late attempt)."""
+    complete = guard.committed()
+    if complete is not None:
+        outcome.records, outcome.reused = complete, True
+        return
+    claimed_before = guard.claim()
+    earlier = (earlier_records(store_uri, task.job_id, task.spec.get("target"), guard)
+               if task.check_existing or claimed_before else [])
     outcome.resumed = len(earlier)
     if earlier and len(earlier) >= int(task.spec.get("trials", 0)):
         outcome.records, outcome.reused = len(earlier), True

@@ -158,8 +158,10 @@ class SchedulerCommitGuard(CommitGuard):
     def remember(self, records: int) -> None:
         self.client.set_metadata(self.metadata_key, records)
 
-    def claim(self) -> None:
+    def claim(self) -> bool:
+        claimed_before = self.client.get_metadata(self.owner_key, default=None) is not None
         self.client.set_metadata(self.owner_key, self.token)
+        return claimed_before
 
     def owns(self) -> bool:
         return self.client.get_metadata(self.owner_key, default=self.token) == self.token
