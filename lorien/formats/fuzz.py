@@ -178,17 +178,14 @@ def _node_path(rng: Any, value: Any) -> list[Any]:
     return path
 
 
-def _numbers_under(value: Any, path: list[Any]) -> Iterator[list[Any]]:
-    if isinstance(value, bool):
-        return
-    if isinstance(value, (int, float)):
-        yield path
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _numbers_under(item, [*path, index])
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _numbers_under(item, [*path, key])
+def _number_slots(container: Any, key: Any) -> Iterator[tuple[Any, Any]]:
+    """Every (container, key) holding a number within ``container[key]`` (itself included)."""
+    value = container[key]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield container, key
+    elif isinstance(value, (list, dict)):
+        for inner in (range(len(value)) if isinstance(value, list) else list(value)):
+            yield from _number_slots(value, inner)
 
 
 def _edit_tree(rng: Any, value: Any) -> tuple[Any, dict[str, str], str]:
@@ -203,31 +200,16 @@ def _edit_tree(rng: Any, value: Any) -> tuple[Any, dict[str, str], str]:
     key = path[-1]
     node = parent[key]
     action = rng.choice(("type", "number", "number", "negate", "delete", "rename", "duplicate", "name", "nest"))
-    if action == "number" or (action == "negate" and not list(_numbers_under(node, []))):
-        numbers = list(_numbers_under(node, []))
+    slots = list(_number_slots(parent, key))
+    if action == "number" or (action == "negate" and not slots):
         marker = _MARK.format(len(literals))
         literals[marker] = rng.choice(EXTREME_NUMBERS)
-        if numbers and rng.random() < 0.8:
-            target = rng.choice(numbers)
-            if not target:
-                parent[key] = marker
-            else:
-                holder = node
-                for step in target[:-1]:
-                    holder = holder[step]
-                holder[target[-1]] = marker
-        else:
-            parent[key] = marker
+        holder, at = rng.choice(slots) if slots and rng.random() < 0.8 else (parent, key)
+        holder[at] = marker
         return value, literals, f"number {literals[marker]} at {path}"
     if action == "negate":
-        target = rng.choice(list(_numbers_under(node, [])))
-        if not target:
-            parent[key] = -node if node else -1
-        else:
-            holder = node
-            for step in target[:-1]:
-                holder = holder[step]
-            holder[target[-1]] = -holder[target[-1]] if holder[target[-1]] else -1
+        holder, at = rng.choice(slots)
+        holder[at] = -holder[at] if holder[at] else -1
         return value, literals, f"negated a number under {path}"
     if action == "type":
         choices = [None, True, 0, 1.5, "x", [], {}, [1], {"a": 1}, ["TENSOR", [1], "float32"]]
@@ -265,19 +247,33 @@ def _dump_with_literals(case: LogCase, value: Any, literals: dict[str, str]) -> 
     return text.encode("utf-8", "surrogatepass")
 
 
+def _edit_line(rng: Any, case: LogCase, edit: Callable[[bytes], tuple[bytes, str]], file: str | None = None) -> str:
+    """Apply ``edit(line) -> (line, what was done)`` to a random line (of ``file``, if given)."""
+    picked = _pick_line(rng, case, file)
+    if picked is None:
+        return "nothing to edit: empty file"
+    name, index = picked
+    case.files[name][index], what = edit(case.files[name][index])
+    return f"{what} in line {index + 1} of {name}"
+
+
+def _edit_json_line(rng: Any, case: LogCase, edit: Callable[[Any], tuple[bytes, str]], file: str | None = None) -> str:
+    """Apply ``edit(parsed line) -> (line, what was done)`` to a random line that parses."""
+    def parse_and_edit(line: bytes) -> tuple[bytes, str]:
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            return line, "nothing done (not JSON)"
+        return edit(value)
+    return _edit_line(rng, case, parse_and_edit, file)
+
+
 def mutate_json(rng: Any, case: LogCase) -> str:
     """Parse one line, change one node (type, extreme number, sign, key, name, depth), write it back."""
-    picked = _pick_line(rng, case)
-    if picked is None:
-        return "json: empty file"
-    name, index = picked
-    try:
-        value = json.loads(case.files[name][index])
-    except (ValueError, RecursionError):
-        return "json: line already broken"
-    value, literals, what = _edit_tree(rng, value)
-    case.files[name][index] = _dump_with_literals(case, value, literals)
-    return f"json: {what}"
+    def edit(value: Any) -> tuple[bytes, str]:
+        value, literals, what = _edit_tree(rng, value)
+        return _dump_with_literals(case, value, literals), what
+    return _edit_json_line(rng, case, edit)
 
 
 def mutate_embedded_json(rng: Any, case: LogCase) -> str:
@@ -333,57 +329,41 @@ def truncate(rng: Any, case: LogCase) -> str:
 
 
 def flip_byte(rng: Any, case: LogCase) -> str:
-    picked = _pick_line(rng, case)
-    if picked is None or not case.files[picked[0]][picked[1]]:
-        return "flip: nothing to flip"
-    name, index = picked
-    line = bytearray(case.files[name][index])
-    at = rng.randrange(len(line))
-    line[at] ^= 1 << rng.randrange(8)
-    case.files[name][index] = bytes(line)
-    return f"flipped a bit of byte {at} of line {index + 1}"
+    def flip(line: bytes) -> tuple[bytes, str]:
+        if not line:
+            return line, "no byte to flip"
+        edited, at = bytearray(line), rng.randrange(len(line))
+        edited[at] ^= 1 << rng.randrange(8)
+        return bytes(edited), f"flipped a bit of byte {at}"
+    return _edit_line(rng, case, flip)
 
 
 def splice_bytes(rng: Any, case: LogCase) -> str:
     """Insert or overwrite a few bytes: invalid UTF-8, escapes, brackets, control characters."""
-    picked = _pick_line(rng, case)
-    if picked is None:
-        return "splice: empty file"
-    name, index = picked
-    line = case.files[name][index]
-    at = rng.randrange(len(line) + 1)
-    snippet = rng.choice(BYTE_SNIPPETS)
-    if rng.random() < 0.5:
-        case.files[name][index] = line[:at] + snippet + line[at:]
-    else:
-        case.files[name][index] = line[:at] + snippet + line[at + len(snippet):]
-    return f"spliced {snippet!r} into line {index + 1}"
+    def splice(line: bytes) -> tuple[bytes, str]:
+        at, snippet = rng.randrange(len(line) + 1), rng.choice(BYTE_SNIPPETS)
+        rest = line[at:] if rng.random() < 0.5 else line[at + len(snippet):]
+        return line[:at] + snippet + rest, f"spliced {snippet!r}"
+    return _edit_line(rng, case, splice)
 
 
 def delete_bytes(rng: Any, case: LogCase) -> str:
-    picked = _pick_line(rng, case)
-    if picked is None:
-        return "delete: empty file"
-    name, index = picked
-    line = case.files[name][index]
-    at = rng.randrange(len(line) + 1)
-    case.files[name][index] = line[:at] + line[at + rng.randint(1, 8):]
-    return f"deleted bytes of line {index + 1}"
+    def delete(line: bytes) -> tuple[bytes, str]:
+        at = rng.randrange(len(line) + 1)
+        return line[:at] + line[at + rng.randint(1, 8):], "deleted bytes"
+    return _edit_line(rng, case, delete)
 
 
 def change_digit(rng: Any, case: LogCase) -> str:
     """Change one digit: numbers change, leading zeros appear, configs keep their skeleton."""
-    picked = _pick_line(rng, case)
-    if picked is None:
-        return "digit: empty file"
-    name, index = picked
-    line = bytearray(case.files[name][index])
-    digits = [at for at, byte in enumerate(line) if 48 <= byte <= 57]
-    if not digits:
-        return "digit: no digit"
-    line[rng.choice(digits)] = rng.choice(b"0123456789")
-    case.files[name][index] = bytes(line)
-    return f"changed a digit of line {index + 1}"
+    def change(line: bytes) -> tuple[bytes, str]:
+        digits = [at for at, byte in enumerate(line) if 48 <= byte <= 57]
+        if not digits:
+            return line, "no digit to change"
+        edited = bytearray(line)
+        edited[rng.choice(digits)] = rng.choice(b"0123456789")
+        return bytes(edited), "changed a digit"
+    return _edit_line(rng, case, change)
 
 
 def shuffle_lines(rng: Any, case: LogCase) -> str:
@@ -475,41 +455,29 @@ def _places(case: LogCase, value: Any) -> list[tuple[list[Any], str]]:
 def mutate_names(rng: Any, case: LogCase) -> str:
     """Change what names a record: its target, task, workload key or layout argument, or make a
     tensor shape negative."""
-    picked = _pick_line(rng, case, case.main_file)
-    if picked is None:
-        return "names: empty file"
-    name, index = picked
-    try:
-        value = json.loads(case.files[name][index])
-    except (ValueError, RecursionError):
-        return "names: line already broken"
-    places = _places(case, value)
-    if not places:
-        return "names: nothing to name"
-    path, what = rng.choice(places)
-    try:
-        parent = value
-        for step in path[:-1]:
-            parent = parent[step]
-        node = parent[path[-1]]
-    except (KeyError, IndexError, TypeError):
-        return "names: not where expected"
-    if not isinstance(parent, (list, dict)):
-        return "names: not where expected"
-    numbers = [number for number in _numbers_under(node, []) if number]
-    if numbers and rng.random() < 0.5:
-        holder = node
-        target = rng.choice(numbers)
-        for step in target[:-1]:
-            holder = holder[step]
-        holder[target[-1]] = -abs(holder[target[-1]]) - rng.choice((0, 1))
-        what = f"negative number in the {what}"
-    elif isinstance(node, dict):
-        node[rng.choice(list(node) or ["kind"])] = rng.choice(UNKNOWN_NAMES)
-    else:
-        parent[path[-1]] = rng.choice(UNKNOWN_NAMES)
-    case.files[name][index] = _json_dumps(case, value).encode("utf-8", "surrogatepass")
-    return f"names: {what} of line {index + 1}"
+    def edit(value: Any) -> tuple[bytes, str]:
+        places = _places(case, value)
+        if not places:
+            return _json_dumps(case, value).encode(), "nothing to rename"
+        path, what = rng.choice(places)
+        try:
+            parent = value
+            for step in path[:-1]:
+                parent = parent[step]
+            node = parent[path[-1]]
+        except (KeyError, IndexError, TypeError):
+            return _json_dumps(case, value).encode(), "nothing renamed (not where expected)"
+        slots = list(_number_slots(parent, path[-1])) if isinstance(parent, (list, dict)) else []
+        if slots and rng.random() < 0.5:
+            holder, at = rng.choice(slots)
+            holder[at] = -abs(holder[at]) - rng.choice((0, 1))
+            what = f"negative number in the {what}"
+        elif isinstance(node, dict):
+            node[rng.choice(list(node) or ["kind"])] = rng.choice(UNKNOWN_NAMES)
+        elif isinstance(parent, (list, dict)):
+            parent[path[-1]] = rng.choice(UNKNOWN_NAMES)
+        return _json_dumps(case, value).encode("utf-8", "surrogatepass"), f"names: {what}"
+    return _edit_json_line(rng, case, edit, case.main_file)
 
 
 #: name -> (weight, mutation). Each returns what it did (for the failure report).
