@@ -8,8 +8,6 @@ ingested TVM log gives, and export back to native lines.
 
 from __future__ import annotations
 
-import functools
-import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,26 +16,13 @@ import orjson
 from dialects.autotvm.features import config_entity
 from dialects.autotvm.space import ConfigEntity
 from lorien import __version__
+from lorien.engine.build import build_info
 from lorien.errors import DialectError
 from lorien.record import FAILED_COST_S, TuningRecord
 
 FORMAT = "autotvm"
 #: ``tvm_version`` written into the lines of records Lorien measures itself.
 TVM_VERSION_TAG = f"lorien-{__version__}"
-
-
-@functools.lru_cache(maxsize=1)
-def build_info() -> str:
-    """JSON of the build configuration that produced a measurement (engine, LLVM, CPU)."""
-    import llvmlite.binding as llvm
-
-    info = {
-        "engine": f"lorien-{__version__}",
-        "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
-        "cpu": llvm.get_host_cpu_name(),
-        "machine": platform.machine(),
-    }
-    return orjson.dumps(info, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def native_line(target: str, task_name: str, args: Sequence[Any], config: ConfigEntity | dict[str, Any],

@@ -9,7 +9,6 @@ everything it measured. A resumed job replays what it measured before into its t
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,10 @@ from dialects.autotvm.space import ConfigEntity, entity_features
 from dialects.autotvm.templates import Task, instantiate
 from lorien.errors import ConfigError, DialectError
 from lorien.record import TuningRecord
-from lorien.search import Tuner, create, result_cost
-from lorien.tune.progress import BatchCallback, TuneProgress
+from lorien.search import Tuner, create
+from lorien.search.xgb import history_by_workload
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
+from lorien.tune.resume import job_source
 
 
 @functools.lru_cache(maxsize=32)
@@ -113,13 +114,7 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
         if len(features) != width:
             continue
         per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
-    xs, ys = [], []
-    for items in per_workload.values():
-        best = max(throughput for _, throughput in items)
-        for features, throughput in items:
-            xs.append(features)
-            ys.append(throughput / best)
-    return np.array(xs, dtype=float).reshape(len(xs), -1), np.array(ys, dtype=float)
+    return history_by_workload(per_workload, width)
 
 
 def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
@@ -142,26 +137,12 @@ def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
     return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
 
 
-def _count(progress: TuneProgress, configs: Sequence[ConfigEntity], results: Sequence[Any]) -> int | None:
-    """Count measured configs into the progress; the trial number of the last improvement, if any."""
-    improved = None
-    for config, result in zip(configs, results, strict=True):
-        progress.trials += 1
-        cost = result_cost(result)
-        if math.isinf(cost):
-            progress.errors += 1
-        elif cost < progress.best_cost_s:
-            progress.best_cost_s, progress.best_config = cost, config
-            improved = progress.trials
-    return improved
-
-
 def replay(task: Task, tuner: Tuner, progress: TuneProgress, records: Sequence[TuningRecord],
-           batch_size: int) -> int:
+           batch_size: int) -> None:
     """Replay a job's earlier measurements (oldest first) into a fresh tuner, in batches as they
     were measured: the tuner never proposes them again and learns from them (the xgb tuner is
-    trained on them before its first plan); they count as trials of the budget. Returns the trial
-    number of the last improvement (for early stopping)."""
+    trained on them before its first plan); they count as trials of the budget (and for early
+    stopping)."""
     measured: dict[int, tuple[ConfigEntity, TuningRecord]] = {}
     for record in records:
         try:
@@ -171,15 +152,12 @@ def replay(task: Task, tuner: Tuner, progress: TuneProgress, records: Sequence[T
                                f"{task.name} ({exc}); was the template changed since it was measured?") from None
         measured.setdefault(config.index, (config, record))
     pairs = list(measured.values())
-    last_improvement = 0
     for start in range(0, len(pairs), batch_size):
         configs = [config for config, _ in pairs[start:start + batch_size]]
         results = [record for _, record in pairs[start:start + batch_size]]
         tuner.replay([config.index for config in configs], results)
-        improved = _count(progress, configs, results)
-        last_improvement = improved if improved is not None else last_improvement
+        progress.count(configs, results, [])
     progress.resumed = progress.trials
-    return last_improvement
 
 
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
@@ -201,7 +179,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     batch_size = int(job.get("batch_size", 8))
     early_stopping = job.get("early_stopping")
     nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or _job_source(job)
+    source = source or job.get("source") or job_source(job, "autotvm")
 
     store = None
     if commit:
@@ -221,16 +199,12 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                          samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
 
     progress = TuneProgress(total=trials)
-    last_improvement = replay(task, tuner, progress, resume, batch_size)
+    replay(task, tuner, progress, resume, batch_size)
     if progress.resumed and on_batch is not None:
         on_batch(progress, [])
-    log_file = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "a")  # noqa: SIM115
+    sink = BatchSink(store, nbest, log_path, encode)
     try:
-        while progress.trials < trials and tuner.has_next() and not (
-                early_stopping and progress.trials - last_improvement >= early_stopping):
+        while progress.trials < trials and tuner.has_next() and not progress.stalled(early_stopping):
             indices = tuner.next_batch(min(batch_size, trials - progress.trials))
             if not indices:
                 break
@@ -240,29 +214,16 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                                    int(result.error_no), float(result.all_cost), float(result.timestamp),
                                    source=source)
                        for config, result in zip(configs, results, strict=True)]
-            if store is not None:
-                store.commit(records, nbest=nbest)
-                progress.committed += len(records)
-            if log_file is not None:
-                log_file.write("".join(encode(record) + "\n" for record in records))
-                log_file.flush()
+            sink.write(records, progress)
             tuner.update(indices, results)
-            improved = _count(progress, configs, results)
-            last_improvement = improved if improved is not None else last_improvement
-            progress.records.extend(records)
+            progress.count(configs, results, records)
             if on_batch is not None:
                 on_batch(progress, records)
+            if progress.stalled(early_stopping):
+                break
     finally:
-        if log_file is not None:
-            log_file.close()
+        sink.close()
         if store is not None:
             store.close()
     return progress
 
-
-def _job_source(job: dict[str, Any]) -> str:
-    """The source tag the orchestration layer uses for a job's records, so resume finds them
-    (of the job as this module reads it: dialect autotvm, target llvm unless it says otherwise)."""
-    from lorien.tune.resume import job_source
-
-    return job_source({**job, "dialect": "autotvm", "target": job.get("target") or "llvm"})

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import json
 import math
+import platform
 
 import numpy as np
 
@@ -17,6 +20,23 @@ from lorien.errors import LorienError
 from lorien.target import parse_target
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@functools.lru_cache(maxsize=1)
+def build_info() -> str:
+    """JSON of the build configuration that produces measurements here (engine, LLVM, CPU):
+    the ``build`` of every record Lorien measures."""
+    import llvmlite.binding as llvm
+
+    from lorien import __version__
+
+    info = {
+        "engine": f"lorien-{__version__}",
+        "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
+        "cpu": llvm.get_host_cpu_name(),
+        "machine": platform.machine(),
+    }
+    return json.dumps(info, sort_keys=True, separators=(",", ":"))
 
 
 class KernelArgumentError(LorienError, ValueError):

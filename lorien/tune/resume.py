@@ -32,10 +32,13 @@ def source_tag(job_id: str) -> str:
     return f"{SOURCE_PREFIX}{job_id}"
 
 
-def job_source(spec: dict[str, Any]) -> str:
-    """The source tag of a job given by its spec (normalized first, as the master does)."""
+def job_source(spec: dict[str, Any], dialect: str | None = None) -> str:
+    """The source tag of a job given by its spec (normalized first, as the master does); a
+    dialect tuning a bare job dict names itself, and its target defaults to ``llvm``."""
     from lorien.tune.jobspec import Job
 
+    if dialect is not None:
+        spec = {**spec, "dialect": spec.get("dialect") or dialect, "target": spec.get("target") or "llvm"}
     return source_tag(Job.from_spec(spec).job_id)
 
 
