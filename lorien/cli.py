@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--config", help="with --workload-key: the config as JSON (autotvm: an index, entity list "
                                          "or config object)")
     apply.add_argument("--dialect", default="autotvm", help="with --workload-key: the dialect (default autotvm)")
-    apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
+    apply.add_argument("--target", help="target to build and measure for, e.g. 'llvm -mcpu=haswell -num-cores=1' "
+                                        "(default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
     apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
     apply.add_argument("--commit", action="store_true", help="commit the measured record to --store")

@@ -9,7 +9,6 @@ ingested TVM log gives, and export back to native lines.
 from __future__ import annotations
 
 import functools
-import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,18 +25,13 @@ FORMAT = "autotvm"
 TVM_VERSION_TAG = f"lorien-{__version__}"
 
 
-@functools.lru_cache(maxsize=1)
-def build_info() -> str:
-    """JSON of the build configuration that produced a measurement (engine, LLVM, CPU)."""
-    import llvmlite.binding as llvm
+@functools.lru_cache(maxsize=64)
+def build_info(target: str | None = None) -> str:
+    """JSON of the build configuration that produced a measurement for ``target`` (engine,
+    LLVM, host CPU, the CPU code was generated for, vector lanes, threads, cache sizes)."""
+    from lorien.engine.cpu import cpu_target
 
-    info = {
-        "engine": f"lorien-{__version__}",
-        "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
-        "cpu": llvm.get_host_cpu_name(),
-        "machine": platform.machine(),
-    }
-    return orjson.dumps(info, option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(cpu_target(target).build_fields(), option=orjson.OPT_SORT_KEYS).decode()
 
 
 def native_line(target: str, task_name: str, args: Sequence[Any], config: ConfigEntity | dict[str, Any],
@@ -64,7 +58,7 @@ def make_record(target: str, task_name: str, args: Sequence[Any], config: Config
 
     line = native_line(target, task_name, args, config, costs, error_no, all_cost, timestamp)
     record = decode_line(line, FORMAT)
-    return record.with_changes(build=build_info(), source=source)
+    return record.with_changes(build=build_info(target), source=source)
 
 
 def record_config(record: TuningRecord) -> tuple[str, list[Any], list[list[Any]]]:
