@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lorien.cli import main
 from lorien.costmodel import load_cost_model, train_cost_model, warm_start_scores
-from lorien.costmodel.generate import parse_workload_spec, training_jobs
+from lorien.costmodel.generate import config_workload_keys, parse_workload_spec, training_jobs
 from lorien.costmodel.zeroshot import propose, sample_indices
 from lorien.errors import ConfigError, LorienError
 from lorien.features import featurize
 from lorien.workload import autotvm_workload_key
 
+SAMPLES = Path(__file__).resolve().parent.parent / "configs" / "samples"
 TRAINING = ["dense:M=1,N=64,K=64", "dense:M=16,N=64,K=128", "dense:M=16,N=128,K=64"]
 UNSEEN = ("dense", {"M": 8, "N": 96, "K": 64})
 
@@ -56,6 +58,55 @@ def test_small_spread_is_a_few_random_tuner_jobs_on_the_host():
 def test_unknown_spread_size_is_rejected():
     with pytest.raises(ConfigError, match="unknown size 'huge'"):
         training_jobs("huge")
+
+
+def test_the_spreads_cover_the_four_tunable_operators_for_this_host_by_default():
+    from lorien.target import host_target
+
+    jobs = training_jobs("medium")
+    assert {job["task_name"] for job in jobs} == {"dense_pack.x86", "dense_nopack.x86", "conv2d_NCHWc.x86",
+                                                  "depthwise_conv2d_nchw.x86", "batch_matmul.x86"}
+    assert {job["target"] for job in jobs} == {host_target().canonical}
+    assert {job["task_name"] for job in training_jobs("medium", ops=["batch_matmul"])} == {"batch_matmul.x86"}
+    with pytest.raises(ConfigError, match=r"unknown op\(s\) \['gemm'\]"):
+        training_jobs("medium", ops=["gemm"])
+
+
+def test_no_spread_holds_a_layer_of_the_sample_networks():
+    from lorien.costmodel.generate import SPREADS, config_workload_keys
+
+    networks = config_workload_keys(SAMPLES / f"{name}.yaml" for name in ("resnet18", "mobilenetv2", "bert_base"))
+    for size in SPREADS:
+        keys = {autotvm_workload_key(job["task_name"], job["args"]) for job in training_jobs(size, target="llvm")}
+        assert not keys & networks, size
+
+
+def test_exclude_leaves_out_the_spread_workloads_a_config_names(tmp_path):
+    config = tmp_path / "net.yaml"
+    config.write_text("workloads:\n  - {dense: {M: 1, N: 64, K: 64}}\n  - {dense: {M: 3, N: 3, K: 3}}\n")
+    excluded = config_workload_keys([config])
+    kept = training_jobs("small", exclude=excluded)
+    assert len(kept) == len(training_jobs("small")) - 1
+    assert not {autotvm_workload_key(job["task_name"], job["args"]) for job in kept} & excluded
+    with pytest.raises(ConfigError, match="is one the exclude configs name"):
+        training_jobs("none", workloads=["dense:M=3,N=3,K=3"], exclude=excluded)
+
+
+def test_the_same_seed_measures_the_same_configs_on_two_targets(tmp_path):
+    from lorien.costmodel.generate import generate_training_set
+    from lorien.warehouse import open_store
+
+    uri = f"parquet:{tmp_path / 'w'}"
+    for target in ("llvm -mcpu=haswell -num-cores=1", "llvm -mcpu=x86-64"):
+        generate_training_set(uri, size="none", workloads=["depthwise_conv2d:C=8,H=8,W=8,padding=1"], trials=4,
+                              target=target, progress=False)
+    with open_store(uri) as store:
+        rows = store.scan(columns=["target", "config"]).to_pylist()
+    entities: dict[str, list[str]] = {}
+    for row in rows:
+        entities.setdefault(row["target"], []).append(json.dumps(json.loads(row["config"])["entity"]))
+    haswell, generic = (sorted(configs) for configs in entities.values())
+    assert len(haswell) == 4 and haswell == generic
 
 
 def test_sampling_takes_every_index_of_a_small_space_and_distinct_ones_of_a_large_one():

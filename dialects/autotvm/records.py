@@ -31,7 +31,7 @@ def build_info(target: str | None = None) -> str:
     LLVM, host CPU, the CPU code was generated for, vector lanes, threads, cache sizes)."""
     from lorien.engine.cpu import cpu_target
 
-    return orjson.dumps(cpu_target(target).build_fields(), option=orjson.OPT_SORT_KEYS).decode()
+    return cpu_target(target).build_json()
 
 
 def native_line(target: str, task_name: str, args: Sequence[Any], config: ConfigEntity | dict[str, Any],

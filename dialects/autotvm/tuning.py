@@ -195,7 +195,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         from lorien.costmodel import warm_start_tuner
 
         warm_start_tuner(tuner, str(job["warm_start_model"]), task_name, args,
-                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
+                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)),
+                         target=target.canonical)
 
     progress = TuneProgress(total=trials)
     last_improvement = 0

@@ -22,6 +22,7 @@ from lorien.errors import ConfigError, LorienError
 from lorien.features.extract import config_features, dialect_extractor, entity_of, workload_features
 from lorien.features.meta import FeatureMeta
 from lorien.features.pipeline import safe_name
+from lorien.features.targets import local_target_features, target_features
 
 MODEL_FORMAT = "lorien-costmodel"
 MODEL_FILE = "model.json"
@@ -60,10 +61,12 @@ class CostModel:
         """Scores (higher is faster) of raw phase-1 feature dicts of one template."""
         return self.template(template).score(raw_features)
 
-    def score_configs(self, task_name: str, args: Sequence[Any], configs: Iterable[Any]) -> np.ndarray:
+    def score_configs(self, task_name: str, args: Sequence[Any], configs: Iterable[Any],
+                      target: str | None = None) -> np.ndarray:
         """Scores of AutoTVM configs (entity lists, config dicts or objects with
-        ``to_json_entity()``) of one workload."""
-        workload = workload_features(list(args))
+        ``to_json_entity()``) of one workload on ``target`` (default this host: the target
+        features records measured here for it would carry)."""
+        workload = {**workload_features(list(args)), **local_target_features(target)}
         rows = []
         for config in configs:
             entity = config.to_json_entity() if hasattr(config, "to_json_entity") else entity_of(config)
@@ -122,12 +125,17 @@ class CostModel:
 
 
 def _record_features(record: Any) -> dict[str, Any]:
+    """The raw features featurization gives a record: its dialect's (or the built-in AutoTVM
+    ones) and the target features of its target and build."""
     extractor = dialect_extractor(record.dialect)
     if extractor is not None:
-        return extractor(record)
-    import orjson
+        features = extractor(record)
+    else:
+        import orjson
 
-    return {**workload_features(orjson.loads(record.args)), **config_features(entity_of(orjson.loads(record.config)))}
+        features = {**workload_features(orjson.loads(record.args)),
+                    **config_features(entity_of(orjson.loads(record.config)))}
+    return {**features, **target_features(record.target, record.build)}
 
 
 def load_cost_model(path: str | Path) -> CostModel:
@@ -136,12 +144,13 @@ def load_cost_model(path: str | Path) -> CostModel:
 
 
 def warm_start_scores(model: CostModel | str | Path, task_name: str, args: Sequence[Any],
-                      configs: Iterable[Any]) -> np.ndarray:
-    """Scores a model-based tuner can start from: higher means predicted faster.
+                      configs: Iterable[Any], target: str | None = None) -> np.ndarray:
+    """Scores a model-based tuner can start from: higher means predicted faster on ``target``
+    (default this host).
 
     ``model`` is a :class:`CostModel` or the path of a saved one; ``configs`` are entity
     lists, config dicts or config objects with ``to_json_entity()``.
     """
     if not isinstance(model, CostModel):
         model = CostModel.load(model)
-    return model.score_configs(task_name, args, configs)
+    return model.score_configs(task_name, args, configs, target)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import llvmlite.binding as llvm
+import orjson
 
 from lorien.errors import TargetError
 from lorien.target import Target, parse_target
@@ -89,6 +90,10 @@ class CpuTarget:
         return {"engine": f"lorien-{__version__}", "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
                 "cpu": host_cpu_name(), "machine": platform.machine(), "mcpu": self.cpu,
                 "vector_lanes": self.lanes, "threads": self.threads, **host_cache_kb()}
+
+    def build_json(self) -> str:
+        """:meth:`build_fields` as the JSON a record's ``build`` holds (keys sorted)."""
+        return orjson.dumps(self.build_fields(), option=orjson.OPT_SORT_KEYS).decode()
 
 
 @functools.cache

@@ -21,6 +21,7 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
       - task_name: conv2d_NCHWc.x86               # or a template name and its AutoTVM args
         args: [["TENSOR", [1, 64, 56, 56], "float32"], ...]
         trials: 128                                # per-workload overrides: tuner, trials, seed, name, ...
+      - {name: layer1.conv, weight: 4, conv2d: {...}}  # weight: how often the workload occurs in its network
 
 Each workload becomes one job dict (the team's job schema), handed to
 ``get_dialect(job["dialect"]).tune(job, store_uri, ...)``.
@@ -40,7 +41,7 @@ TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "b
                   "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer", "warm_start_model"}
+            "name", "dialect", "transfer", "warm_start_model", "weight"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
@@ -143,6 +144,9 @@ def _check_job(job: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
     if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
         raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
+    weight = job.get("weight")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0):
+        raise ConfigError(f"{where}: 'weight' (occurrences in the network) must be a positive number, got {weight!r}")
     model = job.get("warm_start_model")
     if model is not None:
         if not isinstance(model, str) or not model:

@@ -1,0 +1,76 @@
+"""Target features: what a record's target and build fields say about the machine that ran it.
+
+``tg_vector_lanes`` (float32 lanes of the widest vector register the code used), ``tg_cores``
+(threads of its parallel loops) and the data cache sizes of one core (``tg_l1d_kb``,
+``tg_l2_kb``, ``tg_l3_kb``) come from the record's ``build`` JSON where Lorien measured it, else
+from its target string (``-mcpu`` gives the vector width, ``-num-cores`` the cores); what
+neither says is NaN (the training mean after normalization). With them one cost model ranks
+the configs of several targets, and a model trained on one target transfers to another.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import orjson
+
+from lorien.errors import LorienError
+
+#: Target feature columns, in order.
+TARGET_FEATURES = ("tg_vector_lanes", "tg_cores", "tg_l1d_kb", "tg_l2_kb", "tg_l3_kb")
+#: The build field each target feature is read from.
+_BUILD_FIELDS = {"tg_vector_lanes": "vector_lanes", "tg_cores": "threads", "tg_l1d_kb": "l1d_kb",
+                 "tg_l2_kb": "l2_kb", "tg_l3_kb": "l3_kb"}
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def target_features(target: str, build: str = "") -> dict[str, float]:
+    """Target features of a record from its target string and build JSON (NaN: unknown)."""
+    try:
+        fields = orjson.loads(build) if build else {}
+    except orjson.JSONDecodeError:
+        fields = {}
+    if not isinstance(fields, dict):
+        fields = {}
+    features = {name: _number(fields.get(field)) for name, field in _BUILD_FIELDS.items()}
+    if math.isnan(features["tg_vector_lanes"]) or math.isnan(features["tg_cores"]):
+        from_target = _from_target_string(target)
+        for name, value in from_target.items():
+            if math.isnan(features[name]):
+                features[name] = value
+    return features
+
+
+def _from_target_string(target: str) -> dict[str, float]:
+    """Vector width from ``-mcpu`` and cores from ``-num-cores`` of a CPU target (else NaN)."""
+    from lorien.target import parse_target
+
+    try:
+        parsed = parse_target(target)
+    except LorienError:
+        return {}
+    found = {"tg_cores": _number(parsed.get("num-cores"))}
+    if parsed.get("mcpu") is not None:
+        from lorien.engine.cpu import cpu_target
+
+        try:
+            found["tg_vector_lanes"] = float(cpu_target(parsed).lanes)
+        except LorienError:  # not a CPU target, another architecture, a CPU LLVM does not know
+            pass
+    return found
+
+
+def local_target_features(target: str | None) -> dict[str, float]:
+    """The target features records measured on this machine for ``target`` carry (what a
+    proposal for ``target`` is scored with)."""
+    from lorien.engine.cpu import cpu_target
+
+    return target_features(target or "llvm", cpu_target(target).build_json())
