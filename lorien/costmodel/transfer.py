@@ -87,21 +87,21 @@ def plot_transfer_curve(curve: dict[float, dict[str, Any]], path: Any, title: st
     import matplotlib.pyplot as plt
 
     fractions = sorted(curve)
-    percent = [100 * f for f in fractions]
+    positions = {fraction: i for i, fraction in enumerate(fractions)}  # evenly spaced, labelled in %
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharex=True)
     for ax, metric, label in zip(axes, ("top1", "top5", "pairwise_accuracy"),
                                  ("top-1 score", "top-5 score", "pairwise accuracy"), strict=True):
-        ax.plot(percent, [curve[f]["transfer"][metric] for f in fractions], "o-", label="source + destination")
-        own = [(100 * f, curve[f]["own"][metric]) for f in fractions if curve[f]["own"]]
+        ax.plot(range(len(fractions)), [curve[f]["transfer"][metric] for f in fractions], "o-",
+                label="source + destination")
+        own = [(positions[f], curve[f]["own"][metric]) for f in fractions if curve[f]["own"]]
         if own:
             ax.plot(*zip(*own, strict=True), "s--", label="destination only")
-        ax.set_xscale("symlog", linthresh=5)
-        ax.set_xticks(percent)
-        ax.set_xticklabels([f"{p:g}%" for p in percent])
+        ax.set_xticks(range(len(fractions)))
+        ax.set_xticklabels([f"{100 * f:g}%" for f in fractions])
         ax.set_xlabel("destination data used")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="best")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
