@@ -103,6 +103,7 @@ def test_a_proposal_is_scored_with_the_features_records_measured_here_would_carr
     features = local_target_features("llvm -mcpu=haswell -num-cores=1")
     assert (features["tg_vector_lanes"], features["tg_cores"]) == (8.0, 1.0)
     assert local_target_features(None)["tg_cores"] == cpu_target(None).threads
+    assert np.isnan(local_target_features("cuda -model=v100")["tg_vector_lanes"])
 
 
 def test_featurized_rows_carry_their_target_and_its_features(dataset):

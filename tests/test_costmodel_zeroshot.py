@@ -214,3 +214,33 @@ def test_diverse_proposals_try_different_innermost_tiles_first():
     order = np.arange(len(entities))  # already best first
     assert diverse_top(order, entities, 3) == [0, 2, 4]
     assert diverse_top(order, entities, 5) == [0, 2, 4, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def small_spread_model(tmp_path_factory):
+    """A model of the small spread (one workload of each operator), measured here."""
+    from lorien.costmodel.generate import generate_training_set
+
+    root = tmp_path_factory.mktemp("spread")
+    store_uri = f"parquet:{root / 'warehouse'}"
+    generate_training_set(store_uri, size="small", trials=6, progress=False)
+    featurize(root / "features", store=store_uri, jobs=1, progress=False)
+    train_cost_model(root / "features", root / "model", params={"n_estimators": 20}, baseline=None, plots=False,
+                     progress=False)
+    return root / "model"
+
+
+@pytest.mark.parametrize("op, params", [
+    ("conv2d", {"C": 24, "H": 10, "W": 10, "K": 16, "kernel": 3, "padding": 1}),
+    ("depthwise_conv2d", {"C": 24, "H": 10, "W": 10, "kernel": 3, "padding": 1}),
+    ("batch_matmul", {"B": 3, "M": 24, "N": 16, "K": 16}),
+])
+def test_zero_shot_proposes_and_measures_for_every_tunable_operator(small_spread_model, op, params):
+    from lorien.costmodel.zeroshot import zero_shot
+    from lorien.dialect import get_dialect
+
+    task_name, args = get_dialect("autotvm").expand_workload(op, params)
+    result = zero_shot(small_spread_model, task_name=task_name, args=args, topk=3, measure_top=1,
+                       store_uri=f"parquet:{small_spread_model.parent / 'proposed'}")
+    assert len({json.dumps(p.entity) for p in result.proposals}) == 3
+    assert result.proposals[0].error_no == 0 and result.proposals[0].gflops > 0

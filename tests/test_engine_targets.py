@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,16 @@ def test_a_kernel_built_for_haswell_uses_no_avx512_instructions():
 def test_a_kernel_built_for_the_avx512_host_uses_512_bit_registers():
     kernel = _dense_kernel(None)
     assert "zmm" in llvm_codegen.assembly(kernel.ir_text)
+    _run_dense(kernel)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None, reason="no C compiler")
+def test_the_c_renderer_compiles_for_the_target_cpu_and_its_threads():
+    target = "c -mcpu=haswell -num-cores=1"
+    with building_for(target):
+        schedule, tensors = dense_candidate(16, 64, 32, mr=4, nr=32)
+    kernel = build(schedule, tensors, target=target)
+    assert "#pragma omp parallel for num_threads(1)" in kernel.ir_text
     _run_dense(kernel)
 
 

@@ -292,9 +292,9 @@ def target_feature_columns(table: pa.Table) -> dict[str, np.ndarray]:
     distinct (target, build) pair of the batch."""
     target_codes, targets = _codes(table["target"])
     build_codes, builds = _codes(table["build"])
-    pairs, pair_of_row = np.unique(target_codes * max(1, len(builds)) + build_codes, return_inverse=True)
-    per_pair = [target_features(targets[pair // max(1, len(builds))], builds[pair % max(1, len(builds))] or "")
-                for pair in pairs.tolist()]
+    width = max(1, len(builds))
+    pairs, pair_of_row = np.unique(target_codes * width + build_codes, return_inverse=True)
+    per_pair = [target_features(targets[pair // width], builds[pair % width] or "") for pair in pairs.tolist()]
     return {name: np.array([features[name] for features in per_pair], dtype=np.float64)[pair_of_row]
             for name in TARGET_FEATURES}
 

@@ -70,7 +70,11 @@ def _from_target_string(target: str) -> dict[str, float]:
 
 def local_target_features(target: str | None) -> dict[str, float]:
     """The target features records measured on this machine for ``target`` carry (what a
-    proposal for ``target`` is scored with)."""
-    from lorien.engine.cpu import cpu_target
+    proposal for ``target`` is scored with); for a target the CPU engine does not build, what
+    its target string says."""
+    from lorien.engine.cpu import CPU_KINDS, cpu_target
+    from lorien.target import parse_target
 
+    if target is not None and parse_target(target).kind not in CPU_KINDS:
+        return target_features(target, "")
     return target_features(target or "llvm", cpu_target(target).build_json())
