@@ -26,7 +26,7 @@ from lorien.costmodel import (
 )
 from lorien.costmodel.train import workload_groups
 from lorien.errors import LorienError
-from lorien.features import featurize, load_features
+from lorien.features import load_features
 from lorien.features.targets import TARGET_FEATURES, local_target_features, target_features
 from lorien.record import TuningRecord
 
@@ -66,15 +66,8 @@ def synthetic_records(seed: int = 0) -> list[TuningRecord]:
 
 
 @pytest.fixture(scope="module")
-def features_dir(tmp_path_factory) -> Path:
-    from lorien.warehouse import open_store
-
-    root = tmp_path_factory.mktemp("transfer")
-    uri = f"parquet:{root / 'warehouse'}"
-    with open_store(uri) as store:
-        store.commit(synthetic_records())
-    featurize(root / "features", store=uri, jobs=1, progress=False)
-    return root / "features"
+def features_dir(featurized) -> Path:
+    return featurized(synthetic_records(), "transfer")
 
 
 @pytest.fixture(scope="module")
