@@ -108,17 +108,17 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
     if unknown_ops:
         raise ConfigError(f"unknown op(s) {unknown_ops} (known: {', '.join(OPS)})")
     spread = [] if size == "none" else [(op, p) for op, p in SPREADS[size] if ops is None or op in ops]
-    explicit = [parse_workload_spec(text) for text in workloads]
+    explicit = {len(spread) + i: text for i, text in enumerate(workloads)}
     plugin = get_dialect(dialect)
     excluded = set(exclude)
     target = parse_target(target).canonical if target else host_target().canonical
     trials = trials if trials is not None else DEFAULT_TRIALS.get(size, 64)
     jobs = []
-    for (op, params), is_explicit in [*((w, False) for w in spread), *((w, True) for w in explicit)]:
+    for position, (op, params) in enumerate([*spread, *map(parse_workload_spec, workloads)]):
         task_name, args = plugin.expand_workload(op, params)
         if autotvm_workload_key(task_name, args) in excluded:
-            if is_explicit:
-                raise ConfigError(f"workload {op}:{params} is one the exclude configs name")
+            if position in explicit:
+                raise ConfigError(f"workload {explicit[position]!r} is a workload of an exclude config")
             continue
         jobs.append({"dialect": dialect, "task_name": task_name, "args": args, "target": target,
                      "tuner": tuner, "trials": trials, "seed": seed + len(jobs), "commit_nbest": 20,
