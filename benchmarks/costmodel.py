@@ -1,27 +1,48 @@
-"""Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning.
+"""Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning (dense,
+and conv2d / depthwise / batch_matmul on whole held-out networks), transfer across targets.
 
-    python benchmarks/costmodel.py            # full: 500k records timed, 2M for memory, 3 held-out workloads
-    python benchmarks/costmodel.py --quick    # small: 100k / 300k records, 1 held-out workload, fewer trials
+    python benchmarks/costmodel.py            # full: about FULL_TIME on the shared 2-core machine
+    python benchmarks/costmodel.py --quick    # small: about QUICK_TIME; shorter tuned baselines (48 trials)
 
 Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
 logs (each base record varied in batch size, config index, cost and timestamp). Peak memory
 is the largest summed RSS of the featurizing process and its workers, sampled with psutil.
 
-Zero-shot: a training set is measured on this machine (36 dense workloads, each swept by the
-random tuner and tuned by the xgb tuner, as a warehouse of tuning logs holds), featurized and
-used to train an XGBoost ranking model; for each held-out workload the model's
-top-5 proposals are measured and compared with the same workload tuned with 300 trials (xgb
-tuner), and with 5 random configs of its space. Held-out workloads share no (M, N, K) and no
-workload key with the training spread (checked).
+Zero-shot, dense: a training set is measured on this machine (36 dense workloads, each swept
+by the random tuner and tuned by the xgb tuner, as a warehouse of tuning logs holds),
+featurized and used to train an XGBoost ranking model; for each held-out workload the
+model's top-5 proposals are measured and compared with the same workload tuned with 300
+trials (xgb tuner), and with 5 random configs of its space. Held-out workloads share no
+(M, N, K) and no workload key with the training spread (checked).
 
-The ratios come from a final re-measurement: the tuned best config, the 5 proposals and the 5
-random configs are built once and timed in interleaved rounds (15; order rotated each round),
-so all of them see the same load on the shared cores; each config's median round (each round
-the fastest of 3 runs) gives the ratios on the last line. The fastest round's ratios are
-printed too: a config that uses both cores can look far faster in the one round that caught
-the machine idle, so the median is the steadier comparison here. Ratios are throughput /
-tuned throughput. time_ratio = tuning wall time / zero-shot wall time (proposing + measuring
-the 5 proposals). The last line is the key=value summary.
+Zero-shot, networks: the conv2d (conv2d_NCHWc.x86), depthwise and batch_matmul workloads of
+`lorien generate --size medium` (49 workloads, none of them a layer of the held-out networks:
+checked) are swept by the random tuner (64 configs) and tuned by the xgb tuner (64 trials);
+a model trained on them proposes for every conv2d, depthwise and batch_matmul layer of
+ResNet-18, MobileNetV2 and BERT-base (configs/samples), compared per layer as above with the
+layer tuned with 300 trials (--quick: 6 layers, 48 trials, a third of the spread). Per
+operator and per network, the ratio is network-level: the time of the layers run as often as
+the network runs them (the configs' `weight`) with the tuned configs over that time with the
+proposals (top-1, best of 5) or random configs; the per-layer range is printed. Time saved:
+tuning wall time against proposing and measuring the 5 proposals.
+
+Transfer: the same random sweeps (same seeds, so the same configs) are measured for a second
+target, a different machine on this one: `llvm -mcpu=haswell -num-cores=1` (AVX2 code on one
+thread) on an AVX-512 host, `llvm -mcpu=x86-64 -num-cores=1` (SSE) on an AVX2 host. Per
+template, `lorien train --target <host> --transfer-from <second> --target-fraction 0.1 --curve
+0,0.05,0.1,1` compares a model of the second target's records plus k% of this host's with a
+model of this host's k% alone on held-out host workloads (5 folds; TenSet top-1 / top-5 and
+pairwise accuracy); transfer10_top5 and own10_top5 are the mean top-5 over the three
+templates at 10%.
+
+The zero-shot ratios come from a final re-measurement: the tuned best config, the 5 proposals
+and the 5 random configs are built once and timed in interleaved rounds (15; order rotated
+each round), so all of them see the same load on the shared cores; each config's median
+round (each round the fastest of 3 runs) gives the ratios on the last line. The fastest
+round's ratios are printed too (dense): a config that uses both cores can look far faster in
+the one round that caught the machine idle, so the median is the steadier comparison here.
+Ratios are throughput / tuned throughput. time_ratio = tuning wall time / zero-shot wall time
+(proposing + measuring the 5 proposals). The last line is the key=value summary.
 """
 
 from __future__ import annotations
@@ -321,8 +342,15 @@ OPERATORS = {"conv": "conv2d_NCHWc.x86", "dw": "depthwise_conv2d_nchw.x86", "bmm
 #: The layers --quick evaluates (the full run evaluates every layer of these templates).
 QUICK_LAYERS = {"resnet18": ("layer2.conv", "layer3.down"), "mobilenetv2": ("dw144.s1", "dw384.s1", "pw64-384"),
                 "bert_base": ("attention.scores",)}
-#: The second target of the transfer benchmark: AVX2 code on one thread (a different machine).
-SOURCE_TARGET = "llvm -mcpu=haswell -num-cores=1"
+
+
+def source_target() -> str:
+    """The transfer benchmark's second target, a different machine measured here: AVX2 code
+    on one thread on an AVX-512 host; SSE code (128-bit vectors) on one thread on an AVX2 one,
+    so the two targets' vector widths, and best tiles, differ either way."""
+    from lorien.engine.cpu import host_cpu
+
+    return "llvm -mcpu=haswell -num-cores=1" if host_cpu().lanes > 8 else "llvm -mcpu=x86-64 -num-cores=1"
 
 
 def held_out_layers(quick: bool) -> list[dict]:
@@ -438,19 +466,20 @@ def transfer(work: Path, quick: bool, random_trials: int, folds: int) -> dict:
     from lorien.features import featurize
     from lorien.target import host_target
 
-    transfer_uri = random_sweeps(work, quick, random_trials, SOURCE_TARGET)
+    source = source_target()
+    transfer_uri = random_sweeps(work, quick, random_trials, source)
     featurize(work / "transfer-features", store=transfer_uri, jobs=2, progress=False)
     destination = host_target().canonical
     report = train_cost_model(work / "transfer-features", work / "transfer-model", kind="xgb-rank",
                               templates=sorted(OPERATORS.values()), folds=folds, target=destination,
-                              transfer_from=SOURCE_TARGET, target_fraction=0.1, curve=[0.0, 0.05, 0.1, 1.0],
+                              transfer_from=source, target_fraction=0.1, curve=[0.0, 0.05, 0.1, 1.0],
                               progress=False)
     curves = {template: entry["transfer_curve"] for template, entry in report["templates"].items()}
     for template, curve in curves.items():
         for fraction, point in curve.items():
             own = point["own"]
             log(f"transfer {template}: {float(fraction):.0%} of {destination!r} "
-                f"({point['destination_rows']:.0f} rows per fold): with {SOURCE_TARGET!r} top-1 "
+                f"({point['destination_rows']:.0f} rows per fold): with {source!r} top-1 "
                 f"{point['transfer']['top1']:.3f} top-5 {point['transfer']['top5']:.3f} pairwise "
                 f"{point['transfer']['pairwise_accuracy']:.3f}"
                 + (f"; alone top-1 {own['top1']:.3f} top-5 {own['top5']:.3f} pairwise {own['pairwise_accuracy']:.3f}"

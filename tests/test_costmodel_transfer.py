@@ -27,7 +27,12 @@ from lorien.costmodel import (
 from lorien.costmodel.train import workload_groups
 from lorien.errors import LorienError
 from lorien.features import load_features
-from lorien.features.targets import TARGET_FEATURES, local_target_features, target_features
+from lorien.features.targets import (
+    TARGET_FEATURES,
+    local_target_features,
+    relative_knob_features,
+    target_features,
+)
 from lorien.record import TuningRecord
 
 TEMPLATE = "dense_nopack.x86"
@@ -105,6 +110,24 @@ def test_featurized_rows_carry_their_target_and_its_features(dataset):
     assert set(TARGET_FEATURES) <= set(frame.columns)
     lanes = frame.groupby("target")["tg_vector_lanes"].nunique()
     assert (lanes == 1).all() and frame["tg_vector_lanes"].nunique() == 2
+
+
+def test_split_knobs_are_also_described_by_the_vector_registers_their_innermost_factor_fills():
+    features = relative_knob_features({"sp_tile_x_0": -1, "sp_tile_x_1": 24, "tg_vector_lanes": 8.0})
+    assert features == {"tr_tile_x_vectors": 3.0, "tr_tile_x_whole": 1.0}
+    assert relative_knob_features({"sp_tile_x_0": -1, "sp_tile_x_1": 24, "tg_vector_lanes": 16.0})[
+        "tr_tile_x_whole"] == 0.0
+    assert np.isnan(relative_knob_features({"sp_tile_x_1": 24})["tr_tile_x_vectors"])
+
+
+def test_featurized_rows_carry_their_knobs_relative_to_their_target(dataset, features_dir):
+    from lorien.features import FeatureMeta, output_paths
+
+    frame, *_ = dataset
+    columns = {c.name: c for c in FeatureMeta.read(output_paths(features_dir, TEMPLATE)["meta"]).columns}
+    raw = {name: frame[name] * columns[name].std + columns[name].mean
+           for name in ("sp_tile_x_1", "tg_vector_lanes", "tr_tile_x_vectors")}
+    np.testing.assert_allclose(raw["tr_tile_x_vectors"], raw["sp_tile_x_1"] / raw["tg_vector_lanes"], rtol=1e-6)
 
 
 def test_the_same_workload_on_two_targets_is_two_workloads(dataset):

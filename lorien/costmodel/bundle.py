@@ -19,10 +19,10 @@ import numpy as np
 from lorien import __version__
 from lorien.costmodel.models import XGBCostModel, load_estimator
 from lorien.errors import ConfigError, LorienError
-from lorien.features.extract import config_features, dialect_extractor, entity_of, workload_features
+from lorien.features.extract import config_features, entity_of, record_features, workload_features
 from lorien.features.meta import FeatureMeta
 from lorien.features.pipeline import safe_name
-from lorien.features.targets import local_target_features, target_features
+from lorien.features.targets import local_target_features, relative_knob_features
 
 MODEL_FORMAT = "lorien-costmodel"
 MODEL_FILE = "model.json"
@@ -70,7 +70,8 @@ class CostModel:
         rows = []
         for config in configs:
             entity = config.to_json_entity() if hasattr(config, "to_json_entity") else entity_of(config)
-            rows.append({**workload, **config_features(entity)})
+            row = {**workload, **config_features(entity)}
+            rows.append({**row, **relative_knob_features(row)})
         return self.score_features(task_name, rows)
 
     def score_records(self, records: Iterable[Any]) -> np.ndarray:
@@ -81,7 +82,7 @@ class CostModel:
         for i, record in enumerate(records):
             by_template.setdefault(record.task_name, []).append(i)
         for template, indices in by_template.items():
-            rows = [_record_features(records[i]) for i in indices]
+            rows = [record_features(records[i]) for i in indices]
             scores[indices] = self.score_features(template, rows)
         return scores
 
@@ -122,20 +123,6 @@ class CostModel:
             model.templates[name] = TemplateModel(FeatureMeta.from_dict(entry["meta"]), estimator,
                                                   entry.get("info", {}))
         return model
-
-
-def _record_features(record: Any) -> dict[str, Any]:
-    """The raw features featurization gives a record: its dialect's (or the built-in AutoTVM
-    ones) and the target features of its target and build."""
-    extractor = dialect_extractor(record.dialect)
-    if extractor is not None:
-        features = extractor(record)
-    else:
-        import orjson
-
-        features = {**workload_features(orjson.loads(record.args)),
-                    **config_features(entity_of(orjson.loads(record.config)))}
-    return {**features, **target_features(record.target, record.build)}
 
 
 def load_cost_model(path: str | Path) -> CostModel:

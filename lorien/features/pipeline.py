@@ -44,7 +44,7 @@ from lorien.features.extract import (
 )
 from lorien.features.meta import ID_COLUMNS, TARGET_COLUMN, FeatureColumn, FeatureMeta
 from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_batches
-from lorien.features.targets import TARGET_FEATURES, target_features
+from lorien.features.targets import TARGET_FEATURES, relative_knob_features, target_features
 from lorien.progress import Progress
 
 SPILL_DIR = "_phase1"
@@ -278,6 +278,9 @@ def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, 
             rows = indices[np.asarray(positions, dtype=np.int64)]
             taken = ids.take(pa.array(rows))
             arrays.update({name: pa.array(values[rows]) for name, values in target_columns.items()})
+            knobs = {name: array.to_numpy(zero_copy_only=False) for name, array in arrays.items()
+                     if name.startswith(("sp_", "tg_"))}
+            arrays.update({name: pa.array(values) for name, values in relative_knob_features(knobs).items()})
             arrays.update({name: taken[name] for name in ID_COLUMNS})
             arrays[TARGET_COLUMN] = pa.array(np.round(thrpt[rows], 6))
             tables.append(pa.table(arrays))
@@ -392,16 +395,19 @@ def _phase1_file_task(batch_path: str, spill_dir: str, batch_index: int, extract
 
 # ---- phase 2 ----------------------------------------------------------------------------
 
-def _natural_key(name: str) -> tuple[int, int]:
+def _natural_key(name: str) -> tuple[int, int, str]:
     """Column order: workload features (``attr_i``, ``in_i`` by number), config features (as
-    first seen), target features (in :data:`TARGET_FEATURES` order)."""
+    first seen), target features (in :data:`TARGET_FEATURES` order), knobs relative to the
+    target (``tr_*``, by name)."""
     if name in TARGET_FEATURES:
-        return 3, TARGET_FEATURES.index(name)
+        return 3, TARGET_FEATURES.index(name), ""
     prefix_rank = {"attr": 0, "in": 1}
     prefix, _, rest = name.partition("_")
     if prefix in prefix_rank and rest.isdigit():
-        return prefix_rank[prefix], int(rest)
-    return 2, 0
+        return prefix_rank[prefix], int(rest), ""
+    if prefix == "tr":
+        return 4, 0, name
+    return 2, 0, ""
 
 
 def _read_part(path: Path) -> pa.Table:

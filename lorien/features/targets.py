@@ -4,16 +4,22 @@
 (threads of its parallel loops) and the data cache sizes of one core (``tg_l1d_kb``,
 ``tg_l2_kb``, ``tg_l3_kb``) come from the record's ``build`` JSON where Lorien measured it, else
 from its target string (``-mcpu`` gives the vector width, ``-num-cores`` the cores); what
-neither says is NaN (the training mean after normalization). With them one cost model ranks
-the configs of several targets, and a model trained on one target transfers to another.
+neither says is NaN (the training mean after normalization). Split knobs are also described
+relative to the target (:func:`relative_knob_features`: the innermost factor in vector
+registers), so what one target teaches about tiles carries over to a target with other
+vectors. With them one cost model ranks the configs of several targets, and a model trained
+on one target transfers to another.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import orjson
 
 from lorien.errors import LorienError
@@ -23,6 +29,37 @@ TARGET_FEATURES = ("tg_vector_lanes", "tg_cores", "tg_l1d_kb", "tg_l2_kb", "tg_l
 #: The build field each target feature is read from.
 _BUILD_FIELDS = {"tg_vector_lanes": "vector_lanes", "tg_cores": "threads", "tg_l1d_kb": "l1d_kb",
                  "tg_l2_kb": "l2_kb", "tg_l3_kb": "l3_kb"}
+
+
+_SPLIT_FACTOR = re.compile(r"sp_(.+)_(\d+)")
+
+
+def relative_knob_features(features: Mapping[str, Any]) -> dict[str, Any]:
+    """Split knobs relative to the target's vectors: for every split ``sp_<knob>_<i>``, its
+    innermost factor in vector registers (``tr_<knob>_vectors`` = factor / tg_vector_lanes)
+    and whether it fills whole registers (``tr_<knob>_whole``: 1 or 0). NaN where the vector
+    width is unknown. Values are numbers or NumPy arrays (a column each), and so are the results.
+    """
+    innermost: dict[str, int] = {}
+    for name in features:
+        match = _SPLIT_FACTOR.fullmatch(name)
+        if match:
+            innermost[match[1]] = max(innermost.get(match[1], 0), int(match[2]))
+    if not innermost:
+        return {}
+    lanes = np.asarray(features.get("tg_vector_lanes", math.nan), dtype=np.float64)
+    relative: dict[str, Any] = {}
+    for knob, position in innermost.items():
+        try:
+            factor = np.asarray(features[f"sp_{knob}_{position}"], dtype=np.float64)
+        except (TypeError, ValueError):  # a knob whose values are not numbers
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vectors = factor / lanes
+            whole = np.where(np.isfinite(vectors), np.mod(factor, lanes) == 0, math.nan)
+        relative[f"tr_{knob}_vectors"] = vectors if vectors.ndim else float(vectors)
+        relative[f"tr_{knob}_whole"] = whole if whole.ndim else float(whole)
+    return relative
 
 
 def _number(value: Any) -> float:
