@@ -18,8 +18,9 @@ trials (xgb tuner), and with 5 random configs of its space. Held-out workloads s
 Zero-shot, networks: the conv2d (conv2d_NCHWc.x86), depthwise and batch_matmul workloads of
 `lorien generate --size medium` (49 workloads, none of them a layer of the held-out networks:
 checked) are swept by the random tuner (64 configs) and tuned by the xgb tuner (64 trials);
-a model trained on them proposes for every conv2d, depthwise and batch_matmul layer of
-ResNet-18, MobileNetV2 and BERT-base (configs/samples), compared per layer as above with the
+a model trained on them proposes for every conv2d, depthwise and batch_matmul task of
+ResNet-18, MobileNetV2 and a BERT-base encoder layer (configs/models, as `lorien extract`
+wrote them), compared per layer as above with the
 layer tuned with 300 trials (--quick: 6 layers, 48 trials, a third of the spread). Per
 operator and per network, the ratio is network-level: the time of the layers run as often as
 the network runs them (the configs' `weight`) with the tuned configs over that time with the
@@ -335,13 +336,15 @@ def zero_shot_dense(work: Path, train_trials: tuple[int, int], tune_trials: int,
 
 # ---- zero-shot: whole networks, and transfer across targets ----------------------------------
 
-CONFIGS = REPO / "configs" / "samples"
-#: Held-out networks (configs/samples) and the operators judged on them.
-NETWORKS = ("resnet18", "mobilenetv2", "bert_base")
+CONFIGS = REPO / "configs" / "models"
+#: Held-out networks (their tasks as `lorien extract` wrote them) and the operators judged on them.
+NETWORKS = ("resnet18", "mobilenet_v2", "bert_base_layer")
 OPERATORS = {"conv": "conv2d_NCHWc.x86", "dw": "depthwise_conv2d_nchw.x86", "bmm": "batch_matmul.x86"}
 #: The layers --quick evaluates (the full run evaluates every layer of these templates).
-QUICK_LAYERS = {"resnet18": ("layer2.conv", "layer3.down"), "mobilenetv2": ("dw144.s1", "dw384.s1", "pw64-384"),
-                "bert_base": ("attention.scores",)}
+QUICK_LAYERS = {"resnet18": ("resnet18/layer2.0.conv2", "resnet18/layer3.0.downsample.0"),
+                "mobilenet_v2": ("mobilenet_v2/features.3.conv.1.0", "mobilenet_v2/features.8.conv.1.0",
+                                 "mobilenet_v2/features.8.conv.0.0"),
+                "bert_base_layer": ("bert_base_layer/attention.scores",)}
 
 
 def source_target() -> str:
@@ -379,14 +382,15 @@ def job_of_task(job: dict) -> dict:
 
 def spread_jobs(quick: bool, target: str | None = None) -> list[dict]:
     """The training spread of the judged operators (``lorien generate --size medium``), without
-    any layer of the held-out networks; --quick takes every third workload."""
+    any task of the extracted models (configs/models/all.yaml: the held-out networks and
+    ResNet-50); --quick takes every third workload."""
     from lorien.costmodel.generate import config_workload_keys, training_jobs
 
-    excluded = config_workload_keys(CONFIGS / f"{network}.yaml" for network in NETWORKS)
+    excluded = config_workload_keys([CONFIGS / "all.yaml"])
     jobs = training_jobs("medium", target=target, ops=["conv2d", "depthwise_conv2d", "batch_matmul"],
                          exclude=excluded)
     if len(jobs) != len(training_jobs("medium", target=target, ops=["conv2d", "depthwise_conv2d", "batch_matmul"])):
-        raise SystemExit("the training spread holds a layer of a held-out network")
+        raise SystemExit("the training spread holds a task of an extracted model")
     return jobs[::3] if quick else jobs
 
 

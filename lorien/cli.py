@@ -6,6 +6,8 @@ call into the library.
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
   lorien export                    write records back as TVM logs
+  lorien extract MODEL...          tunable tasks of ONNX files / torch modules, with weights, as a tune YAML
+  lorien mutate TASKS.yaml         grow a task list into a training set with YAML rules
   lorien featurize                 records -> normalized CSV/Parquet features per template
   lorien train                     train and evaluate a cost model
   lorien warehouse stats|compact|workloads|dynamodb ...
@@ -15,6 +17,7 @@ call into the library.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -162,6 +165,36 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print what was written as JSON (needs -o: the records go to the file)")
     export.set_defaults(run=_run_export)
 
+    # ---- extract ----------------------------------------------------------------------
+    extract = _parser(sub, "extract", "write the tunable tasks of ONNX files and torch modules (conv2d, depthwise, "
+                      "dense, batch_matmul; weight = occurrences; epilogues seen) as a `lorien tune` YAML, "
+                      "identical tasks merged across models; unsupported operators are counted",
+                      "lorien extract resnet50.onnx torchvision.models:mobilenet_v2 --input x:1x3x224x224 "
+                      "-o tasks.yaml")
+    extract.add_argument("models", nargs="+", metavar="MODEL",
+                         help="an ONNX file, or a torch factory module:function or module:function(key=value, ...) "
+                              "(needs the torch extra), e.g. torchvision.models:resnet18")
+    extract.add_argument("--input", action="append", default=[], metavar="[NAME:]SHAPE[:DTYPE]",
+                         help="shape of an input, e.g. input:1x3x224x224 or ids:1x128:int64 (no NAME: the only "
+                              "input of a model); needed for dynamic dimensions and for torch modules; repeatable")
+    extract.add_argument("--batch-size", type=int, help="set dimension 0 of every input")
+    extract.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    extract.add_argument("--json", action="store_true",
+                         help="print the summary (models, tasks, unsupported operators) as JSON; needs -o")
+    extract.set_defaults(run=_run_extract)
+
+    # ---- mutate -----------------------------------------------------------------------
+    mutate = _parser(sub, "mutate", "grow a task list into a training set: YAML rules vary fields (lists of "
+                     "values, ranges with a step, scale factors), filters drop shapes; same seed, same output; "
+                     "no duplicates (rule format: docs/models.md)",
+                     "lorien mutate tasks.yaml --rules configs/models/mutate-rules.yaml --seed 1 -o train.yaml")
+    mutate.add_argument("tasks", help="a tuning YAML of op shorthands (what `lorien extract` writes)")
+    mutate.add_argument("--rules", required=True, help="mutation rules YAML")
+    mutate.add_argument("--seed", type=int, help="random seed (default: the rules file's seed, else 0)")
+    mutate.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    mutate.add_argument("--json", action="store_true", help="print the summary as JSON; needs -o")
+    mutate.set_defaults(run=_run_mutate)
+
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
     featurize = _parser(sub, "featurize", "records -> normalized per-template features (CSV, .meta, Parquet)",
@@ -277,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     # (section owned by the cost-model work)
     generate = _parser(sub, "generate", "build a training set: tune a spread of dense, conv2d, depthwise and "
                        "batch_matmul workloads with the random tuner on this machine",
-                       "lorien generate --size medium --exclude configs/samples/resnet18.yaml --store parquet:./train\n"
+                       "lorien generate --size medium --exclude configs/models/all.yaml --store parquet:./train\n"
                        "  lorien generate --size medium --target 'llvm -mcpu=haswell -num-cores=1' --store parquet:./train")
     generate.add_argument("--size", default="small", choices=["small", "medium", "large", "none"],
                           help="the workload spread (small: a few workloads for CI; default small)")
@@ -575,6 +608,48 @@ def _run_export(args: argparse.Namespace) -> int:
             print(encode_record(record, args.format))
     return 0
 
+# ---- run functions: extract, mutate -------------------------------------------------------
+
+def _write_yaml(args: argparse.Namespace, text: str, summary: str, report: dict) -> None:
+    """The YAML to ``--output`` (whole or not at all) or standard output; the summary (or,
+    with --json, the report) beside it."""
+    if args.output is None:
+        if args.json:
+            raise LorienError(f"{args.command} --json prints a summary: give the YAML a file with -o FILE")
+        sys.stdout.write(text)
+        print(summary, file=sys.stderr)
+        return
+    from lorien.models.extract import write_text_atomic
+
+    write_text_atomic(args.output, text)
+    if args.json:
+        import json
+
+        print(json.dumps({"output": args.output, **report}, indent=2))
+    else:
+        print(f"{summary}\nwrote {args.output}")
+
+
+def _run_extract(args: argparse.Namespace) -> int:
+    from lorien.models import extract_models
+
+    extraction = extract_models(args.models, args.input, batch_size=args.batch_size)
+    _write_yaml(args, extraction.to_yaml(args.command_line), extraction.summary(), extraction.to_dict())
+    return 0
+
+
+def _run_mutate(args: argparse.Namespace) -> int:
+    from lorien.models.extract import tasks_yaml
+    from lorien.models.mutate import load_rules, mutate_tasks, read_task_config
+
+    tasks, settings = read_task_config(args.tasks)
+    report = mutate_tasks(tasks, load_rules(args.rules), seed=args.seed)
+    header = [f"lorien mutate: {len(report.tasks)} tasks.", f"Made by: {args.command_line}",
+              *report.summary().splitlines()]
+    _write_yaml(args, tasks_yaml([task.to_entry() for task in report.tasks], header, settings), report.summary(),
+                report.to_dict())
+    return 0
+
 # ---- run functions: featurize ------------------------------------------------------------
 
 def _run_featurize(args: argparse.Namespace) -> int:
@@ -740,6 +815,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = "lorien " + shlex.join(sys.argv[1:] if argv is None else argv)
     run = getattr(args, "run", None)
     if run is None:
         parser.print_help()

@@ -15,7 +15,7 @@ from lorien.errors import ConfigError, LorienError
 from lorien.features import featurize
 from lorien.workload import autotvm_workload_key
 
-SAMPLES = Path(__file__).resolve().parent.parent / "configs" / "samples"
+MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 TRAINING = ["dense:M=1,N=64,K=64", "dense:M=16,N=64,K=128", "dense:M=16,N=128,K=64"]
 UNSEEN = ("dense", {"M": 8, "N": 96, "K": 64})
 
@@ -72,10 +72,10 @@ def test_the_spreads_cover_the_four_tunable_operators_for_this_host_by_default()
         training_jobs("medium", ops=["gemm"])
 
 
-def test_no_spread_holds_a_layer_of_the_sample_networks():
+def test_no_spread_holds_a_task_of_the_extracted_models():
     from lorien.costmodel.generate import SPREADS, config_workload_keys
 
-    networks = config_workload_keys(SAMPLES / f"{name}.yaml" for name in ("resnet18", "mobilenetv2", "bert_base"))
+    networks = config_workload_keys([MODELS / "all.yaml"])  # ResNet-18, ResNet-50, MobileNetV2, a BERT-base layer
     for size in SPREADS:
         keys = {autotvm_workload_key(job["task_name"], job["args"]) for job in training_jobs(size, target="llvm")}
         assert not keys & networks, size

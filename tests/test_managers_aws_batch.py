@@ -13,11 +13,11 @@ import boto3
 import pytest
 
 from lorien.errors import ConfigError
-from lorien.tune.jobspec import Job, load_job
+from lorien.tune.jobspec import Job, load_job, result_uri
 from lorien.tune.managers.aws_batch import CANCEL_REASON, AwsBatchManager
 from lorien.tune.managers.base import Task
 from lorien.tune.managers.synthetic import synthetic_runner
-from lorien.tune.master import result_uri, run_job_uri, run_jobs
+from lorien.tune.master import run_job_uri, run_jobs
 from lorien.tune.trace import read_trace
 from lorien.warehouse import open_store
 from lorien.warehouse.archive import read_text_uri

@@ -467,7 +467,7 @@ def test_compaction_deletes_an_abandoned_commit_and_keeps_every_answer(store, ro
     store.compact()  # the leftover is younger than the grace period: kept, still invisible
     assert raw_rows(root) > before[1] or point == "serving:1"
     assert answers(store.uri)[:4] == before[:4]
-    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    monkeypatch.setattr(parquet.store, "ABANDONED_COMMIT_S", 0.0)
     summary = store.compact()
     assert summary["abandoned_files_removed"] >= 1
     assert answers(store.uri)[:4] == before[:4]
@@ -486,7 +486,7 @@ def test_a_later_commit_deletes_abandoned_commits_only_after_the_grace_period(st
     assert leftovers > 0
     store.commit(workload_records("dense#c", 1))
     assert raw_rows(root) == 7 + 1 + leftovers  # too young to be called abandoned
-    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    monkeypatch.setattr(parquet.store, "ABANDONED_COMMIT_S", 0.0)
     store.commit(workload_records("dense#c", 1, first_index=1))
     assert raw_rows(root) == 7 + 2
     assert len(parquet_files(root, "best")) == 3
@@ -498,7 +498,7 @@ def test_a_stalled_writer_resumed_after_its_commit_was_removed_never_makes_it_vi
     commit_earlier(store)
     before = answers(store.uri)
     writer = paused_writer(store.uri, "record:1")
-    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    monkeypatch.setattr(parquet.store, "ABANDONED_COMMIT_S", 0.0)
     assert store.compact()["abandoned_files_removed"] == 2  # its serving file and first record file
     writer.send_signal(signal.SIGUSR1)
     out, err = writer.communicate(timeout=60)
@@ -537,7 +537,7 @@ def test_a_writer_killed_mid_commit_on_s3_leaves_nothing_of_its_commit_visible(
     assert answers(uri) == before
     assert open_store(uri).commit(crash_records()).stored == 12
     assert answers(uri)[1] == 7 + 12
-    monkeypatch.setattr(parquet, "ABANDONED_COMMIT_S", 0.0)
+    monkeypatch.setattr(parquet.store, "ABANDONED_COMMIT_S", 0.0)
     assert open_store(uri).compact()["abandoned_files_removed"] == 2  # the killed commit's files
     assert answers(uri)[1] == 7 + 12
     assert all(key.endswith("-1of1.parquet") for key in keys("lorien/records/"))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lorien.errors import DialectError
+from lorien.errors import DialectError, WorkloadError
+from lorien.workload import pad4
 
 #: Below this many rows, ``dense`` uses ``dense_nopack.x86`` (no weight packing).
 SMALL_BATCH = 16
@@ -28,6 +29,14 @@ def _pair(value: Any, name: str) -> list[int]:
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
         return list(value)
     raise DialectError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def _padding(value: Any) -> list[int]:
+    """(top, left, bottom, right) from an int, a (height, width) pair or four values."""
+    try:
+        return list(pad4(value))
+    except (WorkloadError, TypeError, ValueError) as exc:
+        raise DialectError(f"padding must be an int, a pair or four ints, got {value!r}") from exc
 
 
 def _take(params: dict[str, Any], op: str, required: tuple[str, ...], optional: dict[str, Any]) -> dict[str, Any]:
@@ -59,12 +68,14 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
                                     _tensor([p["B"], p["N"], p["K"]], p["dtype"]), None]
     if op == "conv2d":
         p = _take(params, op, ("C", "H", "W", "K"), {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1,
-                                                     "layout": "NCHWc", "dtype": "float32"})
+                                                     "groups": 1, "layout": "NCHWc", "dtype": "float32"})
         kh, kw = _pair(p["kernel"], "kernel")
         stride, dilation = _pair(p["stride"], "stride"), _pair(p["dilation"], "dilation")
-        ph, pw = _pair(p["padding"], "padding")
-        padding = [ph, pw, ph, pw]
+        padding = _padding(p["padding"])
         layout, dtype = p["layout"], p["dtype"]
+        if p["groups"] != 1:
+            raise DialectError(f"conv2d: groups={p['groups']}: the autotvm dialect has no grouped convolution "
+                               "template (a depthwise convolution, groups == C, is depthwise_conv2d)")
         templates = SHORTHAND_TEMPLATES["conv2d"]
         if layout not in templates:
             raise DialectError(f"conv2d: layout must be one of {sorted(templates)}, got {layout!r}")
@@ -79,9 +90,8 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         p = _take(params, op, ("C", "H", "W"), {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1,
                                                "multiplier": 1, "dtype": "float32"})
         kh, kw = _pair(p["kernel"], "kernel")
-        ph, pw = _pair(p["padding"], "padding")
         dtype = p["dtype"]
         return SHORTHAND_TEMPLATES["depthwise_conv2d"], [
             _tensor([p["N"], p["C"], p["H"], p["W"]], dtype), _tensor([p["C"], p["multiplier"], kh, kw], dtype),
-            _pair(p["stride"], "stride"), [ph, pw, ph, pw], _pair(p["dilation"], "dilation"), dtype]
+            _pair(p["stride"], "stride"), _padding(p["padding"]), _pair(p["dilation"], "dilation"), dtype]
     raise DialectError(f"unknown op shorthand {op!r} (known: {', '.join(sorted(SHORTHAND_TEMPLATES))})")

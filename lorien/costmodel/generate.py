@@ -4,9 +4,9 @@ this machine and commit every measured candidate to a store.
 Sizes: ``small`` (a handful of workloads, few trials: CI), ``medium`` and ``large`` (for a
 real training set) cover the four tunable operators: dense, conv2d (``conv2d_NCHWc.x86``),
 depthwise conv2d and batch_matmul. Their shapes span the layers of common networks without
-being any of them: no layer of ResNet-18 or MobileNetV2 (configs/samples/) and no attention
-batch_matmul of BERT-base is in a spread, so a model trained on one can be judged zero-shot on
-those networks. ``exclude`` (configs) drops a spread's workloads that a tuning config names;
+being any of them: no task of ResNet-18, ResNet-50, MobileNetV2 or a BERT-base layer
+(configs/models/) is in a spread, so a model trained on one can be judged zero-shot on those
+networks. ``exclude`` (configs) drops a spread's workloads that a tuning config names;
 ``--workload op:K=V,...`` adds explicit workloads.
 """
 

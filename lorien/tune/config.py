@@ -21,10 +21,16 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
       - task_name: conv2d_NCHWc.x86               # or a template name and its AutoTVM args
         args: [["TENSOR", [1, 64, 56, 56], "float32"], ...]
         trials: 128                                # per-workload overrides: tuner, trials, seed, name, ...
-      - {name: layer1.conv, weight: 4, conv2d: {...}}  # weight: how often the workload occurs in its network
+      - dense: {M: 128, N: 768, K: 768}           # as `lorien extract` writes a task:
+        weight: 4                                  #   occurrences in the models (positive number, default 1)
+        models: [bert]                             #   the models it came from
+        epilogue: {bias: 3, bias+add: 1}           #   elementwise ops seen after it, per pattern
 
 Each workload becomes one job dict (the team's job schema), handed to
-``get_dialect(job["dialect"]).tune(job, store_uri, ...)``.
+``get_dialect(job["dialect"]).tune(job, store_uri, ...)``. ``weight``, ``models`` and
+``epilogue`` are carried into the job as they are: the weight is what a task scheduler
+splits a network's budget by; a dialect whose tasks are the anchor operator alone (autotvm)
+tunes the same task whatever the epilogue.
 """
 
 from __future__ import annotations
@@ -41,11 +47,11 @@ TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "b
                   "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer", "warm_start_model", "weight"}
+            "name", "dialect", "transfer", "warm_start_model", "weight", "models", "epilogue"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
-                            "seed": 0, "commit_nbest": 20, "measure": {}}
+                            "seed": 0, "commit_nbest": 20, "measure": {}, "weight": 1}
 
 
 @dataclass
@@ -144,15 +150,20 @@ def _check_job(job: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
     if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
         raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
-    weight = job.get("weight")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0):
-        raise ConfigError(f"{where}: 'weight' (occurrences in the network) must be a positive number, got {weight!r}")
     model = job.get("warm_start_model")
     if model is not None:
         if not isinstance(model, str) or not model:
             raise ConfigError(f"{where}: 'warm_start_model' must be a model directory path, got {model!r}")
         if job["tuner"] != "xgb":
             raise ConfigError(f"{where}: 'warm_start_model' needs tuner 'xgb', got {job['tuner']!r}")
+    from lorien.models.tasks import check_epilogue, check_weight
+
+    check_weight(job["weight"], where)
+    models = job.get("models")
+    if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
+        raise ConfigError(f"{where}: 'models' must be a list of model names, got {models!r:.80}")
+    if job.get("epilogue") is not None:
+        check_epilogue(job["epilogue"], where)
     measure = job.get("measure") or {}
     if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
         raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")

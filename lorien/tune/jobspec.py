@@ -44,6 +44,9 @@ _OPTIONAL_TYPES: dict[str, type | tuple[type, ...]] = {
     "commit_nbest": int,
     "seed": int,
     "name": str,
+    "weight": (int, float),
+    "models": list,
+    "epilogue": dict,
 }
 
 
@@ -198,3 +201,10 @@ def read_text(uri: str) -> str:
         raise ConfigError(f"job spec not found: {uri}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read job spec {uri}: {exc}") from exc
+
+
+def result_uri(spec_uri: str) -> str:
+    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
+    path, sep, query = spec_uri.partition("?")
+    stem = path[:-5] if path.endswith(".json") else path
+    return f"{stem}.result.json{sep}{query}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lorien.errors import ConfigError
-from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
+from lorien.tune.jobspec import Job, JobList, canonical_json, load_job, result_uri
 from lorien.tune.local import workload_name
 from lorien.tune.managers import create_manager
 from lorien.tune.managers.base import (
@@ -232,13 +232,6 @@ def run_job_uri(uri: str, store_uri: str | None = None, runner: Runner | None = 
 
         write_bytes_uri(result_uri(uri), canonical_json(result).encode())
     return result
-
-
-def result_uri(spec_uri: str) -> str:
-    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
-    path, sep, query = spec_uri.partition("?")
-    stem = path[:-5] if path.endswith(".json") else path
-    return f"{stem}.result.json{sep}{query}"
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from lorien.errors import ConfigError, StoreError
+from lorien.tune.jobspec import result_uri
 from lorien.tune.managers.base import Completion, JobManager, JobOutcome, Runner, Task
 
 #: Batch states before a container starts (cancel_job applies); later ones need terminate_job.
@@ -95,8 +96,6 @@ class AwsBatchManager(JobManager):
         return completions
 
     def _completion(self, task: Task, spec_uri: str, batch_id: str, job: dict[str, Any]) -> Completion:
-        from lorien.tune.master import result_uri
-
         result = _read_result(result_uri(spec_uri))
         worker = f"aws-batch:{batch_id}"
         if job["status"] == "SUCCEEDED":

@@ -1,0 +1,18 @@
+"""Workloads from models: ONNX and torch importers, task weights, mutation rules.
+
+``extract_models`` reads models into weighted tasks (``lorien extract``); ``mutate_tasks``
+grows a task list into a training set (``lorien mutate``). Both write ``lorien tune`` YAML.
+"""
+
+from lorien.models.extract import (
+           ExtractError,
+           Extraction,
+           InputSpec,
+           ModelReport,
+           extract_models,
+           parse_input_spec,
+)
+from lorien.models.tasks import Task, merge_tasks
+
+__all__ = ["ExtractError", "Extraction", "InputSpec", "ModelReport", "Task", "extract_models", "merge_tasks",
+           "parse_input_spec"]

@@ -1,0 +1,557 @@
+"""ParquetStore: commits, reads, best(), workload entries and compaction over the files."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from lorien.errors import StoreError
+from lorien.record import ARROW_SCHEMA, TuningRecord
+from lorien.target import match_mode, match_tier, parse_target
+from lorien.warehouse.base import CommitResult, Store, register_store
+from lorien.warehouse.parquet.commit import ParquetCommit, PendingFile
+from lorien.warehouse.parquet.files import open_files
+from lorien.warehouse.parquet.layout import (
+    ABANDONED_COMMIT_S,
+    COMPACT_ROW_GROUP,
+    DEFAULT_NBEST,
+    HASH_TEXT,
+    PARTITION_COLUMNS,
+    READ_RETRIES,
+    RECORD_FILE_SCHEMA,
+    RECORDS_DIR,
+    S3_REFRESH_INTERVAL_S,
+    SERVING_DIR,
+    SERVING_FILE_SCHEMA,
+    SERVING_MERGE_FILES,
+    SERVING_ROW_GROUP,
+    STALE_STAGING_S,
+    WORKLOAD_FILE_SCHEMA,
+    WORKLOADS_DIR,
+    commit_of,
+    complete_commits,
+    partition_of,
+    pause_point,
+    published,
+    records_dir,
+    serving_depth,
+    serving_dir,
+)
+from lorien.warehouse.parquet.serving import ServingIndex
+from lorien.warehouse.parquet.tables import (
+    constant,
+    dedupe,
+    may_hold,
+    rank_rows,
+    sort_for_serving,
+    top_per_group,
+)
+
+
+@dataclass
+class Listing:
+    """A target key's serving files as last listed, and which of them are visible."""
+
+    at: float
+    listed: tuple[str, ...]
+    files: tuple[str, ...]
+    depth: int | None
+    pending: bool  # some file belongs to a commit not (yet) complete: decide again next time
+
+
+class ParquetStore(Store):
+    """A warehouse of Parquet files; see the package docstring (lorien.warehouse.parquet) for the layout and guarantees."""
+
+    #: Commits take dictionary-encoded string columns (decoded as files are written).
+    accepts_dictionary_columns = True
+
+    def __init__(self, location: str):
+        self.location = location
+        self.uri = f"parquet:{location}"
+        self._files = open_files(location)
+        self._known_ids: set[str] = set()
+        self._id_files: set[str] = set()
+        self._indexes: dict[str, ServingIndex] = {}
+        self._serving_tables: dict[str, pa.Table] = {}
+        self._listed: dict[str, Listing] = {}
+        self._complete: set[str] = set()
+        self._lookups: dict[str, int] = {}
+        self._targets: dict[str, tuple[str, str]] = {}
+
+    def __repr__(self) -> str:
+        return f"ParquetStore({self.location!r})"
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def transaction(self, nbest: int | None = None, publish_each_batch: bool = False) -> ParquetCommit:
+        """A multi-batch commit; nothing becomes visible before ``finish()`` unless
+        ``publish_each_batch``. Use as a context manager: an exception discards staged files."""
+        return ParquetCommit(self, nbest, publish_each_batch)
+
+    def commit(self, records: Iterable[TuningRecord] | pa.Table, nbest: int | None = None) -> CommitResult:
+        with self.transaction(nbest, publish_each_batch=True) as commit:
+            commit.add(records)
+        return commit.result
+
+    def _publish_commit(self, serving: list[PendingFile], records: list[PendingFile]) -> list[str]:
+        """Publish one commit: serving files first, record files last, named so that readers
+        see none of it until its last record file is in place. Returns the record files."""
+        commit, count = uuid.uuid4().hex, len(records)
+        for number, pending in enumerate(serving, 1):
+            self._place(pending, f"{pending.directory}/part-n{pending.depth}-{commit}-of{count}.parquet")
+            pause_point(f"serving:{number}")
+        published = []
+        for number, pending in enumerate(records, 1):
+            final = f"{pending.directory}/part-{commit}-{number}of{count}.parquet"
+            self._place(pending, final)
+            published.append(final)
+            if number < count:
+                pause_point(f"record:{number}")
+        self._complete.add(commit)
+        return published
+
+    def _place(self, pending: PendingFile, final: str) -> None:
+        if pending.staged is not None:
+            self._files.publish(pending.staged, final)
+        else:
+            self._files.write(pending.table, final, pending.row_group_size)
+
+    def _remove_abandoned(self, record_files: dict[str, int], serving_files: dict[str, int],
+                          complete: set[str]) -> int:
+        """Delete the files of incomplete commits whose newest file is older than
+        :data:`ABANDONED_COMMIT_S`; returns how many files were deleted."""
+        incomplete: dict[str, list[str]] = {}
+        for rel in [*record_files, *serving_files]:
+            commit = commit_of(rel)
+            if commit is not None and commit[0] not in complete:
+                incomplete.setdefault(commit[0], []).append(rel)
+        if not incomplete:
+            return 0
+        ages = self._files.ages(rel for rels in incomplete.values() for rel in rels)
+        removed = 0
+        for rels in incomplete.values():
+            if min((ages[rel] for rel in rels if rel in ages), default=math.inf) > ABANDONED_COMMIT_S:
+                for rel in rels:
+                    self._files.delete(rel)
+                removed += len(rels)
+        return removed
+
+    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]:
+        """Record ids of every published record file (read once per file per process); with
+        ``remove_abandoned``, also delete the leftovers of killed writers."""
+        listed = self._files.list(RECORDS_DIR, sizes=False)
+        complete = complete_commits(listed)
+        self._complete |= complete
+        if remove_abandoned:
+            self._remove_abandoned(listed, self._files.list(SERVING_DIR, sizes=False), complete)
+        listed = published(listed, complete)
+        for rel in listed.keys() - self._id_files:
+            try:
+                ids = self._files.open(rel).read(columns=["record_id"]).column("record_id")
+            except FileNotFoundError:
+                continue
+            self._known_ids.update(ids.to_pylist())
+            self._id_files.add(rel)
+        return self._known_ids
+
+    def _invalidate(self) -> None:
+        self._listed.clear()
+
+    # -- workload entries ---------------------------------------------------------------------
+
+    def put_workloads(self, entries: Mapping[str, str]) -> int:
+        """Keep entries as ``workloads/<hash>.parquet``, one file each, published atomically;
+        an entry already kept is not written again (same hash, same content)."""
+        for digest in entries:
+            if not HASH_TEXT.fullmatch(digest):
+                raise StoreError(f"workload hash {digest!r} is not 32 lowercase hex digits")
+        kept = set(self._files.names(WORKLOADS_DIR))
+        new = 0
+        for digest, text in sorted(entries.items()):
+            rel = f"{WORKLOADS_DIR}/{digest}.parquet"
+            if rel in kept:
+                continue
+            self._files.write(pa.table({"workload_hash": [digest], "entry": [text]}, schema=WORKLOAD_FILE_SCHEMA), rel)
+            new += 1
+        return new
+
+    def get_workloads(self, hashes: Iterable[str]) -> dict[str, str]:
+        found = {}
+        for digest in set(hashes):
+            if not HASH_TEXT.fullmatch(digest):
+                continue
+            try:
+                table = self._files.open(f"{WORKLOADS_DIR}/{digest}.parquet").read()
+            except FileNotFoundError:
+                continue
+            found[digest] = table.column("entry")[0].as_py()
+        return found
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _record_files(self, target_keys: set[str] | None, layouts: set[str] | None,
+                      sizes: bool = False) -> dict[str, int]:
+        """The visible record files (of complete commits), optionally of some partitions only."""
+        listed = self._files.list(RECORDS_DIR, sizes)
+        listed = published(listed, complete_commits(listed))
+        if target_keys is None and layouts is None:
+            return listed
+        chosen = {}
+        for rel, size in listed.items():
+            partition = partition_of(rel)
+            if target_keys is not None and partition.get("target_key") not in target_keys:
+                continue
+            if layouts is not None and partition.get("layout") not in layouts:
+                continue
+            chosen[rel] = size
+        return chosen
+
+    def visible_record_files(self) -> dict[str, int]:
+        """Record files of complete commits (relative path -> bytes): what readers that stream
+        the store file by file (featurization) must restrict themselves to."""
+        return self._record_files(None, None, sizes=True)
+
+    def _read_record_file(self, rel: str, columns: list[str]) -> pa.Table:
+        file_columns = [name for name in columns if name not in PARTITION_COLUMNS]
+        table = self._files.open(rel).read(columns=file_columns)
+        partition = partition_of(rel)
+        arrays, names = [], []
+        for name in columns:
+            names.append(name)
+            if name in PARTITION_COLUMNS:
+                arrays.append(constant(partition.get(name, ""), table.num_rows))
+            else:
+                arrays.append(table.column(name))
+        return pa.Table.from_arrays(arrays, schema=pa.schema([ARROW_SCHEMA.field(n) for n in names]))
+
+    def scan(self, filters: dict[str, Any] | None = None, columns: list[str] | None = None) -> pa.Table:
+        import pyarrow.compute as pc
+
+        filters = normalize_filters(filters or {})
+        wanted = list(columns) if columns is not None else list(ARROW_SCHEMA.names)
+        unknown = [name for name in [*wanted, *filters] if name not in ARROW_SCHEMA.names]
+        if unknown:
+            raise StoreError(f"unknown column(s) {unknown}; columns are {ARROW_SCHEMA.names}")
+        needed = [name for name in ARROW_SCHEMA.names
+                  if name in wanted or name in filters or name == "record_id"]
+        for _attempt in range(READ_RETRIES):
+            files = self._record_files(filters.get("target_key"), filters.get("layout"))
+            parts = []
+            try:
+                for rel in sorted(files):
+                    part = self._read_record_file(rel, needed)
+                    for name, values in filters.items():
+                        if name not in PARTITION_COLUMNS:
+                            part = part.filter(pc.is_in(part.column(name), value_set=pa.array(
+                                sorted(values), ARROW_SCHEMA.field(name).type)))
+                    parts.append(part)
+            except FileNotFoundError:
+                continue  # a compaction replaced files while we read: list again
+            break
+        else:
+            raise StoreError(f"files of {self.uri} kept changing while reading; try again")
+        schema = pa.schema([ARROW_SCHEMA.field(name) for name in needed])
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
+        return dedupe(table).select(wanted)
+
+    def workloads(self, target: str | None = None) -> list[str]:
+        import pyarrow.compute as pc
+
+        filters = {"target": target} if target is not None else None
+        table = self.scan(filters, columns=["workload_key"])
+        return sorted(pc.unique(table.column("workload_key")).to_pylist())
+
+    def stats(self) -> dict[str, Any]:
+        import pyarrow.compute as pc
+
+        serving_listed = self._files.list(SERVING_DIR)
+        listed = self._files.list(RECORDS_DIR)
+        complete = complete_commits(listed)
+        record_files = published(listed, complete)
+        serving_files = published(serving_listed, complete)
+        incomplete = len(listed) + len(serving_listed) - len(record_files) - len(serving_files)
+        table = self.scan(columns=["record_id", "target", "target_key", "workload_key", "layout", "cost_s"])
+        valid = table.filter(pc.is_valid(table.column("cost_s")))
+
+        def distinct(name: str) -> int:
+            return pc.count_distinct(table.column(name)).as_py() if table.num_rows else 0
+
+        return {
+            "uri": self.uri,
+            "records": table.num_rows,
+            "valid_records": valid.num_rows,
+            "workloads": distinct("workload_key"),
+            "targets": distinct("target"),
+            "target_keys": sorted(set(table.column("target_key").to_pylist())),
+            "layouts": distinct("layout"),
+            "files": len(record_files),
+            "bytes": sum(record_files.values()),
+            "serving_files": len(serving_files),
+            "serving_bytes": sum(serving_files.values()),
+            "incomplete_commit_files": incomplete,  # being published, or left by killed writers
+            "workload_entries": len(self._files.names(WORKLOADS_DIR)),  # kept once each (MetaSchedule modules)
+        }
+
+    # -- best ---------------------------------------------------------------------------------
+
+    def _target_names(self, target: str) -> tuple[str, str]:
+        """(alternate key, canonical string) of a target, parsed once per spelling."""
+        names = self._targets.get(target)
+        if names is None:
+            parsed = parse_target(target)
+            names = self._targets[target] = (parsed.alternate_key, parsed.canonical)
+        return names
+
+    def _serving_files(self, target_key: str) -> tuple[tuple[str, ...], int | None]:
+        """A target key's visible serving files and the serving depth they guarantee (None: no
+        files). The decision is kept while the listing stays the same and no file waits on
+        an incomplete commit."""
+        now = time.monotonic()
+        cached = self._listed.get(target_key)
+        if cached is not None and not self._files.is_local and now - cached.at < S3_REFRESH_INTERVAL_S:
+            return cached.files, cached.depth
+        listed = tuple(sorted(self._files.names(serving_dir(target_key))))
+        if cached is not None and cached.listed == listed and not cached.pending:
+            files, depth, pending = cached.files, cached.depth, False
+        else:
+            files, pending = self._visible_serving(listed)
+            depth = min((serving_depth(rel) for rel in files), default=None)
+        self._listed[target_key] = Listing(now, listed, files, depth, pending)
+        return files, depth
+
+    def _visible_serving(self, listed: Iterable[str]) -> tuple[tuple[str, ...], bool]:
+        """The serving files that stand alone or belong to a complete commit, and whether any
+        other was left out. Commits seen complete once are remembered, so the record files are
+        listed only when a serving file of a commit not seen complete yet appears."""
+        visible, waiting = [], []
+        for rel in listed:
+            commit = commit_of(rel)
+            if commit is None or commit[0] in self._complete:
+                visible.append(rel)
+            else:
+                waiting.append((rel, commit[0]))
+        if waiting:
+            self._complete |= complete_commits(self._files.list(RECORDS_DIR, sizes=False))
+            visible.extend(rel for rel, commit in waiting if commit in self._complete)
+        return tuple(sorted(visible)), len(visible) < len(listed)
+
+    def _relist_serving(self, target_key: str) -> tuple[str, ...]:
+        self._listed.pop(target_key, None)
+        return self._serving_files(target_key)[0]
+
+    def _read_serving(self, rel: str, target_key: str) -> pa.Table:
+        cached = self._serving_tables.get(rel)
+        if cached is None:
+            table = self._files.open(rel).read()
+            table = table.append_column(ARROW_SCHEMA.field("target_key"), constant(target_key, table.num_rows))
+            cached = self._serving_tables[rel] = table.select(ARROW_SCHEMA.names)
+        return cached
+
+    def _best_cold(self, files: tuple[str, ...], target_key: str, workload_key: str, target: str,
+                   k: int, layout: str | None, mode: str, prefix: bool,
+                   per_layout: bool) -> list[TuningRecord]:
+        """A first lookup reads only the row groups whose workload_key range can hold the key
+        and selects in plain Python, so a process that asks once (a cold ``lorien query``)
+        neither builds the index nor pays for Arrow compute."""
+        high = workload_key + "\U0010ffff" if prefix else workload_key
+        rows: dict[str, dict] = {}
+        for rel in files:
+            handle = self._files.open(rel)
+            metadata = handle.metadata
+            column = metadata.schema.names.index("workload_key")
+            groups = [number for number in range(metadata.num_row_groups)
+                      if may_hold(metadata.row_group(number).column(column).statistics, workload_key, high)]
+            if not groups:
+                continue
+            part = handle.read_row_groups(groups)
+            keys = part.column("workload_key").to_pylist()
+            hits = [row for row, key in enumerate(keys)
+                    if (key.startswith(workload_key) if prefix else key == workload_key)]
+            if not hits:
+                continue
+            # Serving files are sorted by workload_key: the hits are one contiguous run.
+            for row in part.slice(hits[0], hits[-1] + 1 - hits[0]).to_pylist():
+                key = row["workload_key"]
+                if not (key.startswith(workload_key) if prefix else key == workload_key):
+                    continue
+                tier = match_tier(target, row["target"], mode)
+                if tier is not None and (layout is None or row["layout"] == layout):
+                    row["target_key"], row["tier"] = target_key, tier
+                    rows[row["record_id"]] = row
+        return [TuningRecord.from_row(row) for row in rank_rows(list(rows.values()), k, per_layout)]
+
+    def _index(self, target_key: str, files: tuple[str, ...]) -> ServingIndex:
+        index = self._indexes.get(target_key)
+        if index is not None and index.files == files:
+            return index
+        for _attempt in range(READ_RETRIES):
+            try:
+                tables = [self._read_serving(rel, target_key) for rel in files]
+            except FileNotFoundError:
+                files = self._relist_serving(target_key)
+                continue
+            break
+        else:
+            raise StoreError(f"serving files of {self.uri} kept changing while reading; try again")
+        live = set(files)
+        for rel in [rel for rel in self._serving_tables if rel not in live and rel.startswith(
+                serving_dir(target_key) + "/")]:
+            del self._serving_tables[rel]
+        table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
+        index = ServingIndex(table, files)
+        self._indexes[target_key] = index
+        return index
+
+    def best(self, workload_key: str, target: str, k: int = 1, layout: str | None = None,
+             by_alternate_key: bool = False, prefix: bool = False,
+             per_layout: bool = False, exact: bool = False) -> list[TuningRecord]:
+        if k < 1:
+            raise StoreError(f"k must be a positive number of records, got {k!r}")
+        mode = match_mode(exact, by_alternate_key)
+        target_key, canonical = self._target_names(target)
+        files, depth = self._serving_files(target_key)
+        if depth is not None and k > depth:
+            return self._best_from_records(workload_key, canonical, target_key, k, layout,
+                                           mode, prefix, per_layout)
+        lookups = self._lookups.get(target_key, 0)
+        self._lookups[target_key] = lookups + 1
+        if lookups == 0 and target_key not in self._indexes:
+            try:
+                return self._best_cold(files, target_key, workload_key, canonical, k, layout,
+                                       mode, prefix, per_layout)
+            except FileNotFoundError:
+                files = self._relist_serving(target_key)
+        index = self._index(target_key, files)
+        return index.best(workload_key, canonical, k, layout, mode, prefix, per_layout)
+
+    def _best_from_records(self, workload_key: str, target: str, target_key: str, k: int,
+                           layout: str | None, mode: str, prefix: bool,
+                           per_layout: bool) -> list[TuningRecord]:
+        """Exact answer from the full records, for k deeper than the serving view."""
+        import pyarrow.compute as pc
+
+        filters: dict[str, Any] = {"target_key": target_key}
+        if mode == "exact":
+            filters["target"] = target
+        if layout is not None:
+            filters["layout"] = layout
+        if not prefix:
+            filters["workload_key"] = workload_key
+        table = self.scan(filters)
+        if prefix:
+            table = table.filter(pc.starts_with(table.column("workload_key"), workload_key))
+        index = ServingIndex(top_per_group(table, k))
+        return index.best(workload_key, target, k, layout, mode, prefix, per_layout)
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def _merge_serving(self, target_key: str) -> None:
+        """Fold a target key's serving files into one once commits have piled up more than
+        :data:`SERVING_MERGE_FILES`; the merged file keeps the shallowest depth it covers."""
+        listed = self._files.names(serving_dir(target_key))
+        if len(listed) <= SERVING_MERGE_FILES:
+            return
+        files, _ = self._visible_serving(listed)  # files of incomplete commits stay as they are
+        if len(files) <= 1:
+            return
+        try:
+            tables = [self._files.open(rel).read() for rel in files]
+        except FileNotFoundError:
+            return  # another process is merging the same files
+        depth = min(serving_depth(rel) for rel in files)
+        merged = top_per_group(dedupe(pa.concat_tables(tables)), depth)
+        final = f"{serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}-of0.parquet"
+        self._files.write(merged.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP)
+        for rel in files:
+            self._files.delete(rel)
+        self._invalidate()
+
+    def compact(self) -> dict[str, Any]:
+        """Merge each partition's files into one sorted file; rebuild the serving view from
+        the records (deduplicated, deepest nbest seen); delete the leftovers of killed writers.
+        Query answers do not change."""
+        # Serving files first: a serving file listed here whose commit is complete in the
+        # record listing that follows has its records in that listing, so the rebuilt view
+        # covers it; one whose commit is not complete yet is left alone.
+        serving_listed = self._files.list(SERVING_DIR)
+        record_listed = self._files.list(RECORDS_DIR)
+        complete = complete_commits(record_listed)
+        abandoned = self._remove_abandoned(record_listed, serving_listed, complete)
+        serving_files = published(serving_listed, complete)
+        record_files = published(record_listed, complete)
+        depths = [serving_depth(rel) for rel in serving_files]
+        depth = max(depths) if depths else DEFAULT_NBEST
+        by_partition: dict[tuple[str, str], list[str]] = {}
+        for rel in record_files:
+            partition = partition_of(rel)
+            by_partition.setdefault((partition["target_key"], partition["layout"]), []).append(rel)
+        serving_parts: dict[str, list[pa.Table]] = {}
+        replaced: list[str] = []
+        for (target_key, layout), rels in sorted(by_partition.items()):
+            try:
+                tables = [self._read_record_file(rel, list(ARROW_SCHEMA.names)) for rel in sorted(rels)]
+            except FileNotFoundError:
+                continue  # another compaction got here first
+            table = dedupe(pa.concat_tables(tables))
+            commit = commit_of(rels[0])
+            # A file of a many-file commit is rewritten even alone: deleting its siblings in
+            # other partitions would leave it in an incomplete commit, which no reader sees.
+            if len(rels) > 1 or (commit is not None and commit[1] > 1):
+                ordered = table.sort_by([("workload_key", "ascending"), ("cost_s", "ascending"),
+                                         ("record_id", "ascending")])
+                final = f"{records_dir(target_key, layout)}/part-{uuid.uuid4().hex}-1of1.parquet"
+                self._files.write(ordered.select(RECORD_FILE_SCHEMA.names), final, COMPACT_ROW_GROUP)
+                replaced.extend(rels)
+            serving_parts.setdefault(target_key, []).append(top_per_group(table, depth))
+        # Every merged file is published before any file it replaces is deleted.
+        for target_key, parts in serving_parts.items():
+            serving = sort_for_serving(pa.concat_tables(parts)).select(SERVING_FILE_SCHEMA.names)
+            if serving.num_rows:
+                final = f"{serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}-of0.parquet"
+                self._files.write(serving, final, SERVING_ROW_GROUP)
+        for target_key in serving_parts:
+            for rel in serving_files:
+                if rel.startswith(serving_dir(target_key) + "/"):
+                    self._files.delete(rel)
+        for rel in replaced:
+            self._files.delete(rel)
+        for rel in self._files.stale_staged(STALE_STAGING_S):
+            self._files.delete(rel)
+        self._invalidate()
+        self._indexes.clear()
+        self._serving_tables.clear()
+        after = self._files.list(RECORDS_DIR)
+        return {
+            "record_files_before": len(record_files),
+            "record_files_after": len(published(after, complete_commits(after))),
+            "record_files_merged": len(replaced),
+            "serving_files_before": len(serving_files),
+            "serving_files_after": len(self._files.list(SERVING_DIR)),
+            "serving_depth": depth,
+            "abandoned_files_removed": abandoned,
+        }
+
+
+def normalize_filters(filters: dict[str, Any]) -> dict[str, set]:
+    """Filter values as sets; targets canonicalized (their target_key prunes partitions)."""
+    normalized: dict[str, set] = {}
+    for name, value in filters.items():
+        values = set(value) if isinstance(value, (list, tuple, set, frozenset)) else {value}
+        if name == "target":
+            parsed = [parse_target(text) for text in values]
+            values = {target.canonical for target in parsed}
+            keys = {target.alternate_key for target in parsed}
+            normalized["target_key"] = normalized.get("target_key", keys) & keys
+        if name in normalized:
+            values = normalized[name] & values
+        normalized[name] = values
+    return normalized
+
+
+register_store("parquet", ParquetStore)
