@@ -160,7 +160,8 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
                      min_repeat_ms: float = 0.0) -> list[dict]:
     """Re-measure configs side by side: each is built once in this process, then all of them
     take turns for ``rounds`` rounds (order rotated every round; each turn is the fastest of 3
-    repeats, each repeat averaging enough runs to last ``min_repeat_ms``), so every config sees the same load on the shared cores. Returns per config
+    repeats, each repeat averaging enough runs to last ``min_repeat_ms``), so every config sees
+    the same load on the shared cores. Returns per config
     ``{"min": GFLOPS of its fastest round, "median": GFLOPS of its median round}``; a config
     given as None (failed in its first measurement) gets zeros."""
     from dialects.autotvm.tuning import ConfigBuilder
@@ -193,24 +194,25 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
             {"min": 0.0, "median": 0.0} for t in runs]
 
 
-def job_of(op: str, params: dict, tuner: str, trials: int, seed: int, target: str | None = None) -> dict:
-    """A tuning job dict of an op shorthand (for this host unless ``target`` says otherwise)."""
+def job_of(op: str, params: dict, tuner: str, trials: int, seed: int) -> dict:
+    """A tuning job dict of an op shorthand, for this host."""
     from lorien.dialect import get_dialect
     from lorien.target import host_target
 
     task_name, args = get_dialect("autotvm").expand_workload(op, params)
-    return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": target or host_target().canonical,
+    return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": host_target().canonical,
             "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
 
 
 def measure_training_set(jobs: list[dict], store_uri: str, work: Path, random_trials: int, tuned_trials: int) -> None:
-    """What a warehouse holds for each job's workload: a random sweep of its space and a
-    model-based (xgb) tuning run."""
+    """What a warehouse holds for each job's workload: a random sweep of its space (none when
+    ``random_trials`` is 0) and a model-based (xgb) tuning run."""
     from lorien.tune.local import tune_workload
 
     for i, job in enumerate(jobs):
-        tune_workload({**job, "tuner": "random", "trials": random_trials, "seed": job["seed"]}, store_uri,
-                      log_dir=work / "logs", progress=False)
+        if random_trials:
+            tune_workload({**job, "tuner": "random", "trials": random_trials}, store_uri, log_dir=work / "logs",
+                          progress=False)
         tune_workload({**job, "tuner": "xgb", "trials": tuned_trials, "seed": 1000 + i}, store_uri,
                       log_dir=work / "logs", progress=False)
 
