@@ -429,7 +429,7 @@ def zero_shot_networks(work: Path, quick: bool, sweeps_uri: str, tuned_trials: i
     model = train_model(train_uri, work, "ops-model")
     layers = held_out_layers(quick)
     for i, layer in enumerate(layers):
-        layer.update(evaluate_layer(model, layer["job"], f"{layer['network']}/{layer['name']}", tune_trials, rounds,
+        layer.update(evaluate_layer(model, layer["job"], layer["name"], tune_trials, rounds,
                                     work, 200 + i))
         del layer["job"]
     result: dict = {"layers": layers, "operators": {}, "networks": {}}
