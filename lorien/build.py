@@ -37,19 +37,23 @@ def best_record(workload_key: str, target: str, store: Store | str | None = None
 
 
 def compile_from_warehouse(workload_key: str, target: str, store: Store | str | None = None,
-                           dialect: str = "autotvm", exact: bool = False, by_alternate_key: bool = False,
+                           dialect: str | None = None, exact: bool = False, by_alternate_key: bool = False,
                            **options: Any):
     """A callable kernel of ``workload_key`` built with the best stored config on the stored
     targets matching ``target`` (``exact`` and ``by_alternate_key`` as in ``Store.best``).
 
     The kernel carries ``from_warehouse`` (bool), ``record`` (the TuningRecord used, or None),
     ``config`` (the dialect config applied) and ``fallback_reason`` (why a default schedule
-    was used, or "").
+    was used, or ""). Without a record, ``dialect`` builds the default schedule (by default the
+    auto_scheduler for a JSON key ``["func", ...]``, else autotvm).
     """
-    from lorien.dialect import get_dialect
+    from lorien.dialect import dialect_of_workload_key, get_dialect
 
     record = best_record(workload_key, target, store, exact=exact, by_alternate_key=by_alternate_key)
-    name = record.dialect if record is not None else dialect
+    if record is not None:
+        name = record.dialect
+    else:
+        name = dialect or dialect_of_workload_key(workload_key)
     builder = getattr(get_dialect(name), "compile_record", None)
     if builder is None:
         raise DialectError(f"dialect {name!r} cannot compile kernels from records")

@@ -2,7 +2,7 @@
 call into the library.
 
   lorien tune CONFIG.yaml          tune workloads (here, Dask, AWS Batch), stream records into the warehouse
-  lorien apply                     build and measure a given config (e.g. a TopHub line)
+  lorien apply                     build and measure a given config (a TopHub line, an Ansor record)
   lorien query                     best records of a workload; --build, --predict
   lorien ingest LOG...             pour TVM logs into the warehouse
   lorien export                    write records back as TVM logs
@@ -58,11 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
     tune.add_argument("--commit-log-to", metavar="DEST",
                       help="also archive each full log to DEST (a directory or s3://bucket/prefix)")
-    tune.add_argument("--trials", type=int, help="override the trials of every workload")
+    tune.add_argument("--trials", type=int,
+                      help="override the trials of every workload (with a task_scheduler: the network's budget)")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars or lines on stderr")
     tune.add_argument("--json", action="store_true",
                       help="print the summary as JSON (per workload, or per job with --manager)")
+    # a config with a task_scheduler tunes its workloads as one network (docs/auto_scheduler.md)
+    tune.add_argument("--strategy", choices=["gradient", "round-robin"],
+                      help="task scheduler: override the config's strategy")
+    tune.add_argument("--resume-log", metavar="LOG",
+                      help="task scheduler: commit this Ansor log's records to the store first, then resume "
+                           "(trials already measured are not measured again)")
     # orchestration flags (docs/orchestration.md); lorien.tune.master.tune_command runs them
     tune.add_argument("--manager", choices=["local", "dask", "aws-batch"],
                       help="run the config's jobs through a job manager (retries, trace, resume)")
@@ -83,14 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(run=_run_tune)
 
     # ---- apply ------------------------------------------------------------------------
-    apply = _parser(sub, "apply", "build and measure one logged or given config on this machine (e.g. a TopHub line)",
-                    "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12")
+    apply = _parser(sub, "apply", "build and measure one logged or given config on this machine (e.g. a TopHub "
+                    "line, an Ansor record: its steps replayed and checked against NumPy)",
+                    "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12\n"
+                    "  lorien apply --log ../shared/data/ansor/matmul.json --line 2")
     apply.add_argument("--log", help="a tuning log; with --line, the record to apply (its format picks the dialect)")
     apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
-    apply.add_argument("--workload-key", help="a workload key (autotvm: task#arg#...), with --config")
+    apply.add_argument("--workload-key", help="a workload key (autotvm: task#arg#..., auto_scheduler: "
+                       "[\"func\", arg, ...]), with --config")
     apply.add_argument("--config", help="with --workload-key: the config as JSON (autotvm: an index, entity list "
-                                         "or config object)")
-    apply.add_argument("--dialect", default="autotvm", help="with --workload-key: the dialect (default autotvm)")
+                                         "or config object; auto_scheduler: a list of steps)")
+    apply.add_argument("--dialect", help="with --workload-key: the dialect (default: auto_scheduler for a JSON list "
+                                         "key, else autotvm)")
     apply.add_argument("--target", help="target to build and measure for, e.g. 'llvm -mcpu=haswell -num-cores=1' "
                                         "(default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
@@ -342,14 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- run functions: tune -----------------------------------------------------------------
 
 def _run_tune(args: argparse.Namespace) -> int:
-    if args.job or args.manager or args.trace_file or not args.config:
+    from lorien.tune.config import load_tune_config
+
+    config = load_tune_config(args.config) if args.config and not args.job else None
+    if config is not None and config.task_scheduler is not None:
+        return _run_tune_network(args, config)
+    if args.strategy or args.resume_log:
+        raise LorienError("--strategy and --resume-log need a config with a task_scheduler (docs/auto_scheduler.md)")
+    if args.job or args.manager or args.trace_file or config is None:
         from lorien.tune.master import tune_command
 
         return tune_command(args)
-    from lorien.tune.config import load_tune_config
     from lorien.tune.local import format_summary, tune_config
 
-    config = load_tune_config(args.config)
     for job in config.jobs:
         if args.trials is not None:
             job["trials"] = args.trials
@@ -383,6 +399,45 @@ def _run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_tune_network(args: argparse.Namespace, config) -> int:
+    import json
+
+    from lorien.tune.network import format_network_summary, tune_network
+    from lorien.warehouse import resolve_store_uri
+
+    if args.trace_file or args.job_queue:
+        raise LorienError("a task_scheduler run resumes from the warehouse; --trace-file and aws-batch are for "
+                          "batches of independent jobs")
+    settings = dict(config.task_scheduler)
+    if args.trials is not None:
+        settings["trials"] = args.trials
+    if args.strategy is not None:
+        settings["strategy"] = args.strategy
+    for job in config.jobs:
+        if args.tuner is not None:
+            job["tuner"] = args.tuner
+            job.pop("tuner_options", None)
+    options = {"workers": args.workers, "measure_slots": args.measure_slots}
+    if args.manager == "dask":
+        options["scheduler"] = args.scheduler
+    store_uri = resolve_store_uri(args.store, config.store_uri)
+
+    def show(summary) -> str:
+        return json.dumps(summary.to_dict(), indent=2) if args.json else format_network_summary(summary)
+
+    try:
+        summary = tune_network(config, settings, store_uri, manager=args.manager,
+                               log_dir=args.log_dir or config.log_dir, resume_log=args.resume_log,
+                               progress=not args.no_progress, **options)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "summary", None) is not None:
+            print(show(exc.summary))
+        print(f"interrupted: the rounds finished so far are in {store_uri}", file=sys.stderr)
+        raise
+    print(show(summary))
+    return 1 if summary.failures else 0
+
+
 def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
     import json
 
@@ -399,7 +454,7 @@ def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
 def _run_apply(args: argparse.Namespace) -> int:
     import json
 
-    from lorien.dialect import get_dialect
+    from lorien.dialect import dialect_of_workload_key, get_dialect
     from lorien.errors import ConfigError
 
     try:
@@ -417,12 +472,15 @@ def _run_apply(args: argparse.Namespace) -> int:
         dialect = get_dialect(dialect_of_format(detect_format(args.log)))
         applied = dialect.apply_log_line(args.log, args.line, **options)
     elif args.workload_key and args.config:
-        applied = get_dialect(args.dialect).apply_config(args.workload_key, args.config, **options)
+        dialect = get_dialect(args.dialect or dialect_of_workload_key(args.workload_key))
+        applied = dialect.apply_config(args.workload_key, args.config, **options)
     else:
         raise ConfigError("give --log FILE --line N, or --workload-key KEY --config JSON")
     record = applied.record
     print(f"workload  {record.workload_key}")
     print(f"config    {applied.config_text}")
+    for note in applied.notes:
+        print(f"note      {note}")
     if record.is_valid:
         print(f"latency   {record.cost_s * 1e3:.4f} ms")
         print(f"GFLOPS    {record.gflops:.2f}" if record.gflops is not None else "GFLOPS    -")

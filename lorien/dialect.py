@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -26,6 +26,9 @@ class Dialect(ABC):
 
     #: Short name stored in every record's ``dialect`` field.
     name: str = ""
+    #: Whether ``tune`` continues from the store's records of the job's workload without
+    #: measuring them again (what the task scheduler's rounds need).
+    resumes_from_store: bool = False
 
     @abstractmethod
     def record_formats(self) -> list[str]:
@@ -34,6 +37,14 @@ class Dialect(ABC):
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
         """Flat named features of one record's workload and config (phase 1 of featurization)."""
         raise DialectError(f"dialect {self.name!r} has no feature extractor")
+
+    def workload_key(self, task_name: str, args: list[Any]) -> str:
+        """The dialect's workload key of a job's (task_name, args)."""
+        raise DialectError(f"dialect {self.name!r} has no workload keys")
+
+    def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
+        """(layout, FLOP count) of a workload; ``("NA", None)`` when unknown (and logged once)."""
+        raise DialectError(f"dialect {self.name!r} cannot describe workloads")
 
     def template_of(self, record: TuningRecord) -> str:
         """The template (group) a record is featurized under; the task name by default."""
@@ -58,13 +69,21 @@ class Dialect(ABC):
 @dataclass
 class AppliedConfig:
     """One config built and measured here: its record, the config as the dialect prints it,
-    and, for a logged record, what the log said it cost and where."""
+    and, for a logged record, what the log said it cost and where; ``notes`` say how it ran
+    here when that differs from the log (e.g. GPU bindings run as CPU loops)."""
 
     record: TuningRecord
     config_text: str
     error_msg: str = ""
     logged_cost_s: float | None = None
     logged_target: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def dialect_of_workload_key(workload_key: str) -> str:
+    """The dialect a workload key belongs to by its form: a JSON list ``["func", ...]`` is an
+    auto-scheduler key, anything else an AutoTVM key ``task#arg#...``."""
+    return "auto_scheduler" if workload_key.lstrip().startswith("[") else "autotvm"
 
 
 @lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from lorien.errors import WorkloadError
+from lorien.errors import DialectError, WorkloadError
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ _warned_task_names: set[str] = set()
 FLOP_UNKNOWN = "flop unknown for "
 
 
-def _warn_uncountable(task_name: str, reason: str) -> None:
+def warn_unknown_flop(task_name: str, reason: str) -> None:
+    """Log once per task name that its FLOP count is unknown, and why."""
     if task_name not in _warned_task_names:
         _warned_task_names.add(task_name)
         logger.warning(FLOP_UNKNOWN + "task %r: %s", task_name, reason)
@@ -118,6 +119,31 @@ def _shapes(args: Sequence[Any], ranks: tuple[int, int]) -> tuple[list[int], lis
     if data is None or kernel is None or len(data) != ranks[0] or len(kernel) != ranks[1]:
         raise WorkloadError(f"expected a {ranks[0]}-d data and a {ranks[1]}-d kernel tensor, got {list(args[:2])!r}")
     return data, kernel
+
+
+def shorthand_pair(value: Any, name: str) -> list[int]:
+    """``[h, w]`` of a tuning-YAML shorthand's int-or-pair parameter (kernel, stride, ...)."""
+    if isinstance(value, int):
+        return [value, value]
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return list(value)
+    raise DialectError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def shorthand_params(params: dict[str, Any], op: str, required: tuple[str, ...],
+                     optional: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a tuning-YAML op shorthand with defaults filled in; required ones must
+    be positive integers and no unknown key is allowed (DialectError names them)."""
+    unknown = set(params) - set(required) - set(optional)
+    missing = [key for key in required if key not in params]
+    if unknown or missing:
+        raise DialectError(f"{op}: missing {missing}, unknown {sorted(unknown)} "
+                           f"(takes {list(required)} and optionally {sorted(optional)})")
+    values = {**optional, **params}
+    for key in required:
+        if not isinstance(values[key], int) or values[key] < 1:
+            raise DialectError(f"{op}: {key} must be a positive integer, got {values[key]!r}")
+    return values
 
 
 # ---------------------------------------------------------------- FLOP formulas
@@ -341,53 +367,13 @@ def compute_flop(task_name: str, args: Sequence[Any]) -> float | None:
     """FLOP count of an AutoTVM workload, or None (with one warning per task name) if unknown."""
     entry = OPERATORS.get(operator_stem(task_name))
     if entry is None:
-        _warn_uncountable(task_name, "no FLOP formula for this operator")
+        warn_unknown_flop(task_name, "no FLOP formula for this operator")
         return None
     try:
         return entry[1](args)
     except (WorkloadError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        _warn_uncountable(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
+        warn_unknown_flop(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
         return None
-
-
-# ---------------------------------------------------------------- auto-scheduler workloads
-
-def _ansor_matmul_add(args: Sequence[Any]) -> tuple[str, float]:
-    n, reduction, m = (int(v) for v in args[:3])
-    return LAYOUT_NA, 2.0 * n * m * reduction + n * m
-
-
-def _ansor_conv2d_layer(args: Sequence[Any]) -> tuple[str, float]:
-    n, h, w, co, ci, kh, kw = (int(v) for v in args[:7])
-    sh, sw = _pair(args[7], 1)[:2]
-    ph, pw = _pair(args[8], 0)[:2]
-    oh, ow = out_size(h, kh, sh, 2 * ph, 1), out_size(w, kw, sw, 2 * pw, 1)
-    outputs = n * co * oh * ow
-    return "NCHW", 2.0 * outputs * ci * kh * kw + 2.0 * outputs  # conv, then bias add and relu
-
-
-#: Named auto-scheduler workloads (TVM's tutorials) -> (layout, FLOP) from their arguments.
-ANSOR_WORKLOADS: dict[str, Callable[[Sequence[Any]], tuple[str, float]]] = {
-    "matmul_add": _ansor_matmul_add,
-    "conv2d_layer": _ansor_conv2d_layer,
-}
-
-
-def ansor_layout_and_flop(func_name: str, args: Sequence[Any]) -> tuple[str, float | None]:
-    """Layout and FLOP of an auto-scheduler workload ``[func_name, *args]``.
-
-    Hashed func names (workloads extracted from a Relay graph) carry only tensor shapes,
-    so their FLOP count is unknown.
-    """
-    describe = ANSOR_WORKLOADS.get(func_name)
-    if describe is None:
-        _warn_uncountable(func_name, "auto-scheduler workload without a known compute definition")
-        return LAYOUT_NA, None
-    try:
-        return describe(args)
-    except (TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        _warn_uncountable(func_name, f"arguments {list(args)!r} do not fit ({exc})")
-        return LAYOUT_NA, None
 
 
 # ---------------------------------------------------------------- readable AutoTVM keys

@@ -105,3 +105,13 @@ def test_cli_apply_rejects_a_config_outside_the_space():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "tile_y" in proc.stderr
+
+
+def test_transfer_from_an_empty_store_gives_no_history(store_uri):
+    from dialects.autotvm.tuning import cached_task, transfer_history
+    from lorien.warehouse import open_store
+
+    task = cached_task("dense_nopack.x86", json.dumps(DENSE_ARGS))
+    with open_store(store_uri) as store:
+        features, scores = transfer_history(task, store, "llvm_cpu")
+    assert features.shape[0] == 0 == len(scores)

@@ -411,3 +411,134 @@ def test_unknown_build_target_is_rejected():
     _, _, out = _dense(m=4, n=4, k=4)
     with pytest.raises(LorienError, match="'cuda'"):
         build(te.create_schedule(out), list(out.op.input_tensors()) + [out], target="cuda")
+
+
+def test_stage_computed_at_a_loop_that_is_split_later_moves_to_the_inner_loop():
+    data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
+    out = ops.dense(data, weight, bias=bias, relu=True)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    s["dense.acc"].compute_at(s[out], j)
+    _, ji = s[out].split(j, factor=4)
+    assert s["dense.acc"].attach == ("dense", ji.name)
+    fused = s[out].fuse(i, s[out].leaf[1])
+    assert s["dense.acc"].attach == ("dense", s[out].leaf[1]) and fused.name == s[out].leaf[0]
+    a, w, b = (RNG.standard_normal(t.shape).astype("float32") for t in (data, weight, bias))
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, bias, out])(a, w, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, w, b, relu=True), rtol=1e-4, atol=1e-4)
+
+
+def test_stage_computed_at_a_loop_that_is_fused_moves_to_the_fused_loop():
+    data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
+    out = ops.dense(data, weight, bias=bias)
+    s = te.create_schedule(out)
+    i, j = s[out].op.axis
+    s["dense.acc"].compute_at(s[out], i)
+    fused = s[out].fuse(i, j)
+    assert s["dense.acc"].attach == ("dense", fused.name)
+    a, w, b = (RNG.standard_normal(t.shape).astype("float32") for t in (data, weight, bias))
+    c = np.zeros(out.shape, "float32")
+    build(s, [data, weight, bias, out])(a, w, b, c)
+    np.testing.assert_allclose(c, reference.dense(a, w, b), rtol=1e-4, atol=1e-4)
+
+
+def _matmul(m=12, n=16, k=10):
+    a, b = te.placeholder((m, k), name="A"), te.placeholder((k, n), name="B")
+    return a, b, ops.matmul(a, b)
+
+
+def test_cache_read_stages_a_tile_of_an_input_where_it_is_used():
+    a, b, out = _matmul()
+    s = te.create_schedule(out)
+    b_tile = s.cache_read(b, "local", [out])
+    assert b_tile.name == "B.local" and s[b_tile].leaf == ["ax0", "ax1"]
+    i, j = s[out].op.axis
+    (k,) = s[out].op.reduce_axis
+    jo, ji = s[out].split(j, factor=8)
+    ko, ki = s[out].split(k, factor=5)
+    s[out].reorder(i, jo, ko, ki, ji)
+    s[b_tile].compute_at(s[out], ko)
+    assert "('B.local', 40, 'local')" in str(lower(s, [a, b, out]))  # 5 rows of k x 8 columns
+    x, y = RNG.standard_normal(a.shape).astype("float32"), RNG.standard_normal(b.shape).astype("float32")
+    c = np.zeros(out.shape, "float32")
+    build(s, [a, b, out])(x, y, c)
+    np.testing.assert_allclose(c, x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_read_replays_from_json_and_other_readers_keep_the_original():
+    a = te.placeholder((8, 8), name="a")
+    doubled = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="doubled")
+    out = te.compute((8, 8), lambda i, j: doubled[i, j] + a[j, i], name="out")
+    s = te.create_schedule(out)
+    s.cache_read(doubled, "local", ["out"])
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    assert [st.name for st in replayed.stages] == ["doubled", "doubled.local", "out"]
+    x = RNG.standard_normal((8, 8)).astype("float32")
+    y = np.zeros((8, 8), "float32")
+    build(replayed, [a, out])(x, y)
+    np.testing.assert_allclose(y, x * 2 + x.T, rtol=1e-6)
+
+
+def test_cache_read_for_a_stage_that_does_not_read_the_tensor_is_refused():
+    a, b, out = _matmul()
+    other = te.compute((4,), lambda i: a[i, 0] + 1.0, name="other")
+    s = te.create_schedule([out, other])
+    with pytest.raises(ScheduleError, match="'other' does not read 'B'"):
+        s.cache_read(b, "local", [other])
+
+
+def _row_sum(rows=3, cols=1000):
+    a = te.placeholder((rows, cols), name="a")
+    k = te.reduce_axis(cols, name="k")
+    return a, te.compute((rows,), lambda i: te.sum(a[i, k] * 2.0, axis=k), name="total")
+
+
+@pytest.mark.parametrize("factor,factor_axis", [(50, 0), (48, 1)])
+def test_rfactor_sums_partial_results_along_the_factored_loop(factor, factor_axis):
+    a, out = _row_sum()
+    s = te.create_schedule(out)
+    ko, ki = s[out].split(out.op.reduce_axis[0], factor=factor)
+    rf = s.rfactor(out, ki, factor_axis)
+    assert rf.name == "total.rf" and rf.shape == ((factor, 3) if factor_axis == 0 else (3, factor))
+    assert s[rf].leaf == (["k.inner", "i", "k.outer"] if factor_axis == 0 else ["i", "k.inner", "k.outer"])
+    assert s[out].leaf == ["i", "k.inner.v"]
+    s[rf].reorder(*[name for name in s[rf].leaf if name != "k.inner"], "k.inner")
+    s[rf].vectorize("k.inner")
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    x = RNG.standard_normal(a.shape).astype("float32")
+    y = np.zeros(3, "float32")
+    build(replayed, [a, out])(x, y)  # 48 does not divide 1000: the tail is guarded
+    np.testing.assert_allclose(y, (x * 2).sum(axis=1), rtol=1e-4, atol=1e-3)
+
+
+def test_rfactor_of_a_whole_reduce_loop_keeps_no_reduction_in_the_factored_stage():
+    a, out = _row_sum(rows=2, cols=16)
+    s = te.create_schedule(out)
+    rf = s.rfactor(out, "k", 1)
+    assert s[rf].op.reduce_axis == []
+    x = RNG.standard_normal(a.shape).astype("float32")
+    y = np.zeros(2, "float32")
+    build(s, [a, out])(x, y)
+    np.testing.assert_allclose(y, (x * 2).sum(axis=1), rtol=1e-5)
+
+
+def test_rfactor_of_a_spatial_loop_is_refused():
+    _, out = _row_sum()
+    s = te.create_schedule(out)
+    with pytest.raises(ScheduleError, match="'i' of stage 'total' is not a reduce loop"):
+        s.rfactor(out, "i")
+
+
+def test_storage_align_is_recorded_and_replayed_and_changes_nothing_on_the_cpu():
+    a, b, out = _matmul()
+    s = te.create_schedule(out)
+    b_tile = s.cache_read(b, "local", [out])
+    s[b_tile].compute_at(s[out], s[out].op.axis[0])
+    plain = str(lower(s, [a, b, out]))
+    s[b_tile].storage_align("ax0", 16, 1)
+    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    assert replayed[b_tile.name].alignments == {"ax0": (16, 1)}
+    assert str(lower(replayed, [a, b, out])) == plain
+    with pytest.raises(ScheduleError, match="factor must be >= 1"):
+        s[b_tile].storage_align("ax1", 0, 0)

@@ -98,6 +98,37 @@ def test_xgb_finds_better_configs_than_random_at_equal_trials():
     assert np.mean(best["xgb"]) < np.mean(best["random"])
 
 
+def test_xgb_with_evolutionary_search_finds_better_configs_than_random_at_equal_trials():
+    space = small_space()
+    best = {"random": [], "evolution": []}
+    for seed in range(5):
+        random_tuner = create("random", space, seed=seed)
+        evolving = create("xgb", space, seed=seed, plan_size=16, optimizer="evolution", population=64)
+        for kind, tuner in (("random", random_tuner), ("evolution", evolving)):
+            proposed = run(tuner, space, 48)
+            assert len(proposed) == len(set(proposed))
+            best[kind].append(tuner.best_cost_s)
+    assert np.mean(best["evolution"]) < np.mean(best["random"])
+
+
+def test_evolution_returns_the_best_scored_points_not_excluded():
+    from lorien.search.evolution import evolve
+
+    space = small_space()
+    target = 200
+
+    def score(indices):
+        return -np.abs(indices - target).astype(float)
+
+    found = evolve(space, score, 3, np.random.default_rng(0), exclude={target}, population=128, generations=8)
+    assert set(found[:2]) == {target - 1, target + 1} and abs(found[2] - target) == 2
+
+
+def test_unknown_optimizer_is_rejected():
+    with pytest.raises(ConfigError, match="optimizer"):
+        create("xgb", small_space(), optimizer="gradient")
+
+
 def test_xgb_transfer_history_guides_the_first_plan():
     space = small_space()
     indices = np.arange(len(space))

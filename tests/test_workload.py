@@ -10,7 +10,6 @@ import pytest
 
 from lorien.workload import (
     LAYOUT_NA,
-    ansor_layout_and_flop,
     autotvm_workload_key,
     compute_flop,
     infer_layout,
@@ -161,14 +160,3 @@ def test_arguments_that_do_not_fit_the_formula_give_unknown_flop():
     assert compute_flop("conv2d_nchw.broken", [["TENSOR", [1, 2], "float32"], 7]) is None
     zero_stride = [["TENSOR", [1, 3, 8, 8], "float32"], ["TENSOR", [4, 3, 3, 3], "float32"], [0, 0], [1, 1], [1, 1], "float32"]
     assert compute_flop("conv2d_nchw.zero_stride", zero_stride) is None
-
-
-def test_named_auto_scheduler_workloads_are_counted_with_their_epilogues():
-    assert ansor_layout_and_flop("matmul_add", [1024, 1024, 1024, "float32"]) == (LAYOUT_NA, 2.0 * 1024**3 + 1024**2)
-    layout, flop = ansor_layout_and_flop("conv2d_layer", [1, 7, 7, 512, 512, 3, 3, [1, 1], [1, 1]])
-    assert layout == "NCHW"
-    assert flop == 2 * 512 * 7 * 7 * 512 * 9 + 2 * 512 * 7 * 7
-
-
-def test_hashed_auto_scheduler_workloads_have_unknown_flop():
-    assert ansor_layout_and_flop("d7b65649a4dd54becea0a52aabbc5af5", [1, 1000, 1, 1000]) == (LAYOUT_NA, None)

@@ -2,20 +2,91 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from dialects.auto_scheduler import features
-from lorien.dialect import Dialect
+from lorien.dialect import AppliedConfig, Dialect
+from lorien.errors import WorkloadError
 from lorien.record import TuningRecord
+from lorien.workload import LAYOUT_NA, warn_unknown_flop
 
 
 class AutoSchedulerDialect(Dialect):
     """Auto-scheduler (Ansor): template-free schedules as transform steps, JSON-line records."""
 
     name = "auto_scheduler"
+    resumes_from_store = True
 
     def record_formats(self) -> list[str]:
         return ["ansor"]
 
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
         return features.featurize(record)
+
+    def workload_key(self, task_name: str, args: list[Any]) -> str:
+        from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+
+        return registry.make_workload_key(task_name, args)
+
+    def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
+        """Layout and FLOPs of a registered workload from its compute DAG; a workload nobody
+        registered (a DAG hash from a graph) has unknown FLOPs."""
+        from dialects.auto_scheduler import registry, workloads  # noqa: F401
+
+        try:
+            dag = registry.workload_dag(workload_key)
+        except WorkloadError as exc:
+            name = workload_key
+            try:
+                name = registry.parse_workload_key(workload_key)[0]
+            except WorkloadError:
+                pass
+            warn_unknown_flop(name, str(exc))
+            return LAYOUT_NA, None
+        return dag.layout(), dag.flop()
+
+    def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+        """(workload function, args) of a tuning-YAML op shorthand (``conv2d: {C:.., ...}``)."""
+        from dialects.auto_scheduler.workloads import expand_workload
+
+        return expand_workload(op, params)
+
+    def compile_record(self, record: TuningRecord, target: str | None = None):
+        """A kernel built by replaying a stored record's steps."""
+        from dialects.auto_scheduler.compile import compile_record
+
+        return compile_record(record, target=target)
+
+    def compile_default(self, workload_key: str, target: str | None = None):
+        """A kernel of a workload built with a default (untuned) schedule."""
+        from dialects.auto_scheduler.compile import compile_default
+
+        return compile_default(workload_key, target=target)
+
+    def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
+        """Replay, check and measure the steps of one Ansor log line here."""
+        from dialects.auto_scheduler.apply import apply_log_line
+
+        return apply_log_line(path, line_no, **options)
+
+    def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
+        """Replay, check and measure a list of steps (JSON) of a workload here."""
+        from dialects.auto_scheduler.apply import apply_steps
+
+        return apply_steps(workload_key, config, **options)
+
+    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
+        """Tune one job template-free; each measured batch is committed to ``store_uri``.
+
+        Options: ``log_path`` (Ansor log to append to), ``on_batch(progress, records)``,
+        ``source`` (tag of the records), ``commit`` (default True).
+        """
+        from dialects.auto_scheduler.tuning import tune_job
+
+        log_path = options.get("log_path")
+        progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
+                            on_batch=options.get("on_batch"), source=options.get("source"),
+                            commit=options.get("commit", True))
+        return progress.records

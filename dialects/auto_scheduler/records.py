@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import orjson
 
 from lorien.errors import DialectError
-from lorien.record import TuningRecord
+from lorien.formats.ansor import DEFAULT_VERSION
+from lorien.record import FAILED_COST_S, TuningRecord
 
 #: Step kinds of Ansor's transform-step vocabulary, by their two- to four-letter record tag.
 STEP_KINDS = {
@@ -35,3 +37,40 @@ def steps(record: TuningRecord) -> list[list[Any]]:
         if step[0] not in STEP_KINDS:
             raise DialectError(f"record {record.record_id}: unknown step kind {step[0]!r} in {step!r}")
     return value
+
+
+def hardware_params() -> list[int]:
+    """TVM's ``HardwareParams`` of this CPU as an Ansor line writes them: cores, vector bytes,
+    cache line bytes, then the GPU fields (0)."""
+    from lorien.engine.x86 import vector_lanes
+
+    return [os.cpu_count() or 1, 4 * vector_lanes(), 64, 0, 0, 0, 0, 0]
+
+
+def native_line(target: str, workload_key: str, steps: list[list[Any]], costs: list[float], error_no: int,
+                all_cost: float, timestamp: float) -> dict[str, Any]:
+    """The Ansor (v0.6) line of one measurement, as data: the task is the workload key, the
+    target, hardware params, no target host, no layout rewrite (0) and no task inputs."""
+    if error_no != 0 and not costs:
+        costs = [FAILED_COST_S]
+    return {"i": [[workload_key, target, hardware_params(), "", 0, []], [[], steps]],
+            "r": [list(costs), int(error_no), float(all_cost), float(timestamp)], "v": DEFAULT_VERSION}
+
+
+def engine_target(target: str) -> str | None:
+    """The CPU target the engine builds a record of ``target`` for: the target itself on a CPU,
+    this host for a GPU target (whose bindings run as CPU loops here)."""
+    from lorien.engine.cpu import CPU_KINDS
+    from lorien.target import parse_target
+
+    return target if parse_target(target).kind in CPU_KINDS else None
+
+
+def make_record(target: str, workload_key: str, steps: list[list[Any]], costs: list[float], error_no: int,
+                all_cost: float, timestamp: float, source: str = "lorien tune") -> TuningRecord:
+    """A TuningRecord of one measurement, decoded from its Ansor line (so it exports unchanged)."""
+    from lorien.engine.build import build_info
+    from lorien.formats.ansor import decode_value
+
+    record = decode_value(native_line(target, workload_key, steps, costs, error_no, all_cost, timestamp), source)
+    return record.with_changes(build=build_info(engine_target(target)), source=source)

@@ -82,16 +82,9 @@ def read_log_line(path: str | Path, line_no: int) -> tuple[str, list[Any], list[
 
 
 def _log_row(path: str | Path, line_no: int) -> tuple[str, list[Any], list[Any], dict[str, Any]]:
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read log {path}: {exc}") from exc
-    if not 1 <= line_no <= len(lines):
-        raise ConfigError(f"{path} has {len(lines)} lines; line {line_no} does not exist")
-    text = lines[line_no - 1].strip()
-    if not text or text.startswith("#"):
-        raise ConfigError(f"{path}:{line_no} is a comment or blank, not a record")
+    from lorien.formats.base import log_line
+
+    text = log_line(path, line_no)
     try:
         row = orjson.loads(text)
         _target, task_name, args = row["input"][:3]

@@ -23,6 +23,17 @@ class AutoTVMDialect(Dialect):
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
         return features.featurize(record)
 
+    def workload_key(self, task_name: str, args: list[Any]) -> str:
+        from lorien.workload import autotvm_workload_key
+
+        return autotvm_workload_key(task_name, args)
+
+    def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
+        from lorien.workload import compute_flop, infer_layout, parse_autotvm_workload_key
+
+        task_name, args = parse_autotvm_workload_key(workload_key)
+        return infer_layout(task_name, args), compute_flop(task_name, args)
+
     def template_of(self, record: TuningRecord) -> str:
         return record.task_name
 

@@ -8,7 +8,6 @@ ingested TVM log gives, and export back to native lines.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,21 +16,13 @@ import orjson
 from dialects.autotvm.features import config_entity
 from dialects.autotvm.space import ConfigEntity
 from lorien import __version__
+from lorien.engine.build import build_info
 from lorien.errors import DialectError
 from lorien.record import FAILED_COST_S, TuningRecord
 
 FORMAT = "autotvm"
 #: ``tvm_version`` written into the lines of records Lorien measures itself.
 TVM_VERSION_TAG = f"lorien-{__version__}"
-
-
-@functools.lru_cache(maxsize=64)
-def build_info(target: str | None = None) -> str:
-    """JSON of the build configuration that produced a measurement for ``target`` (engine,
-    LLVM, host CPU, the CPU code was generated for, vector lanes, threads, cache sizes)."""
-    from lorien.engine.cpu import cpu_target
-
-    return cpu_target(target).build_json()
 
 
 def native_line(target: str, task_name: str, args: Sequence[Any], config: ConfigEntity | dict[str, Any],

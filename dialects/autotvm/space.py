@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lorien.errors import DialectError
+from lorien.search.base import index_of_positions, knob_positions
 
 
 @dataclass(frozen=True)
@@ -442,17 +443,10 @@ class ConfigSpace:
         """Per-knob entity positions of a config index (first knob least significant)."""
         if not 0 <= index < len(self):
             raise DialectError(f"config index {index} is outside the space of {len(self)} configs")
-        positions = []
-        for dim in self.dims:
-            positions.append(index % dim)
-            index //= dim
-        return positions
+        return knob_positions(index, self.dims)
 
     def index_of_knobs(self, positions: Sequence[int]) -> int:
-        index = 0
-        for position, dim in zip(reversed(positions), reversed(self.dims), strict=True):
-            index = index * dim + position
-        return index
+        return index_of_positions(positions, self.dims)
 
     def knob_feature_tables(self) -> list[list[list[float]]]:
         """Per knob, the feature rows of its entities (see :func:`entity_features`)."""

@@ -8,9 +8,8 @@ everything it measured.
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,10 @@ from dialects.autotvm.records import encode, make_record
 from dialects.autotvm.space import ConfigEntity, entity_features
 from dialects.autotvm.templates import Task, instantiate
 from lorien.errors import ConfigError
-from lorien.record import TuningRecord
-from lorien.search import Tuner, create, result_cost
+from lorien.search import Tuner, create
+from lorien.search.xgb import history_by_workload
+from lorien.tune.managers.base import job_source_tag
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
 
 
 @functools.lru_cache(maxsize=32)
@@ -87,22 +88,6 @@ def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[Confi
     return measure_batch(measure_inputs(task_name, args, configs, target), option)
 
 
-@dataclass
-class TuneProgress:
-    """What a tuning run has done so far (handed to the per-batch callback)."""
-
-    total: int
-    trials: int = 0
-    errors: int = 0
-    best_cost_s: float = math.inf
-    best_config: ConfigEntity | None = None
-    committed: int = 0
-    records: list[TuningRecord] = field(default_factory=list)
-
-
-BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
-
-
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
     """(features, normalized throughput) of valid warehouse records of the same template.
 
@@ -129,13 +114,7 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
         if len(features) != width:
             continue
         per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
-    xs, ys = [], []
-    for items in per_workload.values():
-        best = max(throughput for _, throughput in items)
-        for features, throughput in items:
-            xs.append(features)
-            ys.append(throughput / best)
-    return np.array(xs, dtype=float).reshape(len(xs), -1), np.array(ys, dtype=float)
+    return history_by_workload(per_workload, width)
 
 
 def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
@@ -178,7 +157,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     batch_size = int(job.get("batch_size", 8))
     early_stopping = job.get("early_stopping")
     nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or _job_source(job)
+    source = source or job.get("source") or job_source_tag(job)
 
     store = None
     if commit:
@@ -199,11 +178,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                          target=target.canonical)
 
     progress = TuneProgress(total=trials)
-    last_improvement = 0
-    log_file = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "a")  # noqa: SIM115
+    sink = BatchSink(store, nbest, log_path, encode)
     try:
         while progress.trials < trials and tuner.has_next():
             indices = tuner.next_batch(min(batch_size, trials - progress.trials))
@@ -215,37 +190,15 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                                    int(result.error_no), float(result.all_cost), float(result.timestamp),
                                    source=source)
                        for config, result in zip(configs, results, strict=True)]
-            if store is not None:
-                store.commit(records, nbest=nbest)
-                progress.committed += len(records)
-            if log_file is not None:
-                log_file.write("".join(encode(record) + "\n" for record in records))
-                log_file.flush()
+            sink.write(records, progress)
             tuner.update(indices, results)
-            for config, result in zip(configs, results, strict=True):
-                progress.trials += 1
-                cost = result_cost(result)
-                if math.isinf(cost):
-                    progress.errors += 1
-                elif cost < progress.best_cost_s:
-                    progress.best_cost_s, progress.best_config = cost, config
-                    last_improvement = progress.trials
-            progress.records.extend(records)
+            progress.count(configs, results, records)
             if on_batch is not None:
                 on_batch(progress, records)
-            if early_stopping and progress.trials - last_improvement >= early_stopping:
+            if progress.stalled(early_stopping):
                 break
     finally:
-        if log_file is not None:
-            log_file.close()
+        sink.close()
         if store is not None:
             store.close()
     return progress
-
-
-def _job_source(job: dict[str, Any]) -> str:
-    """The source tag the orchestration layer uses for a job's records, so resume finds them."""
-    from lorien.tune.jobspec import job_id_of
-    from lorien.tune.managers.base import source_tag
-
-    return source_tag(job_id_of(job))

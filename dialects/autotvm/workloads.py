@@ -6,6 +6,8 @@ from typing import Any
 
 from lorien.errors import DialectError, WorkloadError
 from lorien.workload import pad4
+from lorien.workload import shorthand_pair as _pair
+from lorien.workload import shorthand_params as _take
 
 #: Below this many rows, ``dense`` uses ``dense_nopack.x86`` (no weight packing).
 SMALL_BATCH = 16
@@ -23,33 +25,12 @@ def _tensor(shape: list[int], dtype: str) -> list[Any]:
     return ["TENSOR", [int(d) for d in shape], dtype]
 
 
-def _pair(value: Any, name: str) -> list[int]:
-    if isinstance(value, int):
-        return [value, value]
-    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return list(value)
-    raise DialectError(f"{name} must be an int or a pair of ints, got {value!r}")
-
-
 def _padding(value: Any) -> list[int]:
     """(top, left, bottom, right) from an int, a (height, width) pair or four values."""
     try:
         return list(pad4(value))
     except (WorkloadError, TypeError, ValueError) as exc:
         raise DialectError(f"padding must be an int, a pair or four ints, got {value!r}") from exc
-
-
-def _take(params: dict[str, Any], op: str, required: tuple[str, ...], optional: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(params) - set(required) - set(optional)
-    missing = [key for key in required if key not in params]
-    if unknown or missing:
-        raise DialectError(f"{op}: missing {missing}, unknown {sorted(unknown)} "
-                           f"(takes {list(required)} and optionally {sorted(optional)})")
-    values = {**optional, **params}
-    for key in required:
-        if not isinstance(values[key], int) or values[key] < 1:
-            raise DialectError(f"{op}: {key} must be a positive integer, got {values[key]!r}")
-    return values
 
 
 def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 
@@ -17,6 +18,14 @@ from lorien.errors import LorienError
 from lorien.target import parse_target
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@functools.lru_cache(maxsize=64)
+def build_info(target: str | None = None) -> str:
+    """JSON of the build configuration that produces measurements for ``target`` (default this
+    host): the ``build`` of every record Lorien measures (engine, LLVM, host CPU, the CPU code
+    is generated for, vector lanes, threads, cache sizes)."""
+    return cpu.cpu_target(target).build_json()
 
 
 class KernelArgumentError(LorienError, ValueError):

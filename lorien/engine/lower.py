@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from lorien.engine import te
-from lorien.engine.schedule import Schedule, ScheduleError, Stage
+from lorien.engine.schedule import Schedule, ScheduleError, Stage, derived_extents
 
 PURE_OPS = ("CONST", "ALU", "CAST", "BROADCAST", "VECTOR", "EXTRACT")
 
@@ -325,18 +325,7 @@ class _Lowering:
         ext: dict[str, int] = {iv.name: e for iv, (_, e) in zip(st.op.axis, region, strict=False)}
         ext.update({iv.name: iv.extent for iv in st.op.reduce_axis})
         kinds = {name: iv.kind for name, iv in st.axes.items()}
-        for rel in st.relations:
-            if rel[0] == "split":
-                _, parent, outer, inner, factor, nparts = rel
-                if factor is not None:
-                    ext[inner] = min(int(factor), ext[parent])
-                    ext[outer] = -(-ext[parent] // ext[inner])
-                else:
-                    ext[outer] = min(int(nparts), ext[parent])
-                    ext[inner] = -(-ext[parent] // ext[outer])
-            else:
-                _, a, b, fused = rel
-                ext[fused] = ext[a] * ext[b]
+        derived_extents(st.relations, ext)
         safe = st.name.replace(".", "_")
         lvars = {leaf: te.Var(f"{safe}.{leaf}") for leaf in st.leaf}
         values: dict[str, te.Expr] = dict(lvars)

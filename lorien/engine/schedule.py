@@ -31,6 +31,7 @@ class Stage:
         self.relations: list[tuple] = []
         self.annotations: dict[str, str] = {}
         self.attach: str | tuple[str, str] | None = None
+        self.alignments: dict[str, tuple[int, int]] = {}
         self._reset_axes()
 
     def _reset_axes(self) -> None:
@@ -92,6 +93,12 @@ class Stage:
         self.schedule.apply({"kind": "compute_at", "stage": self.name, "target": parent.name,
                              "axis": parent._name(axis)})
 
+    def storage_align(self, axis: te.IterVar | str, factor: int, offset: int) -> None:
+        """Ask for the buffer row stride at ``axis`` to be ``factor * k + offset`` (TVM's
+        storage_align, against shared-memory bank conflicts). Recorded; a no-op on the CPU."""
+        self.schedule.apply({"kind": "storage_align", "stage": self.name, "axis": self._name(axis),
+                             "factor": int(factor), "offset": int(offset)})
+
     def compute_inline(self) -> None:
         """Substitute this stage's expression into its consumers."""
         self.schedule.apply({"kind": "compute_inline", "stage": self.name})
@@ -109,6 +116,7 @@ class Stage:
         pos = self.leaf.index(axis)
         self.leaf[pos : pos + 1] = [outer.name, inner.name]
         self.relations.append(("split", axis, outer.name, inner.name, factor, nparts))
+        self._move_attached([axis], inner.name)
         return outer, inner
 
     def _reorder(self, names: list[str]) -> None:
@@ -131,7 +139,53 @@ class Stage:
             self.relations.append(("fuse", fused, name, new.name))
             fused = new.name
         self.leaf[positions[0] : positions[-1] + 1] = [fused]
+        self._move_attached(names, fused)
         return self.axes[fused]
+
+    def _move_attached(self, old: list[str], new: str) -> None:
+        """Stages computed at a loop that is split move to its innermost part; at a loop that is
+        fused, to the fused loop (each iteration still computes what the old loop body needed)."""
+        for other in self.schedule.stages:
+            if isinstance(other.attach, tuple) and other.attach[0] == self.name and other.attach[1] in old:
+                other.attach = (self.name, new)
+
+
+def derived_extents(relations: list[tuple], extents: dict[str, int]) -> dict[str, int]:
+    """Add to ``extents`` (loop name -> extent) the extent of every loop that ``relations``
+    split or fuse from loops it knows (a split that does not divide rounds its outer loop
+    up); returns it."""
+    for rel in relations:
+        if rel[0] == "split" and rel[1] in extents:
+            _, parent, outer, inner, factor, nparts = rel
+            if factor is not None:
+                extents[inner] = min(int(factor), extents[parent])
+                extents[outer] = -(-extents[parent] // extents[inner])
+            else:
+                extents[outer] = min(int(nparts), extents[parent])
+                extents[inner] = -(-extents[parent] // extents[outer])
+        elif rel[0] == "fuse" and rel[1] in extents and rel[2] in extents:
+            extents[rel[3]] = extents[rel[1]] * extents[rel[2]]
+    return extents
+
+
+def _connected(relations: list[tuple], axis: str) -> set[str]:
+    """``axis``, the loops it was split or fused from, and every loop derived from those."""
+    touched = {axis}
+    for rel in reversed(relations):
+        if rel[0] == "split" and (rel[2] in touched or rel[3] in touched):
+            touched.add(rel[1])
+        elif rel[0] == "fuse" and rel[3] in touched:
+            touched.update(rel[1:3])
+    for rel in relations:
+        if rel[0] == "split" and rel[1] in touched:
+            touched.update(rel[2:4])
+        elif rel[0] == "fuse" and (rel[1] in touched or rel[2] in touched):
+            touched.add(rel[3])
+    return touched
+
+
+def _loads(expr: te.Expr) -> list[te.Load]:
+    return [node for node in te.walk(expr) if isinstance(node, te.Load)]
 
 
 class Schedule:
@@ -139,8 +193,9 @@ class Schedule:
 
     def __init__(self, outputs: Sequence[te.Tensor]):
         self.outputs = list(outputs)
-        self.stages: list[Stage] = [Stage(self, t, t.op) for t in te.topo_order(self.outputs)
-                                    if isinstance(t.op, te.ComputeOp)]
+        tensors = te.topo_order(self.outputs)
+        self.tensors: dict[str, te.Tensor] = {t.name: t for t in tensors}
+        self.stages: list[Stage] = [Stage(self, t, t.op) for t in tensors if isinstance(t.op, te.ComputeOp)]
         self.steps: list[dict] = []
 
     def __getitem__(self, tensor: te.Tensor | str) -> Stage:
@@ -154,12 +209,32 @@ class Schedule:
         """Compute ``tensor`` into a new cache stage; ``tensor``'s stage becomes a copy out of it."""
         return self.apply({"kind": "cache_write", "stage": tensor.name, "scope": scope})
 
+    def cache_read(self, tensor: te.Tensor, scope: str, readers: Sequence[te.Tensor | str]) -> te.Tensor:
+        """A new stage ``<tensor>.<scope>`` copying ``tensor`` (an input or a computed tensor);
+        ``readers`` read the copy instead, so ``compute_at`` can stage a tile of it near its use."""
+        names = [r if isinstance(r, str) else r.name for r in readers]
+        return self.apply({"kind": "cache_read", "stage": tensor.name, "scope": scope, "readers": names})
+
+    def rfactor(self, tensor: te.Tensor, axis: te.IterVar | str, factor_axis: int = 0) -> te.Tensor:
+        """Factor a reduction: a new stage ``<tensor>.rf`` keeps the reduce loop ``axis`` (a leaf
+        split or fused from the reduce axes) as a spatial axis at position ``factor_axis`` and
+        reduces the rest; ``tensor`` then reduces ``<tensor>.rf`` over ``<axis>.v``.
+
+        The partial results can be computed in parallel or vectorized along ``axis``.
+        """
+        name = axis if isinstance(axis, str) else axis.name
+        return self.apply({"kind": "rfactor", "stage": tensor.name, "axis": name, "factor_axis": int(factor_axis)})
+
     def apply(self, step: dict):
         """Apply one serialized step (as found in ``steps``) and record it."""
         kind = step.get("kind")
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
             raise ScheduleError(f"unknown schedule step kind {kind!r} in {step}")
+        if kind == "cache_read":  # the cached tensor may be an input, which has no stage
+            result = handler(self._tensor(step["stage"]), step)
+            self.steps.append(copy.deepcopy(step))
+            return result
         stage = self[step["stage"]]
         for key in ("axis",):
             if key in step and kind != "compute_at" and step[key] not in stage.leaf:
@@ -185,6 +260,11 @@ class Schedule:
         if step["ann"] not in LOOP_KINDS:
             raise ScheduleError(f"unknown annotation {step['ann']!r}; expected one of {LOOP_KINDS}")
         stage.annotations[step["axis"]] = step["ann"]
+
+    def _apply_storage_align(self, stage: Stage, step: dict):
+        if int(step["factor"]) < 1 or int(step["offset"]) < 0:
+            raise ScheduleError(f"storage_align: factor must be >= 1 and offset >= 0, got {step}")
+        stage.alignments[step["axis"]] = (int(step["factor"]), int(step["offset"]))
 
     def _apply_compute_at(self, stage: Stage, step: dict):
         target = self[step["target"]]
@@ -220,4 +300,85 @@ class Schedule:
         stage._reset_axes()
         cache_stage = Stage(self, cache, cache_op)
         self.stages.insert(self.stages.index(stage), cache_stage)
+        self.tensors[cache_name] = cache
+        return cache
+
+    def _apply_rfactor(self, stage: Stage, step: dict) -> te.Tensor:
+        op, axis, pos = stage.op, step["axis"], step["factor_axis"]
+        if not isinstance(op.body, te.Reduce) or stage.axes[axis].kind != "reduce":
+            raise ScheduleError(f"rfactor: {axis!r} of stage {stage.name!r} is not a reduce loop")
+        if not 0 <= pos <= len(op.axis):
+            raise ScheduleError(f"rfactor: factor_axis {pos} of stage {stage.name!r} is not in 0..{len(op.axis)}")
+        spatial = {iv.name for iv in op.axis}
+        if any(rel[1] in spatial for rel in stage.relations) or any(
+                isinstance(st.attach, tuple) and st.attach[0] == stage.name for st in self.stages):
+            raise ScheduleError(f"rfactor: stage {stage.name!r} has split/fused spatial loops or stages computed "
+                                "at its loops; rfactor it first")
+        ext = derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in op.reduce_axis})
+        touched = _connected(stage.relations, axis)
+        factored = te.IterVar(axis, ext[axis], "spatial")
+        rf_spatial = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]
+        untouched = [iv for iv in op.reduce_axis if iv.name not in touched]
+        rf_reduce = [te.IterVar(iv.name, iv.extent, "reduce") for iv in untouched]
+        rf_reduce += [te.IterVar(leaf, ext[leaf], "reduce") for leaf in stage.leaf if leaf in touched and leaf != axis]
+        values: dict[str, te.Expr] = {iv.name: iv for iv in rf_reduce}
+        values[axis] = factored
+        conditions = []
+        for rel in reversed(stage.relations):
+            if rel[0] == "split" and rel[1] in touched:
+                _, parent, outer, inner, _, _ = rel
+                values[parent] = values[outer] * ext[inner] + values[inner]
+                if ext[outer] * ext[inner] != ext[parent]:
+                    conditions.append(values[parent] < ext[parent])
+            elif rel[0] == "fuse" and rel[3] in touched:
+                _, a, b, fused = rel
+                values[a], values[b] = values[fused] // ext[b], values[fused] % ext[b]
+        mapping = dict(zip(op.axis, rf_spatial, strict=True))
+        mapping.update(zip(untouched, rf_reduce, strict=False))
+        mapping.update({iv: values[iv.name] for iv in op.reduce_axis if iv.name in touched})
+        source = te.substitute(op.body.source, mapping)
+        if conditions:
+            source = te.if_then_else(te.all(*conditions), source, op.body.identity())
+        rf_body = te.Reduce(op.body.combiner, source, rf_reduce) if rf_reduce else source
+        rf_name = f"{stage.name}.rf"
+        rf_op = te.ComputeOp(rf_name, rf_spatial[:pos] + [factored] + rf_spatial[pos:], rf_body, op.tag, op.attrs)
+        rf = te.Tensor([ax.extent for ax in rf_op.axis], stage.tensor.dtype, rf_name, rf_op)
+        out_axes = [te.IterVar(iv.name, iv.extent, "spatial") for iv in op.axis]
+        over = te.reduce_axis(ext[axis], f"{axis}.v")
+        indices = out_axes[:pos] + [over] + out_axes[pos:]
+        stage.op = te.ComputeOp(stage.name, out_axes, te.Reduce(op.body.combiner, rf[tuple(indices)], [over]),
+                                op.tag, op.attrs)
+        stage.relations, stage.annotations = [], {}
+        stage._reset_axes()
+        self.stages.insert(self.stages.index(stage), Stage(self, rf, rf_op))
+        self.tensors[rf_name] = rf
+        return rf
+
+    def _tensor(self, name: str) -> te.Tensor:
+        if name not in self.tensors:
+            raise ScheduleError(f"no tensor named {name!r} (tensors: {sorted(self.tensors)})")
+        return self.tensors[name]
+
+    def _apply_cache_read(self, tensor: te.Tensor, step: dict) -> te.Tensor:
+        readers = [self[name] for name in step["readers"]]
+        if not readers:
+            raise ScheduleError(f"cache_read of {tensor.name!r}: no reader stages given")
+        for reader in readers:
+            if all(load.tensor.name != tensor.name for load in _loads(reader.op.body)):
+                raise ScheduleError(f"cache_read: stage {reader.name!r} does not read {tensor.name!r}")
+        cache_name = f"{tensor.name}.{step['scope']}"
+        if cache_name in self.tensors:
+            raise ScheduleError(f"cache_read: a tensor named {cache_name!r} already exists")
+        axes = [te.IterVar(f"ax{d}", n, "spatial") for d, n in enumerate(tensor.shape)]
+        cache_op = te.ComputeOp(cache_name, axes, tensor[tuple(axes)], "cache_read")
+        cache = te.Tensor(tensor.shape, tensor.dtype, cache_name, cache_op)
+
+        def redirect(load: te.Load, indices: tuple) -> te.Expr:
+            return te.Load(cache if load.tensor.name == tensor.name else load.tensor, indices)
+
+        for reader in readers:
+            op = reader.op
+            reader.op = te.ComputeOp(op.name, op.axis, te.substitute(op.body, {}, redirect), op.tag, op.attrs)
+        self.stages.insert(min(self.stages.index(r) for r in readers), Stage(self, cache, cache_op))
+        self.tensors[cache_name] = cache
         return cache

@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
-from lorien.errors import RecordParseError, TargetError
+from lorien.errors import DialectError, RecordParseError, TargetError
 from lorien.formats.base import costs_list, integer, iter_lines, number, parse_error
 from lorien.record import TuningRecord
 from lorien.target import parse_target
-from lorien.workload import ansor_layout_and_flop
+from lorien.workload import LAYOUT_NA, warn_unknown_flop
 
 FORMAT = "ansor"
 DIALECT = "auto_scheduler"
@@ -31,8 +31,24 @@ TASK_FIELDS = ("hardware_params", "target_host", "layout_rewrite_option")
 _workload_cache: dict[str, tuple[str, str, str, float | None]] = {}
 
 
+def _layout_and_flop(workload_key: str, func_name: str) -> tuple[str, float | None]:
+    """What the auto_scheduler dialect's workload registry says about a workload."""
+    from lorien.dialect import get_dialect
+
+    try:
+        describe = get_dialect(DIALECT).describe_workload
+    except DialectError as exc:
+        warn_unknown_flop(func_name, f"no auto_scheduler dialect to describe the workload ({exc})")
+        return LAYOUT_NA, None
+    return describe(workload_key)
+
+
 def _workload(workload_key: str) -> tuple[str, str, str, float | None]:
-    """(task_name, args JSON, layout, flop) of a workload key ``["func", arg, ...]``."""
+    """(task_name, args JSON, layout, flop) of a workload key ``["func", arg, ...]``.
+
+    Workloads the registry knows are remembered; unknown ones are asked again, since a
+    workload may be registered later in the same process.
+    """
     found = _workload_cache.get(workload_key)
     if found is None:
         try:
@@ -41,9 +57,10 @@ def _workload(workload_key: str) -> tuple[str, str, str, float | None]:
             raise RecordParseError(f"workload key {workload_key!r} is not JSON") from exc
         if type(value) is not list or not value or type(value[0]) is not str:
             raise RecordParseError(f"workload key {workload_key!r} is not [func_name, args...]")
-        layout, flop = ansor_layout_and_flop(value[0], value[1:])
+        layout, flop = _layout_and_flop(workload_key, value[0])
         found = (value[0], orjson.dumps(value[1:]).decode(), layout, flop)
-        _workload_cache[workload_key] = found
+        if flop is not None:
+            _workload_cache[workload_key] = found
     return found
 
 

@@ -39,6 +39,24 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
                 yield lineno, line
 
 
+def log_line(path: str | Path, line_no: int) -> str:
+    """The text of line ``line_no`` (1-based, comment lines count) of a log that holds a record;
+    ConfigError names the file and line otherwise."""
+    from lorien.errors import ConfigError
+
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read log {path}: {exc}") from exc
+    if not 1 <= line_no <= len(lines):
+        raise ConfigError(f"{path} has {len(lines)} lines; line {line_no} does not exist")
+    text = lines[line_no - 1].strip()
+    if not text or text.startswith("#"):
+        raise ConfigError(f"{path}:{line_no} is a comment or blank, not a record")
+    return text
+
+
 def number(value: Any, what: str) -> float:
     """A JSON number as float; bools and strings are refused."""
     if type(value) is float or type(value) is int:

@@ -35,6 +35,24 @@ class MeasuredLike(Protocol):
     error_no: int
 
 
+def knob_positions(index: int, dims: Sequence[int]) -> list[int]:
+    """Per-knob positions of a point of a mixed-radix space (first knob least significant)."""
+    index = int(index)
+    positions = []
+    for dim in dims:
+        positions.append(index % dim)
+        index //= dim
+    return positions
+
+
+def index_of_positions(positions: Sequence[int], dims: Sequence[int]) -> int:
+    """Inverse of :func:`knob_positions`."""
+    index = 0
+    for position, dim in zip(reversed(positions), reversed(dims), strict=True):
+        index = index * dim + int(position)
+    return index
+
+
 def result_cost(result: MeasuredLike) -> float:
     """Mean cost in seconds of a valid result, ``inf`` for a failed one."""
     costs = list(result.costs)

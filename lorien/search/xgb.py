@@ -1,9 +1,12 @@
-"""Model-based search: an XGBoost cost model over config features, explored by annealing.
+"""Model-based search: an XGBoost cost model over config features, explored by annealing or evolution.
 
 Every ``plan_size`` measurements the model is refit on (features, normalized throughput) of
 all measured points — plus, with :meth:`XGBTuner.load_history`, points measured before on
-similar workloads (transfer). Simulated annealing over the model picks the next plan; a small
-fraction ``epsilon`` of each plan is random for exploration.
+similar workloads (transfer). The optimizer over the model picks the next plan:
+``optimizer="sa"`` (simulated annealing, AutoTVM's) or ``"evolution"`` (Ansor's evolutionary
+search, :mod:`lorien.search.evolution`: ``population`` points, ``generations`` rounds of
+score-proportional selection and mutation). A small fraction ``epsilon`` of each plan is
+random for exploration.
 
 Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
 values, ...) or plain knob positions. ``feature_type="itervar"`` adds the features a
@@ -21,8 +24,25 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, result_cost
+from lorien.search.evolution import evolve
 from lorien.search.random_search import sample_unvisited
 from lorien.search.sa import anneal
+
+OPTIMIZERS = ("sa", "evolution")
+
+
+def history_by_workload(per_workload: dict[str, list[tuple[Sequence[float], float]]],
+                        width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(features, scores) for :meth:`XGBTuner.load_history` from (features, throughput) pairs
+    grouped by workload: throughput is normalized per workload (its best = 1), so workloads of
+    different sizes teach which configs are good relative to each other."""
+    xs, ys = [], []
+    for items in per_workload.values():
+        best = max(throughput for _, throughput in items)
+        for features, throughput in items:
+            xs.append(features)
+            ys.append(throughput / best)
+    return np.array(xs, dtype=float).reshape(len(xs), width), np.array(ys, dtype=float)
 
 
 class KnobFeatures:
@@ -45,13 +65,16 @@ class KnobFeatures:
 
 
 class XGBTuner(Tuner):
-    """XGBoost-guided tuner with a simulated-annealing optimizer."""
+    """XGBoost-guided tuner with a simulated-annealing or evolutionary optimizer over the model."""
 
     def __init__(self, space: IndexedSpace, seed: int | None = None, plan_size: int = 32,
                  feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
-                 num_boost_round: int = 80, rerank_factor: int = 2):
+                 num_boost_round: int = 80, rerank_factor: int = 2, optimizer: str = "sa",
+                 population: int = 256, generations: int = 4):
         super().__init__(space, seed)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r} ({' or '.join(OPTIMIZERS)})")
         if feature_type not in ("knob", "itervar"):
             raise ValueError(f"unknown feature_type {feature_type!r} (knob or itervar)")
         if feature_type == "itervar" and feature_fn is None:
@@ -65,6 +88,9 @@ class XGBTuner(Tuner):
         self.sa_parallel_size = sa_parallel_size
         self.sa_n_iter = sa_n_iter
         self.num_boost_round = num_boost_round
+        self.optimizer = optimizer
+        self.population = population
+        self.generations = generations
         self.measured: dict[int, float] = {}
         self.history_x: np.ndarray | None = None
         self.history_y: np.ndarray | None = None
@@ -112,9 +138,13 @@ class XGBTuner(Tuner):
                                key=self.measured.__getitem__)[:16]
         wanted = self.plan_size - n_random
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
-        chosen = anneal(self.space, self.predict, pool, self.rng,
-                        exclude=self.visited, starts=best_measured,
-                        parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
+        if self.optimizer == "evolution":
+            chosen = evolve(self.space, self.predict, pool, self.rng, exclude=self.visited, starts=best_measured,
+                            population=self.population, generations=self.generations)
+        else:
+            chosen = anneal(self.space, self.predict, pool, self.rng,
+                            exclude=self.visited, starts=best_measured,
+                            parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
         if self.rerank_booster_ is not None and chosen:
             scores = self._predict_full(np.array(chosen, dtype=np.int64))
             chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]

@@ -25,12 +25,13 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
         weight: 4                                  #   occurrences in the models (positive number, default 1)
         models: [bert]                             #   the models it came from
         epilogue: {bias: 3, bias+add: 1}           #   elementwise ops seen after it, per pattern
+    task_scheduler: {strategy: gradient, trials: 2000, round_trials: 16}   # tune the workloads as one network
 
 Each workload becomes one job dict (the team's job schema), handed to
 ``get_dialect(job["dialect"]).tune(job, store_uri, ...)``. ``weight``, ``models`` and
 ``epilogue`` are carried into the job as they are: the weight is what a task scheduler
-splits a network's budget by; a dialect whose tasks are the anchor operator alone (autotvm)
-tunes the same task whatever the epilogue.
+splits a network's budget by (``task_scheduler``, docs/auto_scheduler.md); a dialect whose
+tasks are the anchor operator alone (autotvm) tunes the same task whatever the epilogue.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import yaml
 from lorien.errors import ConfigError, DialectError
 
 TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
-                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model"}
+                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model", "task_scheduler"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
             "name", "dialect", "transfer", "warm_start_model", "weight", "models", "epilogue"}
@@ -63,6 +64,7 @@ class TuneConfig:
     log_dir: str | None = None
     source: str = "<config>"
     settings: dict[str, Any] = field(default_factory=dict)
+    task_scheduler: dict[str, Any] | None = None
 
 
 def load_tune_config(path: str | Path) -> TuneConfig:
@@ -95,7 +97,13 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
     store_uri = document.get("store")
     log_dir = document.get("log_dir")
-    return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings)
+    task_scheduler = None
+    if "task_scheduler" in document:
+        from lorien.tune.network import scheduler_settings
+
+        task_scheduler = scheduler_settings(document["task_scheduler"], source)
+    return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings,
+                      task_scheduler=task_scheduler)
 
 
 def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:

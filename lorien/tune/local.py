@@ -5,6 +5,7 @@ summary table at the end (also when interrupted)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import sys
@@ -54,8 +55,11 @@ def workload_name(job: dict[str, Any]) -> str:
     """A short readable name: the job's ``name`` or the task and its tensor shapes."""
     if job.get("name"):
         return str(job["name"])
-    shapes = ["x".join(str(d) for d in arg[1]) for arg in job.get("args", [])
+    args = job.get("args", [])
+    shapes = ["x".join(str(d) for d in arg[1]) for arg in args
               if isinstance(arg, list) and arg and arg[0] == "TENSOR"]
+    if not shapes and args:  # plain arguments (auto_scheduler workload functions)
+        shapes = [json.dumps(args, separators=(",", ":"))[1:-1]]
     return f"{job.get('task_name', '?')} {' '.join(shapes)}".strip()
 
 
@@ -70,13 +74,15 @@ def default_log_dir(store_uri: str | None) -> Path:
 
 
 def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
-    """One AutoTVM log per workload and target: ``<task>.<hash>.log``."""
+    """One native log per workload and target: ``<task>.<hash>.log`` (AutoTVM), ``.json`` (Ansor)."""
     from lorien.tune.jobspec import canonical_json
+    from lorien.warehouse.archive import NATIVE_LOGS
 
     digest = hashlib.blake2b(canonical_json([job.get("task_name"), job.get("args"), job.get("target")]).encode(),
                              digest_size=6).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("task_name", "job")))
-    return log_dir / f"{stem}.{digest}.log"
+    suffix = NATIVE_LOGS.get(str(job.get("dialect", "autotvm")), ("", ".log"))[1]
+    return log_dir / f"{stem}.{digest}{suffix}"
 
 
 def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: str | Path | None = None,
@@ -108,7 +114,8 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
         if math.isfinite(state.best_cost_s):
             summary.best_cost_s = state.best_cost_s
             summary.best_gflops = flop / state.best_cost_s / 1e9 if flop else None
-            summary.best_config = state.best_config.to_json_entity() if state.best_config is not None else None
+            config = state.best_config
+            summary.best_config = config.to_json_entity() if hasattr(config, "to_json_entity") else config
         if bar.is_bar:
             bar.step(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}"
                      if summary.best_gflops is not None else f"errors {state.errors}", count=len(records))
@@ -129,11 +136,14 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
 
 
 def _flop(job: dict[str, Any]) -> float | None:
-    from lorien.workload import compute_flop
+    """FLOPs of a job's workload, as its dialect counts them (None when unknown)."""
+    from lorien.dialect import get_dialect
+    from lorien.errors import LorienError
 
     try:
-        return compute_flop(str(job.get("task_name")), job.get("args") or [])
-    except ValueError:
+        dialect = get_dialect(job.get("dialect", "autotvm"))
+        return dialect.describe_workload(dialect.workload_key(str(job.get("task_name")), job.get("args") or []))[1]
+    except (LorienError, ValueError):
         return None
 
 

@@ -99,6 +99,13 @@ def source_tag(job_id: str) -> str:
     return f"{SOURCE_PREFIX}{job_id}"
 
 
+def job_source_tag(job: dict[str, Any]) -> str:
+    """The source tag of a job's records when it runs through a manager (so resume finds them)."""
+    from lorien.tune.jobspec import job_id_of
+
+    return source_tag(job_id_of(job))
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 

@@ -1,0 +1,130 @@
+"""Build kernels of auto-scheduler workloads: from a record's steps, or with a default schedule,
+and replay whole Ansor logs with every kernel checked against NumPy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+from dialects.auto_scheduler.steps import Replay, replay_steps
+from lorien.errors import LorienError, WorkloadError
+from lorien.record import TuningRecord
+
+
+def replay_record(record: TuningRecord) -> Replay:
+    """The engine schedule of a record's steps on its registered workload."""
+    return replay_steps(registry.workload_dag(record.workload_key), orjson.loads(record.config))
+
+
+def _kernel(replay: Replay, target: str | None, workload_key: str, steps: list[Any]):
+    from lorien.engine.build import build
+
+    kernel = build(replay.schedule, replay.args, target=target)
+    kernel.workload_key, kernel.steps, kernel.notes, kernel.tensors = workload_key, steps, replay.notes, replay.args
+    return kernel
+
+
+def compile_record(record: TuningRecord, target: str | None = None):
+    """The kernel of an auto-scheduler record (its steps replayed on the registered workload).
+
+    The kernel carries ``workload_key``, ``steps``, ``notes`` (e.g. GPU bindings run as CPU
+    loops) and ``tensors`` (its arguments, inputs and outputs in order).
+    """
+    return _kernel(replay_record(record), _cpu(target), record.workload_key, orjson.loads(record.config))
+
+
+def compile_default(workload_key: str, target: str | None = None):
+    """The kernel of a workload built with the default schedule of its first sketch."""
+    from dialects.auto_scheduler.sketch import default_steps
+
+    dag = registry.workload_dag(workload_key)
+    steps = default_steps(dag)
+    return _kernel(replay_steps(dag, steps), _cpu(target), workload_key, steps)
+
+
+def _cpu(target: str | None) -> str | None:
+    """Kernels run on this CPU; a CUDA target of a record still builds for the host."""
+    from lorien.target import parse_target
+
+    if target is None:
+        return None
+    kind = parse_target(target).kind
+    return target if kind in ("llvm", "c") else None
+
+
+def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3) -> float:
+    """Run a kernel on random inputs and compare every output with the NumPy reference;
+    returns the largest absolute error, raises WorkloadError when an output differs."""
+    rng = np.random.default_rng(seed)
+    arrays = [np.zeros(a.shape, a.dtype) if a.is_output else rng.uniform(-1, 1, a.shape).astype(a.dtype)
+              for a in kernel.args]
+    kernel(*arrays)
+    expected = registry.reference_of(workload_key)(*[a for a, spec in zip(arrays, kernel.args, strict=True)
+                                                     if not spec.is_output])
+    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    outputs = [(a, spec) for a, spec in zip(arrays, kernel.args, strict=True) if spec.is_output]
+    worst = 0.0
+    for (got, spec), want in zip(outputs, expected, strict=True):
+        error = float(np.max(np.abs(got.astype(np.float64) - np.asarray(want, np.float64))))
+        if not np.allclose(got, want, rtol=rtol, atol=atol):
+            raise WorkloadError(f"output {spec.name!r} differs from the NumPy reference (max abs error {error:.3g})")
+        worst = max(worst, error)
+    return worst
+
+
+@dataclass
+class ReplayOutcome:
+    """What replaying one log record here gave: ``ok``, ``unregistered`` or ``failed``."""
+
+    path: str
+    line: int
+    workload_key: str
+    status: str
+    message: str = ""
+    max_error: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        where = f"{Path(self.path).name}:{self.line}" + (f" {self.workload_key}" if self.workload_key else "")
+        if self.status == "ok":
+            extra = f"; {'; '.join(self.notes)}" if self.notes else ""
+            return f"{where}: replayed, output matches NumPy (max abs error {self.max_error:.2g}){extra}"
+        return f"{where}: {self.status}: {self.message}"
+
+
+def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
+    """Replay every record of an Ansor log on Lorien's engine: each registered workload's steps
+    build a kernel whose output is checked against NumPy; a workload nobody registered is
+    reported with its key (never guessed), a step that cannot be applied with its index, a
+    line that does not parse with its error."""
+    from lorien.errors import RecordParseError
+    from lorien.formats.ansor import decode_line
+    from lorien.formats.base import iter_lines
+
+    outcomes = []
+    for number, (line, text) in enumerate(iter_lines(path)):
+        try:
+            record = decode_line(text, str(path), line)
+        except RecordParseError as exc:
+            outcomes.append(ReplayOutcome(str(path), line, "", "failed", str(exc)))
+            continue
+        key, steps = record.workload_key, orjson.loads(record.config)
+        try:
+            dag = registry.workload_dag(key)
+        except registry.UnregisteredWorkloadError as exc:
+            outcomes.append(ReplayOutcome(str(path), line, key, "unregistered", str(exc)))
+            continue
+        try:
+            replay = replay_steps(dag, steps)
+            kernel = _kernel(replay, None, key, steps)
+            error = check_kernel(kernel, key, seed=number) if check else None
+        except LorienError as exc:
+            outcomes.append(ReplayOutcome(str(path), line, key, "failed", str(exc)))
+            continue
+        outcomes.append(ReplayOutcome(str(path), line, key, "ok", max_error=error, notes=replay.notes))
+    return outcomes

@@ -1,0 +1,302 @@
+"""Sketches: schedule structures generated from the compute DAG by Ansor's CPU rules, and
+the annotations that make a sketch a complete program.
+
+Stages are visited from the last to the first (outputs first). For each compute stage:
+
+* an input, or a stage already inlined or computed at another: skipped;
+* **inline**: an element-wise stage that is not an output and has no expensive op
+  (``exp``, ``sqrt``) is inlined into its readers (padding, bias adds);
+* **multi-level tiling**: a reduction with data reuse (an input that misses a spatial loop)
+  is tiled ``SSRSRS``: each spatial loop split in four, each reduce loop in two, ordered
+  ``S0 S1 R0 S2 R1 S3`` (split lengths are left open);
+  - **fusion**: when its only reader is an element-wise stage of the same shape reading it
+    element by element (an epilogue), the reader follows the tiling (FSP) to level 1 or 2
+    and the tiled stage is computed at that level: two sketches;
+  - **cache write**: otherwise a local cache stage takes the computation (CHW) and is fused
+    into the original stage as above; a third sketch tiles without it.
+
+A sketch is completed (:func:`render`) by filling the split lengths and annotating:
+the outer spatial loops of every root stage are fused and parallelized, as many as it takes
+for the parallel loop to reach :data:`PARALLEL_CHUNKS` (a knob) chunks per core, or every
+outer spatial loop up to the first one other stages are computed at (Ansor's rule),
+the innermost loop of every stage is vectorized when it is spatial and at most
+:data:`MAX_VECTOR_LANES` long, and each tiled stage gets the ``auto_unroll_max_step`` pragma
+(a knob over :data:`AUTO_UNROLL_STEPS`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dialects.auto_scheduler.dag import ComputeDAG, loads_in_order
+from dialects.auto_scheduler.steps import AUTO_UNROLL, LoopState
+from lorien.engine import te
+from lorien.engine.schedule import Stage, derived_extents
+
+#: Spatial levels and reduce levels of CPU multi-level tiling (``SSRSRS``).
+SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
+#: Fusion levels a fused consumer follows the tiling to.
+FUSION_LEVELS = (1, 2)
+AUTO_UNROLL_STEPS = (0, 16, 64, 512)
+#: Iterations per core the fused parallel loop should reach (infinite: fuse every outer loop).
+PARALLEL_CHUNKS = (1, 4, 16, math.inf)
+MAX_VECTOR_LANES = 64
+_EXPENSIVE_CALLS = ("exp", "sqrt")
+
+
+@dataclass
+class Sketch:
+    """Steps with open split lengths (``None``), the tiling split steps, the tiled stages."""
+
+    steps: list[list[Any]]
+    description: str
+    tile_steps: list[int] = field(default_factory=list)
+    tiled_stages: list[str] = field(default_factory=list)
+
+
+def _filled(steps: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """Steps with every open split length set to 1 (to read the loop structure)."""
+    return [[*step[:4], [1 if v is None else v for v in step[4]], *step[5:]] if step[0] == "SP" else list(step)
+            for step in steps]
+
+
+def _state(dag: ComputeDAG, steps: Sequence[Sequence[Any]]) -> LoopState:
+    state = LoopState(dag)
+    for step in _filled(steps):
+        state.apply(step)
+    return state
+
+
+def _readers(state: LoopState, name: str) -> list[Stage]:
+    return [st for st in state.schedule.stages
+            if st.attach != "inline" and any(ld.tensor.name == name for ld in loads_in_order(_body(state, st)))]
+
+
+def _body(state: LoopState, stage: Stage) -> te.Expr:
+    """A stage's body with inlined producers substituted (what lowering will compute)."""
+    def load_fn(load: te.Load, indices: tuple) -> te.Expr:
+        producer = next((st for st in state.schedule.stages if st.name == load.tensor.name), None)
+        if producer is not None and producer.attach == "inline":
+            return te.substitute(_body(state, producer), dict(zip(producer.op.axis, indices, strict=True)))
+        return te.Load(load.tensor, indices)
+
+    return te.substitute(stage.op.body, {}, load_fn)
+
+
+def _is_output(state: LoopState, stage: Stage) -> bool:
+    return any(stage.tensor is out for out in state.schedule.outputs)
+
+
+def _inlinable(state: LoopState, stage: Stage) -> bool:
+    """An element-wise stage that is not an output and computes nothing expensive."""
+    return (not stage.op.reduce_axis and not _is_output(state, stage)
+            and not any(isinstance(n, te.Call) and n.fn in _EXPENSIVE_CALLS for n in te.walk(stage.op.body)))
+
+
+def needs_multi_level_tiling(stage: Stage) -> bool:
+    """A reduction where some input misses a spatial loop (so a tile reuses what it loads)."""
+    if not stage.op.reduce_axis:
+        return False
+    spatial = [iv for iv in stage.op.axis if iv.extent > 1]
+    for tensor_loads in _loads_by_tensor(stage.op.body).values():
+        used = {node for load in tensor_loads for index in load.indices for node in te.walk(index)
+                if isinstance(node, te.Var)}
+        if any(iv not in used for iv in spatial):
+            return True
+    return False
+
+
+def _loads_by_tensor(body: te.Expr) -> dict[str, list[te.Load]]:
+    found: dict[str, list[te.Load]] = {}
+    for load in loads_in_order(body):
+        found.setdefault(load.tensor.name, []).append(load)
+    return found
+
+
+def _matched_consumer(state: LoopState, stage: Stage) -> Stage | None:
+    """The only reader of ``stage`` when it is element-wise, of the same shape, and reads
+    ``stage`` at its own loop indices (an epilogue that can follow the tiling)."""
+    readers = _readers(state, stage.name)
+    if len(readers) != 1:
+        return None
+    consumer = readers[0]
+    if consumer.op.reduce_axis or consumer.tensor.shape != stage.tensor.shape or consumer.relations:
+        return None
+    loads = [ld for ld in loads_in_order(_body(state, consumer)) if ld.tensor.name == stage.name]
+    identity = all(len(ld.indices) == len(consumer.op.axis)
+                   and all(index is axis for index, axis in zip(ld.indices, consumer.op.axis, strict=True))
+                   for ld in loads)
+    return consumer if loads and identity else None
+
+
+def _tile(state: LoopState, stage_id: int) -> tuple[list[list[Any]], list[int], list[int]]:
+    """SSRSRS steps of one stage: (steps, spatial split step offsets, all split step offsets)."""
+    stage = state.stage(stage_id)
+    steps: list[list[Any]] = []
+    spatial, position = [], 0
+    for iv in stage.op.axis:
+        spatial.append(len(steps))
+        steps.append(["SP", stage_id, position, iv.extent, [None] * (SPATIAL_LEVELS - 1), 1])
+        position += SPATIAL_LEVELS
+    splits = list(spatial)
+    for iv in stage.op.reduce_axis:
+        splits.append(len(steps))
+        steps.append(["SP", stage_id, position, iv.extent, [None] * (REDUCE_LEVELS - 1), 1])
+        position += REDUCE_LEVELS
+    n, base = len(stage.op.axis), SPATIAL_LEVELS * len(stage.op.axis)
+    s_level = [[SPATIAL_LEVELS * d + level for d in range(n)] for level in range(SPATIAL_LEVELS)]
+    r_level = [[base + REDUCE_LEVELS * e + level for e in range(len(stage.op.reduce_axis))]
+               for level in range(REDUCE_LEVELS)]
+    order = s_level[0] + s_level[1] + r_level[0] + s_level[2] + r_level[1] + s_level[3]
+    steps.append(["RE", stage_id, order])
+    return steps, spatial, splits
+
+
+def _follow(consumer_id: int, split_steps: list[int], level: int, n_spatial: int) -> list[list[Any]]:
+    """FSP steps tiling a consumer like its producer down to ``level``, and its reorder."""
+    steps: list[list[Any]] = [["FSP", consumer_id, d * (level + 1), src, level] for d, src in enumerate(split_steps)]
+    order = [d * (level + 1) + lv for lv in range(level + 1) for d in range(n_spatial)]
+    steps.append(["RE", consumer_id, order])
+    return steps
+
+
+def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
+    """Every sketch of a DAG by the CPU rules (see the module docstring)."""
+    done: list[Sketch] = []
+    frontier = [(Sketch([], "", [], []), len(dag.stage_names) - 1)]
+    while frontier:
+        sketch, index = frontier.pop()
+        if index < 0:
+            sketch.description = sketch.description.strip("; ") or "as defined"
+            done.append(sketch)
+            continue
+        state = _state(dag, sketch.steps)
+        name = state.names[index]
+        if name not in {st.name for st in state.schedule.stages}:
+            frontier.append((sketch, index - 1))
+            continue
+        stage = state.schedule[name]
+        if stage.attach is not None:
+            frontier.append((sketch, index - 1))
+        elif _inlinable(state, stage):
+            frontier.append((_extend(sketch, [["CI", index]], f"inline {name}"), index - 1))
+        elif needs_multi_level_tiling(stage):
+            frontier.extend(reversed(_tiling_sketches(state, sketch, index)))
+        else:
+            frontier.append((sketch, index - 1))
+    return done
+
+
+def _extend(sketch: Sketch, steps: list[list[Any]], what: str, tile_steps: Sequence[int] = (),
+            tiled: Sequence[str] = ()) -> Sketch:
+    return Sketch(sketch.steps + steps, f"{sketch.description}; {what}",
+                  sketch.tile_steps + list(tile_steps), sketch.tiled_stages + list(tiled))
+
+
+def _tiling_sketches(state: LoopState, sketch: Sketch, index: int) -> list[tuple[Sketch, int]]:
+    """Fusion sketches (levels 1 and 2) when an epilogue reads the stage; otherwise a cache
+    write (the stage is visited again, now fused into the copy) and plain tiling."""
+    stage = state.schedule[state.names[index]]
+    consumer = _matched_consumer(state, stage)
+    offset = len(sketch.steps)
+    tile_steps, spatial, splits = _tile(state, index)
+    tiling = [offset + s for s in splits]
+    if consumer is not None:
+        consumer_id = state.stage_id(consumer.name)
+        found = []
+        for level in FUSION_LEVELS:
+            follow = _follow(consumer_id, [offset + s for s in spatial], level, len(spatial))
+            attach = ["CA", index, consumer_id, level * len(spatial) - 1]
+            found.append((_extend(sketch, tile_steps + follow + [attach],
+                                  f"tile {stage.name} SSRSRS, fused into {consumer.name} at level {level}",
+                                  tiling, [stage.name]), index - 1))
+        return found
+    cached = _extend(sketch, [["CHW", index, "local"]], f"cache write {stage.name}")
+    plain = _extend(sketch, tile_steps, f"tile {stage.name} SSRSRS", tiling, [stage.name])
+    return [(cached, index), (plain, index - 1)]
+
+
+# ---------------------------------------------------------------- completing a sketch
+
+def leaf_extents(stage: Stage) -> dict[str, int]:
+    """Static extents of a stage's loops (root extents through its splits and fuses; for a
+    stage computed at another loop these are upper bounds)."""
+    return derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in stage.op.axis + stage.op.reduce_axis})
+
+
+def parallel_depth(state: LoopState, stage: Stage, chunks: float) -> int:
+    """How many outer loops of a root stage to fuse into its parallel loop: the fewest whose
+    extents multiply to ``chunks`` iterations per core, at most :func:`parallel_candidates`."""
+    extents = leaf_extents(stage)
+    wanted, degree = chunks * (os.cpu_count() or 1), 1
+    candidates = parallel_candidates(state, stage)
+    for depth, leaf in enumerate(stage.leaf[:candidates], 1):
+        degree *= extents[leaf]
+        if degree >= wanted:
+            return depth
+    return candidates
+
+
+def parallel_candidates(state: LoopState, stage: Stage) -> int:
+    """How many outer loops of a root stage can be fused into one parallel loop: spatial,
+    not annotated, up to (and including) the first loop other stages are computed at."""
+    attach_points = {st.attach[1] for st in state.schedule.stages
+                     if isinstance(st.attach, tuple) and st.attach[0] == stage.name}
+    count = 0
+    for leaf in stage.leaf:
+        if stage.axes[leaf].kind != "spatial" or leaf in stage.annotations:
+            break
+        count += 1
+        if leaf in attach_points:
+            break
+    return count
+
+
+def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], parallel_chunks: float,
+           unroll: int) -> list[list[Any]]:
+    """The complete steps of a sketch: split lengths (one list per tiling split, in order),
+    then parallel (the outer loops of each root stage fused until the parallel loop has
+    ``parallel_chunks`` iterations per core), vectorize, unroll."""
+    steps = [list(step) for step in sketch.steps]
+    for step_index, values in zip(sketch.tile_steps, lengths, strict=True):
+        steps[step_index] = [*steps[step_index][:4], list(values), steps[step_index][5]]
+    state = LoopState(dag)
+    for step in steps:
+        state.apply(step)
+    computed = [st for st in state.schedule.stages if st.attach != "inline"]
+    for stage in computed:
+        count = parallel_depth(state, stage, parallel_chunks) if stage.attach is None else 0
+        if count:
+            stage_id = state.stage_id(stage.name)
+            if count > 1:
+                state.apply(["FU", stage_id, list(range(count))])
+            state.apply(["AN", stage_id, 0, 3])
+    for stage in computed:
+        extents = leaf_extents(stage)
+        innermost = stage.leaf[-1]
+        attached = any(isinstance(st.attach, tuple) and st.attach == (stage.name, innermost)
+                       for st in state.schedule.stages)
+        if (stage.axes[innermost].kind == "spatial" and innermost not in stage.annotations and not attached
+                and 1 < extents[innermost] <= MAX_VECTOR_LANES):
+            state.apply(["AN", state.stage_id(stage.name), len(stage.leaf) - 1, 2])
+    if unroll:
+        for name in sketch.tiled_stages:
+            state.apply(["PR", state.stage_id(name), 0, f"{AUTO_UNROLL}${unroll}"])
+    return state.steps
+
+
+def default_steps(dag: ComputeDAG) -> list[list[Any]]:
+    """A reasonable untuned program: the first sketch, innermost tiles near 8 lanes, outer
+    loops fused into a parallel loop of 16 iterations per core, unrolled up to 64 steps."""
+    sketch = generate_sketches(dag)[0]
+    lengths = []
+    for index in sketch.tile_steps:
+        step = sketch.steps[index]
+        extent, parts = step[3], len(step[4])
+        inner = max((f for f in range(1, min(extent, 8) + 1) if extent % f == 0), default=1)
+        lengths.append([1] * (parts - 1) + [inner])
+    return render(dag, sketch, lengths, parallel_chunks=16, unroll=64)

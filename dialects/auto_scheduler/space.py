@@ -1,0 +1,249 @@
+"""The search space of a workload: its sketches and the choices that complete them.
+
+Knobs, as an indexed space (``lorien.search``): which sketch; for every tiling split the
+lengths (a factorization of the loop's extent, innermost at most ``max_innermost``); how
+many iterations per core the parallel loop should reach (``PARALLEL_CHUNKS``); the
+``auto_unroll_max_step`` value. A point
+renders to Ansor steps (:func:`sketch.render`), so tuners of :mod:`lorien.search` search it
+as they search AutoTVM spaces, and records are Ansor records.
+
+Tiling splits are shared across sketches by their position among the sketch's tiling
+splits, extent and level count (the same anchor loop in the fused, cache-write and plain
+sketches). :meth:`SketchSpace.mutate` is Ansor's mutation: mostly a tile-size move (one prime
+factor of a split moves from one level to another), sometimes another unroll step, sketch or
+parallel depth.
+
+A last knob with a single value carries the workload's shape (log2 of its arguments): it
+changes no point, but lets one cost model learn from records of other workloads of the same
+function (:meth:`SketchSpace.features_of_steps` gives their features in this space's layout).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dialects.auto_scheduler.dag import ComputeDAG
+from dialects.auto_scheduler.sketch import (
+    AUTO_UNROLL_STEPS,
+    PARALLEL_CHUNKS,
+    generate_sketches,
+    render,
+)
+from lorien.errors import DialectError
+from lorien.search.base import index_of_positions, knob_positions
+
+MAX_INNERMOST = 64
+#: Probability of each mutation kind (Ansor's CPU defaults; compute location is the sketch's).
+MUTATIONS = (("tile", 0.90), ("unroll", 0.04), ("sketch", 0.05), ("parallel", 0.01))
+
+
+def _divisors(value: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(value) + 1) if value % d == 0]
+    return sorted(set(small + [value // d for d in small]))
+
+
+def factorizations(extent: int, parts: int, max_innermost: int = MAX_INNERMOST) -> list[tuple[int, ...]]:
+    """Every way to write ``extent`` as an ordered product of ``parts`` factors (outermost
+    first), the innermost at most ``max_innermost``."""
+    if parts == 1:
+        return [(extent,)] if extent <= max_innermost else []
+    return [(first, *rest) for first in _divisors(extent)
+            for rest in factorizations(extent // first, parts - 1, max_innermost)]
+
+
+def _primes(value: int) -> list[int]:
+    primes, p = [], 2
+    while p * p <= value:
+        while value % p == 0:
+            primes.append(p)
+            value //= p
+        p += 1
+    return primes + ([value] if value > 1 else [])
+
+
+@dataclass(frozen=True)
+class TileKnob:
+    """One tiling split: its key across sketches and the factorizations it may take."""
+
+    key: tuple[int, int, int]
+    entities: tuple[tuple[int, ...], ...]
+
+
+class SketchSpace:
+    """All programs of a workload's sketches, as an indexed space (first knob least significant)."""
+
+    def __init__(self, dag: ComputeDAG, args: Sequence[Any] = (), max_innermost: int = MAX_INNERMOST):
+        self.dag = dag
+        self.shape_features = shape_features(args)
+        self.sketches = generate_sketches(dag)
+        if not self.sketches:
+            raise DialectError(f"no sketch for the DAG of stages {dag.stage_names}")
+        self.tiles: list[TileKnob] = []
+        self._tile_of: list[list[int]] = []  # per sketch: knob of each tiling split
+        for sketch in self.sketches:
+            knobs = []
+            for ordinal, step_index in enumerate(sketch.tile_steps):
+                step = sketch.steps[step_index]
+                key = (ordinal, int(step[3]), len(step[4]) + 1)
+                found = next((i for i, t in enumerate(self.tiles) if t.key == key), None)
+                if found is None:
+                    self.tiles.append(TileKnob(key, tuple(factorizations(key[1], key[2], max_innermost))))
+                    found = len(self.tiles) - 1
+                knobs.append(found)
+            self._tile_of.append(knobs)
+        self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), len(PARALLEL_CHUNKS),
+                     len(AUTO_UNROLL_STEPS), 1]
+        self._size = math.prod(self.dims)
+        if self._size >= 1 << 62:
+            raise DialectError(f"the search space of stages {dag.stage_names} has {self._size} points, "
+                               "more than an index can hold")
+        self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
+
+    # ------------------------------------------------------------ IndexedSpace
+    def __len__(self) -> int:
+        return self._size
+
+    def knob_indices(self, index: int) -> list[int]:
+        return knob_positions(index, self.dims)
+
+    def index_of_knobs(self, positions: Sequence[int]) -> int:
+        return index_of_positions(positions, self.dims)
+
+    def get(self, index: int) -> list[list[Any]]:
+        """The Ansor steps of point ``index``."""
+        positions = self.knob_indices(index)
+        sketch_id, chunks, unroll = positions[0], PARALLEL_CHUNKS[positions[-3]], AUTO_UNROLL_STEPS[positions[-2]]
+        lengths = [self.tiles[k].entities[positions[1 + k]][1:] for k in self._tile_of[sketch_id]]
+        return render(self.dag, self.sketches[sketch_id], lengths, chunks, unroll)
+
+    def knob_feature_tables(self) -> list[np.ndarray]:
+        """Per knob, features of each of its entities (log2 of tile factors, values)."""
+        tables = [np.arange(len(self.sketches), dtype=float).reshape(-1, 1)]
+        tables += [np.log2(np.array(t.entities, dtype=float)) for t in self.tiles]
+        tables.append(np.log2(np.minimum(PARALLEL_CHUNKS, 64.0)).reshape(-1, 1))
+        tables.append(np.log2(1.0 + np.array(AUTO_UNROLL_STEPS, dtype=float)).reshape(-1, 1))
+        tables.append(np.array([self.shape_features], dtype=float).reshape(1, -1))
+        return tables
+
+    def features_of_steps(self, steps: Sequence[Sequence[Any]], args: Sequence[Any]) -> np.ndarray | None:
+        """The feature row (as :meth:`knob_feature_tables` gives for a point) of a record of
+        another workload of the same function, or None when its steps fit no sketch here."""
+        steps = [list(step) for step in steps]
+        for sketch_id, sketch in enumerate(self.sketches):
+            if len(steps) < len(sketch.steps) or any(
+                    _skeleton(a) != _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False)):
+                continue
+            row = [float(sketch_id)]
+            used = dict(zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True))
+            for k, tile in enumerate(self.tiles):
+                if k not in used:
+                    row.extend([0.0] * tile.key[2])
+                    continue
+                step = steps[used[k]]
+                inner = math.prod(step[4])
+                if step[3] % inner:
+                    return None
+                row.extend(math.log2(v) for v in (step[3] // inner, *step[4]))
+            tail = steps[len(sketch.steps):]
+            row.append(math.nan)  # the parallel knob depends on this workload's extents: unknown
+            unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
+            row.append(math.log2(1.0 + unroll))
+            row.extend(shape_features(args))
+            return np.array(row, dtype=float)
+        return None
+
+    # ------------------------------------------------------------ evolution
+    def mutate(self, index: int, rng: np.random.Generator) -> int:
+        """One of Ansor's mutations of a point (see the module docstring)."""
+        positions = self.knob_indices(index)
+        kinds, weights = zip(*MUTATIONS, strict=True)
+        kind = kinds[int(rng.choice(len(kinds), p=np.array(weights) / sum(weights)))]
+        used = [k for k in self._tile_of[positions[0]] if len(self.tiles[k].entities) > 1]
+        if kind == "tile" and used:
+            knob = used[int(rng.integers(len(used)))]
+            positions[1 + knob] = self._move_factor(knob, positions[1 + knob], rng)
+        elif kind == "sketch" and len(self.sketches) > 1:
+            positions[0] = _other(positions[0], len(self.sketches), rng)
+        elif kind == "parallel":
+            positions[-3] = _other(positions[-3], len(PARALLEL_CHUNKS), rng)
+        else:
+            positions[-2] = _other(positions[-2], len(AUTO_UNROLL_STEPS), rng)
+        return self.index_of_knobs(positions)
+
+    def _move_factor(self, knob: int, position: int, rng: np.random.Generator) -> int:
+        """A factorization with one prime factor moved from one level to another."""
+        parts = list(self.tiles[knob].entities[position])
+        sources = [i for i, v in enumerate(parts) if v > 1]
+        for _ in range(8):
+            src = sources[int(rng.integers(len(sources)))]
+            dst = _other(src, len(parts), rng)
+            primes = _primes(parts[src])
+            prime = primes[int(rng.integers(len(primes)))]
+            moved = list(parts)
+            moved[src] //= prime
+            moved[dst] *= prime
+            found = self._entity_index[knob].get(tuple(moved))
+            if found is not None:
+                return found
+        return _other(position, len(self.tiles[knob].entities), rng)
+
+    # ------------------------------------------------------------ records back to points
+    def index_of_steps(self, steps: Sequence[Sequence[Any]]) -> int | None:
+        """The point whose rendering gives exactly ``steps``, or None (a record made elsewhere)."""
+        steps = [list(step) for step in steps]
+        for sketch_id, sketch in enumerate(self.sketches):
+            if len(steps) < len(sketch.steps) or any(
+                    _shape(a) != _shape(b) for a, b in zip(steps, sketch.steps, strict=False)):
+                continue
+            positions = [sketch_id] + [0] * len(self.tiles) + [0, 0, 0]
+            try:
+                for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
+                    step = steps[step_index]
+                    outer = step[3] // math.prod(step[4])
+                    positions[1 + k] = self._entity_index[k][(outer, *step[4])]
+            except (KeyError, TypeError, ZeroDivisionError):
+                continue
+            unroll = next((int(str(s[3]).split("$")[1]) for s in steps[len(sketch.steps):] if s[0] == "PR"), 0)
+            if unroll not in AUTO_UNROLL_STEPS:
+                continue
+            positions[-2] = AUTO_UNROLL_STEPS.index(unroll)
+            for parallel in range(len(PARALLEL_CHUNKS)):
+                positions[-3] = parallel
+                index = self.index_of_knobs(positions)
+                if self.get(index) == steps:
+                    return index
+        return None
+
+
+def _shape(step: Sequence[Any]) -> list[Any]:
+    """A step without its split lengths (what a sketch fixes)."""
+    return [*step[:4], step[5]] if step[0] == "SP" else list(step)
+
+
+def _skeleton(step: Sequence[Any]) -> list[Any]:
+    """A step without extents and lengths (what sketches of one function share across shapes)."""
+    return [*step[:3], len(step[4]), step[5]] if step[0] == "SP" else list(step)
+
+
+def shape_features(args: Sequence[Any]) -> list[float]:
+    """log2(1 + |x|) of every number of a workload's arguments (booleans 0 or 1, strings skipped)."""
+    found: list[float] = []
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            found.extend(shape_features(arg))
+        elif isinstance(arg, bool):
+            found.append(float(arg))
+        elif isinstance(arg, (int, float)):
+            found.append(math.log2(1.0 + abs(arg)))
+    return found
+
+
+def _other(current: int, size: int, rng: np.random.Generator) -> int:
+    """A uniformly chosen value in ``range(size)`` other than ``current``."""
+    choice = int(rng.integers(size - 1))
+    return choice if choice < current else choice + 1

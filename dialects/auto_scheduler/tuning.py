@@ -1,0 +1,269 @@
+"""Tune one auto-scheduler job: sketches of the workload's DAG, a tuner over their space,
+candidates built and measured by the engine, records streamed out batch by batch.
+
+A job resumes from what was measured before: records of the same workload and target (from
+the store, or passed as ``history``) are never measured again, and teach the tuner's model
+first. With the ``xgb`` tuner the model also learns from the store's records of other
+workloads of the same function on the same target family (``transfer``, on by default): one
+cost model for a network's similar layers, as Ansor shares one model across tasks. Each
+measured batch is committed to the store (and appended to the Ansor log) before the next
+batch starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+from dialects.auto_scheduler.records import engine_target, make_record
+from dialects.auto_scheduler.space import SketchSpace
+from dialects.auto_scheduler.steps import replay_steps
+from lorien.errors import ConfigError
+from lorien.record import TuningRecord
+from lorien.search import Tuner, create, result_cost
+from lorien.search.xgb import history_by_workload
+from lorien.tune.managers.base import job_source_tag
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
+
+#: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
+XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
+
+
+@functools.lru_cache(maxsize=16)
+def cached_dag(workload_key: str):
+    """Workload DAGs are rebuilt in measurement workers from their key; cache them."""
+    return registry.workload_dag(workload_key)
+
+
+@functools.lru_cache(maxsize=16)
+def cached_space(workload_key: str) -> SketchSpace:
+    return SketchSpace(cached_dag(workload_key), registry.parse_workload_key(workload_key)[1])
+
+
+def _ensure_registered(entry: tuple[str, dict[str, Any]]) -> None:
+    registry.deserialize_workload_registry_entry(entry)
+
+
+@dataclass(frozen=True)
+class StepsBuilder:
+    """Picklable ``() -> (schedule, tensors)`` of one candidate (Ansor steps) of a workload;
+    carries the workload's registry entry so a fresh worker process can rebuild it."""
+
+    workload_key: str
+    entry: tuple[str, Any]
+    steps_json: str
+
+    def __call__(self) -> tuple[Any, list[Any]]:
+        _ensure_registered(self.entry)
+        replay = replay_steps(cached_dag(self.workload_key), orjson.loads(self.steps_json))
+        return replay.schedule, replay.args
+
+
+@dataclass(frozen=True)
+class WorkloadReference:
+    """Picklable NumPy reference of a workload: its expected outputs from its inputs."""
+
+    workload_key: str
+    entry: tuple[str, Any]
+
+    def __call__(self, *inputs: Any) -> Any:
+        _ensure_registered(self.entry)
+        return registry.reference_of(self.workload_key)(*inputs)
+
+
+def _entry(workload_key: str) -> tuple[str, Any]:
+    name, entry = registry.serialize_workload_registry_entry(workload_key)
+    return name, orjson.loads(orjson.dumps(entry))
+
+
+def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
+                  measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+    """Build and measure candidates (lists of Ansor steps) in isolated workers for the CPU
+    ``target`` (default this host), each output checked against NumPy; one MeasureResult per
+    candidate."""
+    from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
+
+    try:
+        option = MeasureOption(**(measure or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad measure options {measure}: {exc}") from exc
+    entry = _entry(workload_key)
+    reference = WorkloadReference(workload_key, entry)
+    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference,
+                           target=target) for steps in candidates]
+    return measure_batch(inputs, option)
+
+
+def job_workload_key(job: dict[str, Any]) -> str:
+    """The workload key of a job (``workload_key``, or ``task_name`` + ``args``)."""
+    if job.get("workload_key"):
+        return str(job["workload_key"])
+    for key in ("task_name", "args"):
+        if key not in job:
+            raise ConfigError(f"auto_scheduler job needs 'task_name' and 'args' (or 'workload_key'): {job!r:.200}")
+    return registry.make_workload_key(job["task_name"], list(job["args"]))
+
+
+def make_tuner(job: dict[str, Any], space: SketchSpace) -> Tuner:
+    """The job's tuner over the sketch space; ``xgb`` searches the model by evolution."""
+    kind = job.get("tuner", "xgb")
+    options = dict(job.get("tuner_options") or {})
+    if kind == "xgb":
+        options = {**XGB_DEFAULTS, **options}
+    return create(kind, space, seed=job.get("seed", 0), **options)
+
+
+def history_from_store(store: Any, workload_key: str, target: str) -> list[TuningRecord]:
+    """Auto-scheduler records of a workload on a target already in the store."""
+    from lorien.record import TuningRecord
+    from lorien.target import parse_target
+
+    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": "auto_scheduler",
+                                "target_key": parse_target(target).alternate_key})
+    return [TuningRecord.from_row(row) for row in table.to_pylist()]
+
+
+def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: str,
+                     limit: int = 4000) -> tuple[np.ndarray, np.ndarray]:
+    """(features, normalized throughput) of valid records of other workloads of the same
+    function on the target's family; throughput is normalized per workload (best = 1)."""
+    from lorien.target import parse_target
+
+    name, _ = registry.parse_workload_key(workload_key)
+    table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
+                                "target_key": parse_target(target).alternate_key},
+                       columns=["workload_key", "args", "config", "costs", "error_no"])
+    per_workload: dict[str, list[tuple[np.ndarray, float]]] = {}
+    for row in table.to_pylist()[-limit:]:
+        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
+            continue
+        features = space.features_of_steps(orjson.loads(row["config"]), orjson.loads(row["args"]))
+        if features is not None:
+            per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
+    return history_by_workload(per_workload, sum(table_.shape[1] for table_ in space.knob_feature_tables()))
+
+
+def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
+             on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
+             history: Sequence[TuningRecord] | None = None) -> TuneProgress:
+    """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``
+    (None: the default store; with ``commit=False`` the store is only read).
+
+    ``history``: records measured before (default: the store's records of the workload and
+    target); they are never measured again and train the tuner first.
+    """
+    from lorien.target import parse_target
+
+    if job.get("warm_start_model"):
+        raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
+    workload_key = job_workload_key(job)
+    target = parse_target(job.get("target") or "llvm").canonical
+    space = cached_space(workload_key)
+    tuner = make_tuner(job, space)
+    batch_size = int(job.get("batch_size", 16))
+    early_stopping = job.get("early_stopping")
+    nbest = job.get("commit_nbest", 20)
+    source = source or job.get("source") or job_source_tag(job)
+
+    store = None
+    if commit or store_uri is not None:
+        from lorien.warehouse import open_store
+
+        store = open_store(store_uri)  # None: the default store
+    try:
+        if history is None:
+            history = history_from_store(store, workload_key, target) if store is not None else []
+        if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
+            features, scores = transfer_history(store, space, workload_key, target)
+            tuner.load_history(features, scores)
+        measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
+        resumed = _resume(tuner, space, history)
+        trials = min(int(job.get("trials", 16)), len(space) - len(tuner.visited))
+        progress = TuneProgress(total=trials)
+        if resumed:
+            best = min(resumed, key=lambda r: result_cost(r))
+            if math.isfinite(result_cost(best)):
+                progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
+        _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest,
+              source, store if commit else None, log_path, on_batch)
+    finally:
+        if store is not None:
+            store.close()
+    return progress
+
+
+def _resume(tuner: Tuner, space: SketchSpace, history: Sequence[TuningRecord]) -> list[TuningRecord]:
+    """Mark the points of earlier records measured and teach the tuner their results."""
+    indices, records = [], []
+    for record in history:
+        index = space.index_of_steps(orjson.loads(record.config))
+        if index is not None and index not in tuner.visited:
+            tuner.visited.add(index)
+            indices.append(index)
+            records.append(record)
+    if indices:
+        tuner.update(indices, records)
+    return records
+
+
+def _next_candidates(tuner: Tuner, space: SketchSpace, wanted: int,
+                     measured: dict[bytes, Any]) -> tuple[list[int], list[list[list[Any]]]]:
+    """Up to ``wanted`` points whose programs were never measured. Points that render to a
+    program measured before (several points can: a parallel depth beyond what a sketch
+    fuses) teach the tuner that program's result instead of being measured again."""
+    indices: list[int] = []
+    candidates: list[list[list[Any]]] = []
+    keys: set[bytes] = set()
+    while len(candidates) < wanted and tuner.has_next():
+        proposed = tuner.next_batch(wanted - len(candidates))
+        if not proposed:
+            break
+        known_indices, known_results = [], []
+        for index in proposed:
+            steps = space.get(index)
+            key = orjson.dumps(steps)
+            if key in measured:
+                known_indices.append(index)
+                known_results.append(measured[key])
+            elif key not in keys:
+                keys.add(key)
+                indices.append(index)
+                candidates.append(steps)
+        if known_indices:
+            tuner.update(known_indices, known_results)
+    return indices, candidates
+
+
+def _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest, source,
+          store, log_path, on_batch) -> None:
+    from lorien.formats import encode_record
+
+    sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
+    try:
+        while progress.trials < progress.total and tuner.has_next():
+            indices, candidates = _next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
+                                                   measured)
+            if not candidates:
+                break
+            results = measure_steps(workload_key, candidates, job.get("measure"), engine_target(target))
+            records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
+                                   float(r.timestamp), source=source)
+                       for steps, r in zip(candidates, results, strict=True)]
+            sink.write(records, progress)
+            tuner.update(indices, results)
+            measured.update((orjson.dumps(steps), result) for steps, result in zip(candidates, results, strict=True))
+            progress.count(candidates, results, records)
+            if on_batch is not None:
+                on_batch(progress, records)
+            if progress.stalled(early_stopping):
+                break
+    finally:
+        sink.close()
