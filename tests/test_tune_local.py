@@ -240,8 +240,23 @@ def test_compile_follows_the_query_target_rule(store_uri):
     with pytest.warns(FallbackScheduleWarning):
         assert not lorien.compile(key, "llvm", store=store_uri, exact=True).from_warehouse
     with pytest.warns(FallbackScheduleWarning):
-        assert not lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri).from_warehouse
-    assert lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri, by_alternate_key=True).from_warehouse
+        assert not lorien.compile(key, "llvm -mcpu=x86-64", store=store_uri).from_warehouse
+    assert lorien.compile(key, "llvm -mcpu=x86-64", store=store_uri, by_alternate_key=True).from_warehouse
+
+
+def test_tuning_for_another_cpu_measures_its_code_and_records_its_build(store_uri):
+    import json
+
+    from lorien.dialect import get_dialect
+
+    job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
+           "args": [["TENSOR", [4, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+           "target": "llvm -mcpu=haswell -num-cores=1", "tuner": "random", "trials": 2, "measure": MEASURE}
+    records = list(get_dialect("autotvm").tune(job, store_uri))
+    assert {r.error_no for r in records} == {0}
+    assert {r.target for r in records} == {"llvm -keys=cpu -mcpu=haswell -num-cores=1"}
+    build = json.loads(records[0].build)
+    assert (build["mcpu"], build["vector_lanes"], build["threads"]) == ("haswell", 8, 1)
 
 
 def test_compile_without_records_falls_back_and_says_so(store_uri):

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
-from dialects.auto_scheduler.records import make_record
+from dialects.auto_scheduler.records import engine_target, make_record
 from dialects.auto_scheduler.space import SketchSpace
 from dialects.auto_scheduler.steps import replay_steps
 from lorien.errors import ConfigError
@@ -85,9 +85,10 @@ def _entry(workload_key: str) -> tuple[str, Any]:
 
 
 def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
-                  measure: dict[str, Any] | None = None) -> list[Any]:
-    """Build and measure candidates (lists of Ansor steps) in isolated workers, each output
-    checked against NumPy; one MeasureResult per candidate."""
+                  measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+    """Build and measure candidates (lists of Ansor steps) in isolated workers for the CPU
+    ``target`` (default this host), each output checked against NumPy; one MeasureResult per
+    candidate."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -96,8 +97,8 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     entry = _entry(workload_key)
     reference = WorkloadReference(workload_key, entry)
-    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference)
-              for steps in candidates]
+    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference,
+                           target=target) for steps in candidates]
     return measure_batch(inputs, option)
 
 
@@ -258,7 +259,7 @@ def _tune(job, workload_key, target, space, tuner, progress, measured, batch_siz
                                                    measured)
             if not candidates:
                 break
-            results = measure_steps(workload_key, candidates, job.get("measure"))
+            results = measure_steps(workload_key, candidates, job.get("measure"), engine_target(target))
             records = [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
                                    float(r.timestamp), source=source)
                        for steps, r in zip(candidates, results, strict=True)]

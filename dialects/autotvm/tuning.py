@@ -63,8 +63,9 @@ class ConfigReference:
         return task.reference(config, *inputs)
 
 
-def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity]) -> list[Any]:
-    """Engine measure inputs of configs."""
+def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
+                   target: str | None = None) -> list[Any]:
+    """Engine measure inputs of configs, built and run for ``target`` (default this host)."""
     from lorien.engine.measure import MeasureInput
 
     args_json = orjson.dumps(list(args)).decode()
@@ -72,20 +73,21 @@ def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[Config
     for config in configs:
         entity_json = orjson.dumps(config.to_json_entity()).decode()
         inputs.append(MeasureInput(builder=ConfigBuilder(task_name, args_json, entity_json),
-                                   reference=ConfigReference(task_name, args_json, entity_json)))
+                                   reference=ConfigReference(task_name, args_json, entity_json), target=target))
     return inputs
 
 
 def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
-                    measure: dict[str, Any] | None = None) -> list[Any]:
-    """Build and measure configs in isolated workers; one MeasureResult per config."""
+                    measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+    """Build and measure configs for ``target`` (default this host) in isolated workers; one
+    MeasureResult per config."""
     from lorien.engine.measure import MeasureOption, measure_batch
 
     try:
         option = MeasureOption(**(measure or {}))
     except TypeError as exc:
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
-    return measure_batch(measure_inputs(task_name, args, configs), option)
+    return measure_batch(measure_inputs(task_name, args, configs, target), option)
 
 
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +168,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     """Tune one job dict (team schema); with ``commit``, each measured batch is committed to
     ``store_uri`` (None: the default store). ``resume``: the job's earlier measurements, replayed
     (:func:`replay`) and counted against ``trials``; only the rest is measured."""
+    from lorien.engine.cpu import cpu_target
     from lorien.target import parse_target
 
     for key in ("task_name", "args"):
@@ -173,6 +176,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
             raise ConfigError(f"autotvm job needs {key!r}: {job!r:.200}")
     task_name, args = job["task_name"], list(job["args"])
     target = parse_target(job.get("target") or "llvm")
+    cpu_target(target).check_runnable()
     task = cached_task(task_name, orjson.dumps(args).decode())
     tuner = make_tuner(job, task)
     trials = min(int(job.get("trials", 16)), len(task.space))
@@ -196,7 +200,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         from lorien.costmodel import warm_start_tuner
 
         warm_start_tuner(tuner, str(job["warm_start_model"]), task_name, args,
-                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
+                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)),
+                         target=target.canonical)
 
     progress = TuneProgress(total=trials)
     replay(task, tuner, progress, resume, batch_size)
@@ -209,7 +214,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
             if not indices:
                 break
             configs = [task.config(i) for i in indices]
-            results = measure_configs(task_name, args, configs, job.get("measure"))
+            results = measure_configs(task_name, args, configs, job.get("measure"), target.canonical)
             records = [make_record(target.canonical, task_name, args, config, list(result.costs),
                                    int(result.error_no), float(result.all_cost), float(result.timestamp),
                                    source=source)
