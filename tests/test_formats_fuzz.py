@@ -152,6 +152,15 @@ def test_auto_scheduler_sizes_no_double_holds_leave_the_flop_unknown(shared_data
     assert read_log(write_lines(tmp_path / "a.json", [line]), "ansor").records[0].flop is None
 
 
+@pytest.mark.parametrize("workload", ['["matmul_add", -1024, 1024, 1024, "float32"]',
+                                      '["conv2d_layer", 1, 7, 7, 512, 512, 3, 3, [0, 1], [1, 1]]'],
+                         ids=["negative size", "zero stride"])
+def test_auto_scheduler_workloads_that_cannot_be_built_leave_the_flop_unknown(shared_data, tmp_path, workload):
+    line = ansor_line(shared_data)
+    line["i"][0][0] = workload
+    assert read_log(write_lines(tmp_path / "a.json", [line]), "ansor").records[0].flop is None
+
+
 @pytest.mark.parametrize("native", ["0", "1"])
 def test_a_tensor_with_a_negative_dimension_is_a_bad_line(shared_data, tmp_path, monkeypatch, native):
     monkeypatch.setenv("LORIEN_NATIVE", native)

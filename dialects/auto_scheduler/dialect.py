@@ -50,9 +50,9 @@ class AutoSchedulerDialect(Dialect):
             flop = dag.flop()
         except OverflowError:
             flop = math.inf
-        if not math.isfinite(flop):
+        if not (math.isfinite(flop) and flop >= 0):
             warn_unknown_flop(registry.parse_workload_key(workload_key)[0],
-                              f"{workload_key} has more float operations than a double holds")
+                              f"{workload_key} gives a float-operation count no double holds: {flop}")
             return dag.layout(), None
         return dag.layout(), flop
 
