@@ -11,9 +11,11 @@
    (``resumed_rerun`` must be 0; ``master_kills`` says how many kills).
 5. Mid-job kills (issue 14): jobs of 8 trials through the local pool, each job's first worker
    SIGKILLed halfway; the retry resumes from the batches committed before the kill.
-   ``remeasured`` counts trials measured twice across retries in phases 1, 4 and 5 (goal 0):
-   from the runner's measurement log for synthetic jobs (a trial counts once its measurement
-   completed), from the store for ``--real`` jobs (records of one job with the same config).
+   ``remeasured`` counts committed trials measured again across retries in phases 1, 4 and 5
+   (goal 0): records of one job with the same config in the store. ``repeated_in_flight``
+   counts, from the synthetic runner's measurement log, measurements that completed in a worker
+   SIGKILLed before it committed them: they died with the process and were measured again
+   (at most a batch per kill; no system can keep a result its process never handed over).
 
 Small jobs are synthetic by default (each trial sleeps, records carry wall-clock timestamps
 so a job measured twice would show up as duplicates); ``--real`` tunes dense 16x16x16 with
@@ -84,17 +86,23 @@ def audit(jobs: list[dict[str, Any]], store_uri: str, expected_per_job: int | No
     return lost, duplicated
 
 
-def remeasured(log_dir: Path, store_uri: str, real: bool) -> int:
-    """Trials measured more than once: extra measurements per (job, trial) in the synthetic
-    runner's log, or extra records per (job, config) in the store for real jobs."""
-    if not real:
-        log = log_dir / "measured.log"
-        counts = Counter(log.read_text().splitlines()) if log.exists() else Counter()
-    else:
-        with open_store(store_uri) as store:
-            table = store.scan(columns=["source", "config"])
-        counts = Counter(zip(table.column("source").to_pylist(), table.column("config").to_pylist(), strict=True))
-    return sum(count - 1 for count in counts.values())
+def remeasured(log_dir: Path, store_uri: str, real: bool) -> tuple[int, int]:
+    """(committed trials measured again, measurements repeated in all).
+
+    The first: extra records per (job, config) in the store -- a trial measured again after
+    its record was committed (goal 0). The second, for synthetic jobs: extra measurements per
+    (job, trial) in the runner's log, which also counts a measurement that completed in a
+    worker killed before the worker could commit it (lost with the process, so measured again:
+    at most a batch per kill)."""
+    with open_store(store_uri) as store:
+        table = store.scan(columns=["source", "config"])
+    stored = Counter(zip(table.column("source").to_pylist(), table.column("config").to_pylist(), strict=True))
+    committed_again = sum(count - 1 for count in stored.values())
+    if real:
+        return committed_again, committed_again
+    log = log_dir / "measured.log"
+    measured = Counter(log.read_text().splitlines()) if log.exists() else Counter()
+    return committed_again, sum(count - 1 for count in measured.values())
 
 
 def worker_killer(manager: DaskManager, every_s: float, stop: threading.Event, kills: list[int]) -> None:
@@ -127,10 +135,11 @@ def run_dask(jobs: list[dict[str, Any]], workdir: Path, runner: Any, kill_every_
         killer.join()
         manager.close()
     lost, duplicated = audit(jobs, store_uri, None if runner else 2)
-    again = remeasured(workdir / "logs-dask", store_uri, runner is None)
+    again, repeated = remeasured(workdir / "logs-dask", store_uri, runner is None)
     print(f"dask: {summary.line()} workers_killed={len(kills)} jobs_per_s={summary.jobs_per_s:.2f} "
-          f"records_lost={lost} records_duplicated={duplicated} remeasured={again}")
-    return {"summary": summary, "lost": lost, "duplicated": duplicated, "kills": len(kills), "remeasured": again}
+          f"records_lost={lost} records_duplicated={duplicated} remeasured={again} repeated_in_flight={repeated - again}")
+    return {"summary": summary, "lost": lost, "duplicated": duplicated, "kills": len(kills), "remeasured": again,
+            "in_flight": repeated - again}
 
 
 def run_local(jobs: list[dict[str, Any]], workdir: Path, runner: Any) -> dict[str, Any]:
@@ -206,11 +215,11 @@ def run_master_kill(jobs: list[dict[str, Any]], workdir: Path, real: bool, log_d
                           if event["state"] == "done" and not event.get("reused")}
         rerun_jobs |= {job_id for job_id in done if runs_after[job_id] > runs_at_kill[job_id] or job_id in measured_again}
     lost, duplicated = audit(jobs, store_uri, None if not real else 2)
-    again = remeasured(log_dir, store_uri, real)
+    again, repeated = remeasured(log_dir, store_uri, real)
     print(f"resume: {len(kill_points)} master kills, finished: {summary.line()} rerun_of_finished={len(rerun_jobs)} "
-          f"records_lost={lost} records_duplicated={duplicated} remeasured={again}")
+          f"records_lost={lost} records_duplicated={duplicated} remeasured={again} repeated_in_flight={repeated - again}")
     return {"rerun": len(rerun_jobs), "kills": len(kill_points), "summary": summary, "lost": lost,
-            "duplicated": duplicated, "remeasured": again}
+            "duplicated": duplicated, "remeasured": again, "in_flight": repeated - again}
 
 
 def run_midjob_kills(count: int, workdir: Path, sleep_s: float) -> dict[str, Any]:
@@ -226,10 +235,12 @@ def run_midjob_kills(count: int, workdir: Path, sleep_s: float) -> dict[str, Any
     summary = run_jobs(jobs, store_uri=store_uri, runner=synthetic_runner, workers=2, measure_slots=2,
                        log=lambda message: None)
     lost, duplicated = audit(jobs, store_uri, None)
-    again = remeasured(log_dir, store_uri, False)
+    again, repeated = remeasured(log_dir, store_uri, False)
     print(f"midjob: {summary.line()} records_lost={lost} records_duplicated={duplicated} remeasured={again} "
+          f"repeated_in_flight={repeated - again} "
           f"(before batch commits, the {summary.resumed} resumed trials would have been measured again)")
-    return {"summary": summary, "lost": lost, "duplicated": duplicated, "remeasured": again}
+    return {"summary": summary, "lost": lost, "duplicated": duplicated, "remeasured": again,
+            "in_flight": repeated - again}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,19 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         resume_jobs = make_jobs(max(12, count // 10), args.real, log_dirs["resume"], args.trials,
                                 max(args.sleep_s, 0.1))
         resume = run_master_kill(resume_jobs, workdir, args.real, log_dirs["resume"])
-        midjob = ({"lost": 0, "duplicated": 0, "remeasured": 0} if args.real
+        midjob = ({"lost": 0, "duplicated": 0, "remeasured": 0, "in_flight": 0} if args.real
                   else run_midjob_kills(max(12, count // 10), workdir, max(args.sleep_s, 0.05)))
 
     dask_summary = dask_result["summary"]
     lost = dask_result["lost"] + midjob["lost"]  # records missing, counted per job against its trials
     duplicated = dask_result["duplicated"] + resume["duplicated"] + midjob["duplicated"]
     again = dask_result["remeasured"] + resume["remeasured"] + midjob["remeasured"]
+    in_flight = dask_result["in_flight"] + resume["in_flight"] + midjob["in_flight"]
     print(f"jobs_done={dask_summary.done} lost={lost} duplicated={duplicated} "
           f"dask_jobs_per_s={dask_summary.jobs_per_s:.2f} "
           f"local_jobs_per_s={local_result['summary'].jobs_per_s:.2f} "
           f"ddb_lost={ddb['ddb_lost']} naive_lost={ddb['naive_lost']} master_kills={resume['kills']} "
           f"resumed_rerun={resume['rerun']} "
-          f"remeasured={again}")
+          f"remeasured={again} repeated_in_flight={in_flight}")
     return 0
 
 
