@@ -1,8 +1,9 @@
 """Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning (dense,
 and conv2d / depthwise / batch_matmul on whole held-out networks), transfer across targets.
 
-    python benchmarks/costmodel.py            # full: about FULL_TIME on the shared 2-core machine
-    python benchmarks/costmodel.py --quick    # small: about QUICK_TIME; shorter tuned baselines (48 trials)
+    python benchmarks/costmodel.py            # full: every held-out layer tuned with 300 trials (hours on 2 cores)
+    python benchmarks/costmodel.py --quick    # small: about 13 minutes on 2 cores; tuned references of 48 trials
+    python benchmarks/costmodel.py --quick --tune-trials 300   # the quick layers against 300-trial tuning
 
 Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
 logs (each base record varied in batch size, config index, cost and timestamp). Peak memory
@@ -513,12 +514,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--jobs", type=int, default=2, help="featurization workers")
+    parser.add_argument("--tune-trials", type=int,
+                        help="trials of the tuned reference of each held-out workload (default 300, 48 with --quick)")
     parser.add_argument("--skip-featurize", action="store_true", help="no featurization figures")
     parser.add_argument("--skip-zeroshot", action="store_true", help="no zero-shot figures (dense and networks)")
     parser.add_argument("--skip-transfer", action="store_true", help="no transfer figures")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
     args = parser.parse_args()
 
+    tune_trials = args.tune_trials or (48 if args.quick else 300)
     speed_records = 100_000 if args.quick else 500_000
     memory_records = 300_000 if args.quick else 2_000_000
     values = dict.fromkeys(("featurize_rps", "peak_mib_2m", "zeroshot_top1", "zeroshot_best5", "time_ratio",
@@ -548,7 +552,7 @@ def main() -> int:
             held_out = HELD_OUT[:1] if args.quick else HELD_OUT
             train_shapes = TRAIN_SHAPES[::4] if args.quick else TRAIN_SHAPES
             dense = zero_shot_dense(work, train_trials=(8, 16) if args.quick else (32, 64),
-                                    tune_trials=48 if args.quick else 300, held_out=held_out,
+                                    tune_trials=tune_trials, held_out=held_out,
                                     train_shapes=train_shapes)
             (work / "zeroshot.json").write_text(json.dumps(dense, indent=2))
             values.update({k: dense[k] for k in ("zeroshot_top1", "zeroshot_best5", "time_ratio", "random_best5")})
@@ -557,7 +561,7 @@ def main() -> int:
             sweeps_uri = random_sweeps(work, args.quick, sweep_trials)
         if not missing and not args.skip_zeroshot:
             networks = zero_shot_networks(work, args.quick, sweeps_uri, tuned_trials=16 if args.quick else 64,
-                                          tune_trials=48 if args.quick else 300)
+                                          tune_trials=tune_trials)
             (work / "zeroshot-networks.json").write_text(json.dumps(networks, indent=2))
             values.update({f"zeroshot_{op}_top1": networks["operators"][op]["top1"] for op in OPERATORS})
         if args.skip_transfer:
