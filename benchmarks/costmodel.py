@@ -1,27 +1,50 @@
-"""Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning.
+"""Cost-model benchmarks: featurization speed and memory, zero-shot proposals vs tuning (dense,
+and conv2d / depthwise / batch_matmul on whole held-out networks), transfer across targets.
 
-    python benchmarks/costmodel.py            # full: 500k records timed, 2M for memory, 3 held-out workloads
-    python benchmarks/costmodel.py --quick    # small: 100k / 300k records, 1 held-out workload, fewer trials
+    python benchmarks/costmodel.py            # full: every held-out layer tuned with 300 trials (hours on 2 cores)
+    python benchmarks/costmodel.py --quick    # small: about 13 minutes on 2 cores; tuned references of 48 trials
+    python benchmarks/costmodel.py --quick --tune-trials 300   # the quick layers against 300-trial tuning
 
 Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
 logs (each base record varied in batch size, config index, cost and timestamp). Peak memory
 is the largest summed RSS of the featurizing process and its workers, sampled with psutil.
 
-Zero-shot: a training set is measured on this machine (36 dense workloads, each swept by the
-random tuner and tuned by the xgb tuner, as a warehouse of tuning logs holds), featurized and
-used to train an XGBoost ranking model; for each held-out workload the model's
-top-5 proposals are measured and compared with the same workload tuned with 300 trials (xgb
-tuner), and with 5 random configs of its space. Held-out workloads share no (M, N, K) and no
-workload key with the training spread (checked).
+Zero-shot, dense: a training set is measured on this machine (36 dense workloads, each swept
+by the random tuner and tuned by the xgb tuner, as a warehouse of tuning logs holds),
+featurized and used to train an XGBoost ranking model; for each held-out workload the
+model's top-5 proposals are measured and compared with the same workload tuned with 300
+trials (xgb tuner), and with 5 random configs of its space. Held-out workloads share no
+(M, N, K) and no workload key with the training spread (checked).
 
-The ratios come from a final re-measurement: the tuned best config, the 5 proposals and the 5
-random configs are built once and timed in interleaved rounds (15; order rotated each round),
-so all of them see the same load on the shared cores; each config's median round (each round
-the fastest of 3 runs) gives the ratios on the last line. The fastest round's ratios are
-printed too: a config that uses both cores can look far faster in the one round that caught
-the machine idle, so the median is the steadier comparison here. Ratios are throughput /
-tuned throughput. time_ratio = tuning wall time / zero-shot wall time (proposing + measuring
-the 5 proposals). The last line is the key=value summary.
+Zero-shot, networks: the conv2d (conv2d_NCHWc.x86), depthwise and batch_matmul workloads of
+`lorien generate --size medium` (49 workloads, none of them a layer of the held-out networks:
+checked) are swept by the random tuner (64 configs) and tuned by the xgb tuner (64 trials);
+a model trained on them proposes for every conv2d, depthwise and batch_matmul task of
+ResNet-18, MobileNetV2 and a BERT-base encoder layer (configs/models, as `lorien extract`
+wrote them), compared per layer as above with the
+layer tuned with 300 trials (--quick: 6 layers, 48 trials, a third of the spread). Per
+operator and per network, the ratio is network-level: the time of the layers run as often as
+the network runs them (the configs' `weight`) with the tuned configs over that time with the
+proposals (top-1, best of 5) or random configs; the per-layer range is printed. Time saved:
+tuning wall time against proposing and measuring the 5 proposals.
+
+Transfer: the same random sweeps (same seeds, so the same configs) are measured for a second
+target, a different machine on this one: `llvm -mcpu=haswell -num-cores=1` (AVX2 code on one
+thread) on an AVX-512 host, `llvm -mcpu=x86-64 -num-cores=1` (SSE) on an AVX2 host. Per
+template, `lorien train --target <host> --transfer-from <second> --target-fraction 0.1 --curve
+0,0.05,0.1,1` compares a model of the second target's records plus k% of this host's with a
+model of this host's k% alone on held-out host workloads (5 folds; TenSet top-1 / top-5 and
+pairwise accuracy); transfer10_top5 and own10_top5 are the mean top-5 over the three
+templates at 10%.
+
+The zero-shot ratios come from a final re-measurement: the tuned best config, the 5 proposals
+and the 5 random configs are built once and timed in interleaved rounds (15; order rotated
+each round), so all of them see the same load on the shared cores; each config's median
+round (each round the fastest of 3 runs) gives the ratios on the last line. The fastest
+round's ratios are printed too (dense): a config that uses both cores can look far faster in
+the one round that caught the machine idle, so the median is the steadier comparison here.
+Ratios are throughput / tuned throughput. time_ratio = tuning wall time / zero-shot wall time
+(proposing + measuring the 5 proposals). The last line is the key=value summary.
 """
 
 from __future__ import annotations
@@ -127,15 +150,7 @@ def featurize_run(uri: str, out: Path, jobs: int) -> dict:
     return result
 
 
-# ---- zero-shot -----------------------------------------------------------------------------
-
-def dense_job(m: int, n: int, k: int, tuner: str, trials: int, seed: int) -> dict:
-    from lorien.dialect import get_dialect
-
-    task_name, args = get_dialect("autotvm").expand_workload("dense", {"M": m, "N": n, "K": k})
-    return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": "llvm", "tuner": tuner,
-            "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
-
+# ---- zero-shot: shared parts ---------------------------------------------------------------
 
 def best_gflops(records: list) -> float:
     values = [r.gflops for r in records if r.gflops is not None]
@@ -146,7 +161,8 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
                      min_repeat_ms: float = 0.0) -> list[dict]:
     """Re-measure configs side by side: each is built once in this process, then all of them
     take turns for ``rounds`` rounds (order rotated every round; each turn is the fastest of 3
-    repeats, each repeat averaging enough runs to last ``min_repeat_ms``), so every config sees the same load on the shared cores. Returns per config
+    repeats, each repeat averaging enough runs to last ``min_repeat_ms``), so every config sees
+    the same load on the shared cores. Returns per config
     ``{"min": GFLOPS of its fastest round, "median": GFLOPS of its median round}``; a config
     given as None (failed in its first measurement) gets zeros."""
     from dialects.autotvm.tuning import ConfigBuilder
@@ -179,6 +195,113 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
             {"min": 0.0, "median": 0.0} for t in runs]
 
 
+def job_of(op: str, params: dict, tuner: str, trials: int, seed: int) -> dict:
+    """A tuning job dict of an op shorthand, for this host."""
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target
+
+    task_name, args = get_dialect("autotvm").expand_workload(op, params)
+    return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": host_target().canonical,
+            "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+
+
+def measure_training_set(jobs: list[dict], store_uri: str, work: Path, random_trials: int, tuned_trials: int) -> None:
+    """What a warehouse holds for each job's workload: a random sweep of its space (none when
+    ``random_trials`` is 0) and a model-based (xgb) tuning run."""
+    from lorien.tune.local import tune_workload
+
+    for i, job in enumerate(jobs):
+        if random_trials:
+            tune_workload({**job, "tuner": "random", "trials": random_trials}, store_uri, log_dir=work / "logs",
+                          progress=False)
+        tune_workload({**job, "tuner": "xgb", "trials": tuned_trials, "seed": 1000 + i}, store_uri,
+                      log_dir=work / "logs", progress=False)
+
+
+def train_model(store_uri: str, work: Path, name: str):
+    """Featurize a store and train an XGBoost ranking model on it (every template)."""
+    from lorien.costmodel import load_cost_model, train_cost_model
+    from lorien.features import featurize
+
+    featurize(work / f"{name}-features", store=store_uri, jobs=2, progress=False)
+    train_cost_model(work / f"{name}-features", work / name, kind="xgb-rank", folds=3, baseline=None, plots=False,
+                     progress=False)
+    return load_cost_model(work / name)
+
+
+def evaluate_layer(model, job: dict, label: str, tune_trials: int, rounds: int, work: Path, seed: int) -> dict:
+    """One held-out layer: tuned with ``tune_trials`` xgb trials vs the model's 5 proposals vs
+    5 random configs, first as measured, then re-measured together in interleaved rounds."""
+    from dialects.autotvm.tuning import cached_task
+    from lorien.costmodel.zeroshot import Proposal, measure_proposals, propose, sample_indices
+    from lorien.tune.local import tune_workload
+
+    task_name, args = job["task_name"], job["args"]
+    started = time.perf_counter()
+    tuned = tune_workload({**job, "tuner": "xgb", "trials": tune_trials, "seed": seed},
+                          f"parquet:{work / 'tuned-store'}", log_dir=work / "logs", progress=False)
+    tune_s = time.perf_counter() - started
+    tuned_gflops = tuned.best_gflops or 0.0
+
+    started = time.perf_counter()
+    proposals = propose(model, task_name=task_name, args=args, topk=5, target=job["target"])
+    records = measure_proposals(proposals, model.name, task_name, args, target=job["target"],
+                                store_uri=f"parquet:{work / 'zeroshot-store'}")
+    zero_shot_s = time.perf_counter() - started
+
+    space = cached_task(task_name, json.dumps(args)).space
+    random_props = [Proposal(rank=r + 1, score=0.0, entity=space.get(int(i)).to_json_entity())
+                    for r, i in enumerate(sample_indices(len(space), 5, seed=7 + seed))]
+    random_records = measure_proposals(random_props, "random", task_name, args, target=job["target"], commit=False)
+    log(f"zero-shot {label}: first measurements: tuned({tune_trials} trials) {tuned_gflops:.2f} GFLOPS in "
+        f"{tune_s:.0f}s; top-1 {records[0].gflops or 0.0:.2f}, best of 5 {best_gflops(records):.2f} in "
+        f"{zero_shot_s:.1f}s; random best of 5 {best_gflops(random_records):.2f}")
+
+    # The final comparison: the tuned best config, the 5 proposals and the 5 random configs
+    # re-measured together, interleaved, so load on the shared cores hits them all alike.
+    def valid(record) -> list | None:
+        return json.loads(record.config)["entity"] if record.error_no == 0 else None
+
+    finalists = [tuned.best_config, *(valid(r) for r in records), *(valid(r) for r in random_records)]
+    again = remeasure_gflops(task_name, args, finalists, rounds)
+    entry = {"label": label, "task_name": task_name, "tune_s": tune_s, "zero_shot_s": zero_shot_s, "rounds": rounds,
+             "flop": tuned_flop(task_name, args),
+             "first": {"tuned_gflops": tuned_gflops, "top1_gflops": records[0].gflops or 0.0,
+                       "best5_gflops": best_gflops(records), "random_best5_gflops": best_gflops(random_records)}}
+    for stat in ("min", "median"):
+        values = [g[stat] for g in again]
+        entry[stat] = {"tuned_gflops": values[0], "top1_gflops": values[1], "best5_gflops": max(values[1:6]),
+                       "random_best5_gflops": max(values[6:11])}
+    e = entry["median"]
+    log(f"zero-shot {label}: re-measured ({rounds} interleaved rounds, median run): tuned "
+        f"{e['tuned_gflops']:.2f} GFLOPS, top-1 {e['top1_gflops']:.2f}, best of 5 {e['best5_gflops']:.2f}, "
+        f"random best of 5 {e['random_best5_gflops']:.2f}")
+    return entry
+
+
+def tuned_flop(task_name: str, args: list) -> float:
+    from lorien.workload import compute_flop
+
+    return float(compute_flop(task_name, args) or 0.0)
+
+
+def mean_ratio(entries: list[dict], key: str, stat: str = "median") -> float:
+    """Mean over layers of a config's throughput / the tuned config's."""
+    ratios = [e[stat][key] / e[stat]["tuned_gflops"] for e in entries if e[stat]["tuned_gflops"] > 0]
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+def network_ratio(entries: list[dict], key: str, stat: str = "median") -> float:
+    """Time of the layers run once each as the network does (``weight`` times) with the tuned
+    configs / with the ``key`` configs: the network-level throughput ratio."""
+    tuned = sum(e["weight"] * e["flop"] / e[stat]["tuned_gflops"] for e in entries if e[stat]["tuned_gflops"] > 0)
+    picked = sum(e["weight"] * e["flop"] / e[stat][key] if e[stat][key] > 0 else math.inf
+                 for e in entries if e[stat]["tuned_gflops"] > 0)
+    return tuned / picked if picked > 0 else float("nan")
+
+
+# ---- zero-shot: dense -------------------------------------------------------------------
+
 def check_held_out(train_shapes: list, held_out: list) -> None:
     """Held-out workloads share neither (M, N, K) nor their template's workload key with training."""
     from lorien.dialect import get_dialect
@@ -192,88 +315,189 @@ def check_held_out(train_shapes: list, held_out: list) -> None:
             raise SystemExit(f"held-out workload {shape} ({key}) is in the training spread")
 
 
-def zero_shot(work: Path, train_trials: tuple[int, int], tune_trials: int, held_out: list, train_shapes: list,
-              rounds: int = 15) -> dict:
-    from lorien.costmodel import load_cost_model, train_cost_model
-    from lorien.costmodel.zeroshot import measure_proposals, propose, sample_indices
-    from lorien.dialect import get_dialect
-    from lorien.features import featurize
-    from lorien.tune.local import tune_workload
-
+def zero_shot_dense(work: Path, train_trials: tuple[int, int], tune_trials: int, held_out: list,
+                    train_shapes: list, rounds: int = 15) -> dict:
     check_held_out(train_shapes, held_out)
-    train_uri = f"parquet:{work / 'train-store'}"
+    train_uri = f"parquet:{work / 'dense-train-store'}"
     start = time.perf_counter()
-    random_trials, tuned_trials = train_trials
-    for i, shape in enumerate(train_shapes):
-        # What a warehouse holds: a random sweep of the space and a model-based tuning run.
-        tune_workload(dense_job(*shape, "random", random_trials, i), train_uri, log_dir=work / "logs",
-                      progress=False)
-        tune_workload(dense_job(*shape, "xgb", tuned_trials, 1000 + i), train_uri, log_dir=work / "logs",
-                      progress=False)
-    log(f"zero-shot: training set of {len(train_shapes)} workloads x ({random_trials} random + "
-        f"{tuned_trials} xgb-tuned) trials in {time.perf_counter() - start:.0f}s")
-    featurize(work / "features", store=train_uri, jobs=2, progress=False)
-    train_cost_model(work / "features", work / "model", kind="xgb-rank", folds=3, baseline=None, plots=False,
-                     progress=False)
-    model = load_cost_model(work / "model")
-    dialect = get_dialect("autotvm")
+    jobs = [job_of("dense", dict(zip("MNK", shape, strict=True)), "random", 0, i) for i, shape in enumerate(train_shapes)]
+    measure_training_set(jobs, train_uri, work, *train_trials)
+    log(f"zero-shot dense: training set of {len(train_shapes)} workloads x ({train_trials[0]} random + "
+        f"{train_trials[1]} xgb-tuned) trials in {time.perf_counter() - start:.0f}s")
+    model = train_model(train_uri, work, "dense-model")
     results = []
     for i, shape in enumerate(held_out):
-        job = dense_job(*shape, "xgb", tune_trials, 100 + i)
-        started = time.perf_counter()
-        tuned = tune_workload(job, f"parquet:{work / 'tuned-store'}", log_dir=work / "logs", progress=False)
-        tune_s = time.perf_counter() - started
-        tuned_gflops = tuned.best_gflops or 0.0
-
-        started = time.perf_counter()
-        proposals = propose(model, task_name=job["task_name"], args=job["args"], topk=5)
-        records = measure_proposals(proposals, model.name, job["task_name"], job["args"],
-                                    store_uri=f"parquet:{work / 'zeroshot-store'}")
-        zero_shot_s = time.perf_counter() - started
-
-        from lorien.costmodel.zeroshot import _dialect_part
-
-        space = _dialect_part(dialect, "task", "templates", "instantiate")(job["task_name"], job["args"]).space
-        picks = sample_indices(len(space), 5, seed=7 + i)
-        random_props = [type(proposals[0])(rank=r + 1, score=0.0, entity=space.get(int(idx)).to_json_entity())
-                        for r, idx in enumerate(picks)]
-        random_records = measure_proposals(random_props, "random", job["task_name"], job["args"], commit=False)
-
-        log(f"zero-shot {shape}: first measurements: tuned({tune_trials} trials) {tuned_gflops:.2f} GFLOPS in "
-            f"{tune_s:.0f}s; top-1 {records[0].gflops or 0.0:.2f}, best of 5 {best_gflops(records):.2f} in "
-            f"{zero_shot_s:.1f}s; random best of 5 {best_gflops(random_records):.2f}")
-
-        # The final comparison: the tuned best config, the 5 proposals and the 5 random configs
-        # re-measured together, interleaved, so load on the shared cores hits them all alike.
-        def valid(record) -> list | None:
-            return json.loads(record.config)["entity"] if record.error_no == 0 else None
-
-        finalists = [tuned.best_config, *(valid(r) for r in records), *(valid(r) for r in random_records)]
-        again = remeasure_gflops(job["task_name"], job["args"], finalists, rounds)
-        entry = {"shape": shape, "tune_s": tune_s, "zero_shot_s": zero_shot_s, "rounds": rounds,
-                 "first": {"tuned_gflops": tuned_gflops, "top1_gflops": records[0].gflops or 0.0,
-                           "best5_gflops": best_gflops(records), "random_best5_gflops": best_gflops(random_records)}}
-        for stat in ("min", "median"):
-            values = [g[stat] for g in again]
-            entry[stat] = {"tuned_gflops": values[0], "top1_gflops": values[1], "best5_gflops": max(values[1:6]),
-                           "random_best5_gflops": max(values[6:11])}
-        results.append(entry)
-        for stat in ("min", "median"):
-            e = entry[stat]
-            log(f"zero-shot {shape}: re-measured ({rounds} interleaved rounds, {stat} run): tuned "
-                f"{e['tuned_gflops']:.2f} GFLOPS, top-1 {e['top1_gflops']:.2f}, best of 5 {e['best5_gflops']:.2f}, "
-                f"random best of 5 {e['random_best5_gflops']:.2f}")
-
-    def mean_ratio(key: str, stat: str = "median") -> float:
-        ratios = [r[stat][key] / r[stat]["tuned_gflops"] for r in results if r[stat]["tuned_gflops"] > 0]
-        return float(np.mean(ratios)) if ratios else float("nan")
-
-    log("zero-shot ratios from the fastest round: top-1 {:.3f}, best of 5 {:.3f}, random best of 5 {:.3f}".format(
-        *(mean_ratio(k, "min") for k in ("top1_gflops", "best5_gflops", "random_best5_gflops"))))
-    return {"zeroshot_top1": mean_ratio("top1_gflops"), "zeroshot_best5": mean_ratio("best5_gflops"),
-            "random_best5": mean_ratio("random_best5_gflops"),
+        job = job_of("dense", dict(zip("MNK", shape, strict=True)), "xgb", tune_trials, 100 + i)
+        results.append({"weight": 1, **evaluate_layer(model, job, str(shape), tune_trials, rounds, work, 100 + i)})
+    log("zero-shot dense ratios from the fastest round: top-1 {:.3f}, best of 5 {:.3f}, random best of 5 {:.3f}".format(
+        *(mean_ratio(results, k, "min") for k in ("top1_gflops", "best5_gflops", "random_best5_gflops"))))
+    return {"zeroshot_top1": mean_ratio(results, "top1_gflops"), "zeroshot_best5": mean_ratio(results, "best5_gflops"),
+            "random_best5": mean_ratio(results, "random_best5_gflops"),
             "time_ratio": sum(r["tune_s"] for r in results) / max(sum(r["zero_shot_s"] for r in results), 1e-9),
             "workloads": results}
+
+
+# ---- zero-shot: whole networks, and transfer across targets ----------------------------------
+
+CONFIGS = REPO / "configs" / "models"
+#: Held-out networks (their tasks as `lorien extract` wrote them) and the operators judged on them.
+NETWORKS = ("resnet18", "mobilenet_v2", "bert_base_layer")
+OPERATORS = {"conv": "conv2d_NCHWc.x86", "dw": "depthwise_conv2d_nchw.x86", "bmm": "batch_matmul.x86"}
+#: The layers --quick evaluates (the full run evaluates every layer of these templates).
+QUICK_LAYERS = {"resnet18": ("resnet18/layer2.0.conv2", "resnet18/layer3.0.downsample.0"),
+                "mobilenet_v2": ("mobilenet_v2/features.3.conv.1.0", "mobilenet_v2/features.8.conv.1.0",
+                                 "mobilenet_v2/features.8.conv.0.0"),
+                "bert_base_layer": ("bert_base_layer/attention.scores",)}
+
+
+def source_target() -> str:
+    """The transfer benchmark's second target, a different machine measured here: AVX2 code
+    on one thread on an AVX-512 host; SSE code (128-bit vectors) on one thread on an AVX2 one,
+    so the two targets' vector widths, and best tiles, differ either way."""
+    from lorien.engine.cpu import host_cpu
+
+    return "llvm -mcpu=haswell -num-cores=1" if host_cpu().lanes > 8 else "llvm -mcpu=x86-64 -num-cores=1"
+
+
+def held_out_layers(quick: bool) -> list[dict]:
+    """(network, layer name, weight, job) of every held-out layer of the judged templates."""
+    from lorien.tune.config import load_tune_config
+
+    layers = []
+    for network in NETWORKS:
+        for job in load_tune_config(CONFIGS / f"{network}.yaml").jobs:
+            if job["task_name"] not in OPERATORS.values():
+                continue
+            if quick and job["name"] not in QUICK_LAYERS[network]:
+                continue
+            layers.append({"network": network, "name": job["name"], "weight": job.get("weight", 1),
+                           "job": job_of_task(job)})
+    return layers
+
+
+def job_of_task(job: dict) -> dict:
+    """A config's job as the benchmark tunes it (this host, its task and args)."""
+    from lorien.target import host_target
+
+    return {"dialect": "autotvm", "task_name": job["task_name"], "args": job["args"], "target": host_target().canonical,
+            "tuner": "xgb", "trials": 0, "seed": 0, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+
+
+def spread_jobs(quick: bool, target: str | None = None) -> list[dict]:
+    """The training spread of the judged operators (``lorien generate --size medium``), without
+    any task of the extracted models (configs/models/all.yaml: the held-out networks and
+    ResNet-50); --quick takes every third workload."""
+    from lorien.costmodel.generate import config_workload_keys, training_jobs
+
+    excluded = config_workload_keys([CONFIGS / "all.yaml"])
+    jobs = training_jobs("medium", target=target, ops=["conv2d", "depthwise_conv2d", "batch_matmul"],
+                         exclude=excluded)
+    if len(jobs) != len(training_jobs("medium", target=target, ops=["conv2d", "depthwise_conv2d", "batch_matmul"])):
+        raise SystemExit("the training spread holds a task of an extracted model")
+    return jobs[::3] if quick else jobs
+
+
+def random_sweeps(work: Path, quick: bool, trials: int, target: str | None = None) -> str:
+    """The spread's random sweeps for ``target`` (default this host) into the transfer store:
+    the same seeds, so the same configs, on every target. Returns the store URI."""
+    from lorien.tune.local import tune_workload
+
+    uri = f"parquet:{work / 'transfer-store'}"
+    start = time.perf_counter()
+    jobs = spread_jobs(quick, target)
+    for job in jobs:
+        tune_workload({**job, "tuner": "random", "trials": trials}, uri, log_dir=work / "logs", progress=False)
+    log(f"{len(jobs)} workloads x {trials} random configs measured for {jobs[0]['target']!r} in "
+        f"{time.perf_counter() - start:.0f}s")
+    return uri
+
+
+def zero_shot_networks(work: Path, quick: bool, sweeps_uri: str, tuned_trials: int, tune_trials: int,
+                       rounds: int = 15) -> dict:
+    """Train on the spread (this host's random sweeps plus xgb tuning runs), propose for every
+    held-out layer, compare with tuning."""
+    from lorien.target import host_target
+    from lorien.warehouse import open_store
+
+    jobs = spread_jobs(quick)
+    train_uri = f"parquet:{work / 'ops-train-store'}"
+    with open_store(sweeps_uri) as sweeps, open_store(train_uri) as train:
+        train.commit(sweeps.scan({"target": host_target().canonical}))
+    start = time.perf_counter()
+    measure_training_set(jobs, train_uri, work, 0, tuned_trials)
+    log(f"zero-shot ops: {len(jobs)} training workloads, their random sweeps plus {tuned_trials} xgb-tuned trials "
+        f"each ({time.perf_counter() - start:.0f}s)")
+    model = train_model(train_uri, work, "ops-model")
+    layers = held_out_layers(quick)
+    for i, layer in enumerate(layers):
+        layer.update(evaluate_layer(model, layer["job"], layer["name"], tune_trials, rounds,
+                                    work, 200 + i))
+        del layer["job"]
+    result: dict = {"layers": layers, "operators": {}, "networks": {}}
+    for op, template in OPERATORS.items():
+        entries = [layer for layer in layers if layer["task_name"] == template]
+        result["operators"][op] = operator_summary(entries)
+        for network in NETWORKS:
+            of_network = [e for e in entries if e["network"] == network]
+            if of_network:
+                result["networks"][f"{network}/{op}"] = operator_summary(of_network)
+    for name, summary in [*result["networks"].items(), *result["operators"].items()]:
+        log(f"zero-shot {name}: {summary['layers']} layers; network top-1 {summary['top1']:.3f}, best of 5 "
+            f"{summary['best5']:.3f}, random best of 5 {summary['random_best5']:.3f} of tuned; per layer top-1 "
+            f"{summary['layer_top1_min']:.2f}-{summary['layer_top1_max']:.2f} (mean {summary['layer_top1_mean']:.3f}); "
+            f"time saved: {summary['tune_s']:.0f}s of tuning vs {summary['zero_shot_s']:.1f}s "
+            f"({summary['time_ratio']:.0f}x)")
+    return result
+
+
+def operator_summary(entries: list[dict]) -> dict:
+    """Network-level ratios (layers weighted as the network runs them), per-layer range, times."""
+    if not entries:
+        return {"layers": 0, **dict.fromkeys(("top1", "best5", "random_best5", "layer_top1_mean", "layer_top1_min",
+                                              "layer_top1_max", "tune_s", "zero_shot_s", "time_ratio"), math.nan)}
+    per_layer = [e["median"]["top1_gflops"] / e["median"]["tuned_gflops"] for e in entries
+                 if e["median"]["tuned_gflops"] > 0]
+    tune_s, zero_shot_s = sum(e["tune_s"] for e in entries), sum(e["zero_shot_s"] for e in entries)
+    return {"layers": len(entries), "top1": network_ratio(entries, "top1_gflops"),
+            "best5": network_ratio(entries, "best5_gflops"), "random_best5": network_ratio(entries, "random_best5_gflops"),
+            "layer_top1_mean": float(np.mean(per_layer)), "layer_top1_min": float(np.min(per_layer)),
+            "layer_top1_max": float(np.max(per_layer)), "tune_s": tune_s, "zero_shot_s": zero_shot_s,
+            "time_ratio": tune_s / max(zero_shot_s, 1e-9)}
+
+
+def transfer(work: Path, quick: bool, random_trials: int, folds: int) -> dict:
+    """The spread's random sweeps measured for the source target too (same seeds, so the same
+    configs); per template, a model of the source's records plus k% of this host's against a
+    model of this host's k% alone, on held-out host workloads."""
+    from lorien.costmodel import train_cost_model
+    from lorien.features import featurize
+    from lorien.target import host_target
+
+    source = source_target()
+    transfer_uri = random_sweeps(work, quick, random_trials, source)
+    featurize(work / "transfer-features", store=transfer_uri, jobs=2, progress=False)
+    destination = host_target().canonical
+    report = train_cost_model(work / "transfer-features", work / "transfer-model", kind="xgb-rank",
+                              templates=sorted(OPERATORS.values()), folds=folds, target=destination,
+                              transfer_from=source, target_fraction=0.1, curve=[0.0, 0.05, 0.1, 1.0],
+                              progress=False)
+    curves = {template: entry["transfer_curve"] for template, entry in report["templates"].items()}
+    for template, curve in curves.items():
+        for fraction, point in curve.items():
+            own = point["own"]
+            log(f"transfer {template}: {float(fraction):.0%} of {destination!r} "
+                f"({point['destination_rows']:.0f} rows per fold): with {source!r} top-1 "
+                f"{point['transfer']['top1']:.3f} top-5 {point['transfer']['top5']:.3f} pairwise "
+                f"{point['transfer']['pairwise_accuracy']:.3f}"
+                + (f"; alone top-1 {own['top1']:.3f} top-5 {own['top5']:.3f} pairwise {own['pairwise_accuracy']:.3f}"
+                   if own else "; alone: no data"))
+
+    def mean_over_templates(fraction: str, model: str, metric: str) -> float:
+        return float(np.mean([curve[fraction][model][metric] for curve in curves.values()]))
+
+    return {"transfer10_top5": mean_over_templates("0.1", "transfer", "top5"),
+            "own10_top5": mean_over_templates("0.1", "own", "top5"), "curves": curves,
+            "plots": {t: e.get("plots", {}).get("transfer") for t, e in report["templates"].items()}}
 
 
 def engine_available() -> str | None:
@@ -290,17 +514,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--jobs", type=int, default=2, help="featurization workers")
-    parser.add_argument("--skip-zeroshot", action="store_true", help="only featurization")
-    parser.add_argument("--skip-featurize", action="store_true", help="only zero-shot")
+    parser.add_argument("--tune-trials", type=int,
+                        help="trials of the tuned reference of each held-out workload (default 300, 48 with --quick)")
+    parser.add_argument("--skip-featurize", action="store_true", help="no featurization figures")
+    parser.add_argument("--skip-zeroshot", action="store_true", help="no zero-shot figures (dense and networks)")
+    parser.add_argument("--skip-transfer", action="store_true", help="no transfer figures")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
     args = parser.parse_args()
 
+    tune_trials = args.tune_trials or (48 if args.quick else 300)
     speed_records = 100_000 if args.quick else 500_000
     memory_records = 300_000 if args.quick else 2_000_000
+    values = dict.fromkeys(("featurize_rps", "peak_mib_2m", "zeroshot_top1", "zeroshot_best5", "time_ratio",
+                            "random_best5", "zeroshot_conv_top1", "zeroshot_dw_top1", "zeroshot_bmm_top1",
+                            "transfer10_top5", "own10_top5"), math.nan)
     with tempfile.TemporaryDirectory(prefix="lorien-bench-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        rps = peak = math.nan
         if args.skip_featurize:
             log("featurize: skipped (--skip-featurize)")
         else:
@@ -309,28 +539,39 @@ def main() -> int:
             featurize_run(speed_uri, work / "speed-features", args.jobs)
             memory_uri = synthetic_store(work / "memory-store", memory_records)
             large = featurize_run(memory_uri, work / "memory-features", args.jobs)
-            peak = large["peak_mib"]
             # Throughput is the larger run's: the smaller one carries the same fixed start-up
             # cost (worker processes, phase 2) over fewer records. Both are printed above.
-            rps = large["rps"]
+            values.update(featurize_rps=large["rps"], peak_mib_2m=large["peak_mib"])
 
-        values = {"zeroshot_top1": math.nan, "zeroshot_best5": math.nan, "time_ratio": math.nan,
-                  "random_best5": math.nan}
         missing = engine_available()
+        if missing:
+            log(f"zero-shot and transfer: skipped, the engine cannot measure here ({missing})")
         if args.skip_zeroshot:
             log("zero-shot: skipped (--skip-zeroshot)")
-        elif missing:
-            log(f"zero-shot: skipped, the engine cannot measure here ({missing})")
-        else:
+        elif not missing:
             held_out = HELD_OUT[:1] if args.quick else HELD_OUT
             train_shapes = TRAIN_SHAPES[::4] if args.quick else TRAIN_SHAPES
-            result = zero_shot(work, train_trials=(8, 16) if args.quick else (32, 64),
-                               tune_trials=48 if args.quick else 300, held_out=held_out, train_shapes=train_shapes)
-            (work / "zeroshot.json").write_text(json.dumps(result, indent=2))
-            values.update({k: result[k] for k in values})
-    log(f"featurize_rps={rps:.0f} peak_mib_2m={peak:.0f} zeroshot_top1={values['zeroshot_top1']:.3f} "
-        f"zeroshot_best5={values['zeroshot_best5']:.3f} time_ratio={values['time_ratio']:.1f} "
-        f"random_best5={values['random_best5']:.3f}")
+            dense = zero_shot_dense(work, train_trials=(8, 16) if args.quick else (32, 64),
+                                    tune_trials=tune_trials, held_out=held_out,
+                                    train_shapes=train_shapes)
+            (work / "zeroshot.json").write_text(json.dumps(dense, indent=2))
+            values.update({k: dense[k] for k in ("zeroshot_top1", "zeroshot_best5", "time_ratio", "random_best5")})
+        sweep_trials = 32 if args.quick else 64
+        if not missing and not (args.skip_zeroshot and args.skip_transfer):
+            sweeps_uri = random_sweeps(work, args.quick, sweep_trials)
+        if not missing and not args.skip_zeroshot:
+            networks = zero_shot_networks(work, args.quick, sweeps_uri, tuned_trials=16 if args.quick else 64,
+                                          tune_trials=tune_trials)
+            (work / "zeroshot-networks.json").write_text(json.dumps(networks, indent=2))
+            values.update({f"zeroshot_{op}_top1": networks["operators"][op]["top1"] for op in OPERATORS})
+        if args.skip_transfer:
+            log("transfer: skipped (--skip-transfer)")
+        elif not missing:
+            result = transfer(work, args.quick, sweep_trials, folds=3 if args.quick else 5)
+            (work / "transfer.json").write_text(json.dumps(result, indent=2))
+            values.update({k: result[k] for k in ("transfer10_top5", "own10_top5")})
+    formats = {"featurize_rps": ".0f", "peak_mib_2m": ".0f", "time_ratio": ".1f"}
+    log(" ".join(f"{name}={value:{formats.get(name, '.3f')}}" for name, value in values.items()))
     return 0
 
 

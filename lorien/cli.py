@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "or config object; auto_scheduler: a list of steps)")
     apply.add_argument("--dialect", help="with --workload-key: the dialect (default: auto_scheduler for a JSON list "
                                          "key, else autotvm)")
-    apply.add_argument("--target", help="target recorded for the measurement (default: this host)")
+    apply.add_argument("--target", help="target to build and measure for, e.g. 'llvm -mcpu=haswell -num-cores=1' "
+                                        "(default: this host)")
     apply.add_argument("--measure", default="{}", help='measure options as JSON, e.g. \'{"repeat": 5}\'')
     apply.add_argument("--store", help=STORE_HELP + "; commit the measured record there (with --commit)")
     apply.add_argument("--commit", action="store_true", help="commit the measured record to --store")
@@ -229,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- train ------------------------------------------------------------------------
     # (section owned by the cost-model work)
     train = _parser(sub, "train", "train a cost model on featurized records; evaluate with workloads held out",
-                    "lorien train features/ -o models/dense --kind xgb-rank --template dense_pack.x86")
+                    "lorien train features/ -o models/dense --kind xgb-rank --template dense_pack.x86\n"
+                    "  lorien train features/ -o models/zen4 --target 'llvm -mcpu=znver4' "
+                    "--transfer-from 'llvm -mcpu=haswell -num-cores=1' --target-fraction 0.1 --curve 0,0.05,0.1,1")
     train.add_argument("features", help="directory written by `lorien featurize`")
     train.add_argument("-o", "--output", required=True, help="model directory (model.json, report.json, plots)")
     train.add_argument("--kind", default="xgb-rank", choices=["xgb-rank", "xgb-reg", "ridge"],
@@ -241,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--n-estimators", type=int, help="boosting rounds (XGBoost)")
     train.add_argument("--max-depth", type=int, help="tree depth (XGBoost)")
     train.add_argument("--learning-rate", type=float, help="learning rate (XGBoost)")
+    train.add_argument("--target", help="train on the records of the targets this one matches (as a query "
+                                        "target does: same family, same value of every option it names)")
+    train.add_argument("--transfer-from", metavar="SOURCE",
+                       help="also train on this source target's records; evaluate on held-out --target workloads "
+                            "against a model of the --target data alone")
+    train.add_argument("--target-fraction", type=float, default=1.0, metavar="F",
+                       help="use this fraction (0-1) of each --target workload's records (default 1)")
+    train.add_argument("--curve", type=_fractions, metavar="F,F,...",
+                       help="with --transfer-from: also evaluate at these target fractions and plot the "
+                            "transfer curve, e.g. 0,0.05,0.1,1")
     train.add_argument("--name", help="model name (records it proposes get source model:<name>)")
     train.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     train.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -306,17 +319,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- generate ---------------------------------------------------------------------
     # (section owned by the cost-model work)
-    generate = _parser(sub, "generate", "build a training set: tune a spread of dense/conv2d workloads "
-                       "with the random tuner on this machine", "lorien generate --size medium --store parquet:./train")
+    generate = _parser(sub, "generate", "build a training set: tune a spread of dense, conv2d, depthwise and "
+                       "batch_matmul workloads with the random tuner on this machine",
+                       "lorien generate --size medium --exclude configs/models/all.yaml --store parquet:./train\n"
+                       "  lorien generate --size medium --target 'llvm -mcpu=haswell -num-cores=1' --store parquet:./train")
     generate.add_argument("--size", default="small", choices=["small", "medium", "large", "none"],
                           help="the workload spread (small: a few workloads for CI; default small)")
     generate.add_argument("--workload", action="append", default=[], metavar="OP:K=V,...",
                           help="an extra workload, e.g. dense:M=16,N=256,K=256; repeatable")
-    generate.add_argument("--op", action="append", choices=["dense", "conv2d"], help="only these ops of the spread")
+    generate.add_argument("--op", action="append", choices=["dense", "conv2d", "depthwise_conv2d", "batch_matmul"],
+                          help="only these ops of the spread; repeatable")
+    generate.add_argument("--exclude", action="append", default=[], metavar="CONFIG.yaml",
+                          help="leave out the spread's workloads this tuning config names (e.g. the networks a "
+                               "model is judged on zero-shot); repeatable")
     generate.add_argument("--trials", type=int, help="measured configs per workload (default by size: 8/64/200)")
     generate.add_argument("--tuner", default="random", help="tuner (default random)")
-    generate.add_argument("--target", default="llvm", help="target string (default llvm, the host CPU)")
-    generate.add_argument("--seed", type=int, default=0, help="random seed")
+    generate.add_argument("--target", help="target to build and measure for, e.g. 'llvm -mcpu=haswell -num-cores=1' "
+                                           "(default: this host's CPU, llvm -mcpu=<host>)")
+    generate.add_argument("--seed", type=int, default=0,
+                          help="random seed (the same seed measures the same configs on every target)")
     generate.add_argument("--store", help=STORE_HELP)
     generate.add_argument("--quiet", action="store_true", help="no progress on stderr")
     generate.add_argument("--json", action="store_true", help="print the per-workload summary as JSON")
@@ -714,6 +735,14 @@ def _run_featurize(args: argparse.Namespace) -> int:
 
 # ---- run functions: train ----------------------------------------------------------------
 
+def _fractions(text: str) -> list[float]:
+    """``0,0.05,0.1,1`` -> [0.0, 0.05, 0.1, 1.0] (argparse type of --curve)."""
+    try:
+        return [float(item) for item in text.split(",") if item.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions such as 0,0.05,0.1,1, got {text!r}") from exc
+
+
 def _run_train(args: argparse.Namespace) -> int:
     from lorien.costmodel import train_cost_model
 
@@ -724,7 +753,9 @@ def _run_train(args: argparse.Namespace) -> int:
     report = train_cost_model(args.features, args.output, kind=args.kind, templates=args.template,
                               folds=args.folds, params=params,
                               baseline=None if args.baseline == "none" else args.baseline,
-                              name=args.name, plots=not args.no_plots, progress=not args.quiet)
+                              name=args.name, plots=not args.no_plots, progress=not args.quiet,
+                              target=args.target, transfer_from=args.transfer_from,
+                              target_fraction=args.target_fraction, curve=args.curve)
     if args.json:
         from lorien.costmodel.train import report_json
 
@@ -740,6 +771,11 @@ def _run_train(args: argparse.Namespace) -> int:
             base = entry["baseline_cv"]
             line += f"; baseline top1={base['top1']:.3f} top5={base['top5']:.3f}"
         print(line)
+        for fraction, point in entry.get("transfer_curve", {}).items():
+            print(f"  {float(fraction):.0%} of {args.target}: " + "; ".join(
+                f"{label} top1={scores['top1']:.3f} top5={scores['top5']:.3f} "
+                f"pairwise={scores['pairwise_accuracy']:.3f}"
+                for label, scores in (("with source", point["transfer"]), ("alone", point["own"])) if scores))
     for template, reason in report["skipped"].items():
         print(f"{template}: skipped ({reason})")
     print(f"model and report written to {args.output}")
@@ -825,7 +861,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     store_uri = resolve_store_uri(args.store)
     summaries = generate_training_set(store_uri, size=args.size, workloads=args.workload, trials=args.trials,
                                       target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
-                                      progress=not args.quiet)
+                                      progress=not args.quiet, exclude_configs=args.exclude)
     if args.json:
         print(_tune_json(summaries))
         return 0

@@ -51,7 +51,24 @@ class Dialect(ABC):
         return record.task_name
 
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-        """Tune one job (a workload, tuner and budget) and yield the measured records."""
+        """Tune one job (a workload, tuner and ``trials`` budget); return the records measured.
+
+        Options the core passes (docs/orchestration.md, "Resume: the dialect contract"):
+
+        - ``resume``: the job's measurements committed before (by a killed attempt, or by an
+          earlier run into the same store), one record per config, oldest first. Replay them
+          into the tuner -- it never proposes them again, a model-based tuner is trained on them
+          before its first proposal -- count them as trials of the budget, and measure only the
+          rest; return only what was measured now. Where they do not fit the job's search
+          space, raise a DialectError naming the record.
+        - ``on_batch(progress, records)``: called after each measured batch, before the next is
+          proposed, with a :class:`lorien.tune.progress.TuneProgress` (``trials`` counting the
+          ``resumed`` ones) and that batch's records -- and once with no records after replaying
+          ``resume``, if anything was. The orchestration layer commits there.
+        - ``commit``: commit each batch to ``store_uri`` as it is measured (default True);
+          False under a job manager, which commits in ``on_batch``.
+        - ``source``: the ``source`` of the records (the job's ``lorien-job:<id>`` tag).
+        """
         raise DialectError(f"dialect {self.name!r} cannot tune")
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:

@@ -31,6 +31,8 @@ DEFAULT_KEYS: dict[str, tuple[str, ...]] = {
     "hybrid": ("cpu",),
 }
 
+#: Longest alternate key (kind plus device keys) taken: stores name a directory after it.
+MAX_ALTERNATE_KEY = 80
 #: Options whose value is a list (comma separated on the CLI).
 _LIST_OPTIONS = {"keys", "mattr", "libs"}
 #: Options dropped from the canonical string when empty.
@@ -115,7 +117,11 @@ def _normalize(kind: str, options: dict[str, object], source: str) -> Target:
         if isinstance(device, str) and device not in keys:
             keys.insert(0, device)
         normalized["keys"] = tuple(keys)
-    return Target(kind, normalized)
+    target = Target(kind, normalized)
+    if len(target.alternate_key) > MAX_ALTERNATE_KEY:
+        raise TargetError(f"target {source!r:.200}: its device keys make a family key of "
+                          f"{len(target.alternate_key)} characters (at most {MAX_ALTERNATE_KEY})")
+    return target
 
 
 @lru_cache(maxsize=4096)

@@ -283,10 +283,15 @@ def _flop_batch_matmul(args: Sequence[Any]) -> float:
 
 # ---------------------------------------------------------------- the operator table
 
+#: What a layout argument looks like (``NCHW``, ``NCHW8c``, ``OIHW16i16o``); records are
+#: partitioned by layout, so anything else (a damaged log's text) is not taken as one.
+_LAYOUT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{0,31}")
+
+
 def _layout_from_arg(index: int, fallback: str) -> Callable[[Sequence[Any]], str]:
     def infer(args: Sequence[Any]) -> str:
         value = _arg(args, index)
-        return value if isinstance(value, str) and value else fallback
+        return value if isinstance(value, str) and _LAYOUT_NAME.fullmatch(value) else fallback
     return infer
 
 
@@ -363,6 +368,14 @@ def infer_layout(task_name: str, args: Sequence[Any]) -> str:
     return entry[0](args)
 
 
+def _countable(flop: float) -> float:
+    """A FLOP count a formula gave, if it is one: finite and not negative (arguments past what a
+    double holds, or sizes that make a negative output extent, give none)."""
+    if not math.isfinite(flop) or flop < 0:
+        raise ValueError(f"the formula gives {flop} FLOP")
+    return flop
+
+
 def compute_flop(task_name: str, args: Sequence[Any]) -> float | None:
     """FLOP count of an AutoTVM workload, or None (with one warning per task name) if unknown."""
     entry = OPERATORS.get(operator_stem(task_name))
@@ -370,10 +383,21 @@ def compute_flop(task_name: str, args: Sequence[Any]) -> float | None:
         warn_unknown_flop(task_name, "no FLOP formula for this operator")
         return None
     try:
-        return entry[1](args)
-    except (WorkloadError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        return _countable(entry[1](args))
+    except (WorkloadError, TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError) as exc:
         warn_unknown_flop(task_name, f"arguments {list(args)!r} do not fit its formula ({exc})")
         return None
+
+
+def negative_dimension(args: Sequence[Any]) -> list[Any] | None:
+    """The first tensor argument (``["TENSOR", ...]``, AutoTVM's and MetaSchedule's form) whose
+    shape has a negative dimension, or None: no tensor has one, so a record naming it is damaged."""
+    for arg in args:
+        if isinstance(arg, list) and arg[:1] == ["TENSOR"]:
+            for part in arg[1:]:
+                if isinstance(part, list) and any(type(dim) is int and dim < 0 for dim in part):
+                    return arg
+    return None
 
 
 # ---------------------------------------------------------------- readable AutoTVM keys

@@ -24,3 +24,22 @@ def shared_data() -> Path:
 def store_uri(tmp_path: Path) -> str:
     """A fresh local parquet store."""
     return f"parquet:{tmp_path / 'warehouse'}"
+
+
+@pytest.fixture(scope="session")
+def featurized(tmp_path_factory):
+    """``featurized(records, name)``: the `lorien featurize` output directory of a fresh store
+    holding ``records``."""
+
+    def make(records: list, name: str) -> Path:
+        from lorien.features import featurize
+        from lorien.warehouse import open_store
+
+        root = tmp_path_factory.mktemp(name)
+        uri = f"parquet:{root / 'warehouse'}"
+        with open_store(uri) as store:
+            store.commit(records)
+        featurize(root / "features", store=uri, jobs=1, progress=False)
+        return root / "features"
+
+    return make

@@ -29,7 +29,7 @@ from lorien.costmodel import (
     warm_start_scores,
 )
 from lorien.errors import ConfigError, LorienError
-from lorien.features import featurize, load_features
+from lorien.features import load_features
 from lorien.record import TuningRecord
 
 TEMPLATE = "dense_nopack.x86"
@@ -67,15 +67,8 @@ def synthetic_records(shapes=SHAPES, seed: int = 0) -> list[TuningRecord]:
 
 
 @pytest.fixture(scope="module")
-def features_dir(tmp_path_factory) -> Path:
-    from lorien.warehouse import open_store
-
-    root = tmp_path_factory.mktemp("costmodel")
-    uri = f"parquet:{root / 'warehouse'}"
-    with open_store(uri) as store:
-        store.commit(synthetic_records())
-    featurize(root / "features", store=uri, jobs=1, progress=False)
-    return root / "features"
+def features_dir(featurized) -> Path:
+    return featurized(synthetic_records(), "costmodel")
 
 
 @pytest.fixture(scope="module")

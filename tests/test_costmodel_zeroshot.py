@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lorien.cli import main
 from lorien.costmodel import load_cost_model, train_cost_model, warm_start_scores
-from lorien.costmodel.generate import parse_workload_spec, training_jobs
+from lorien.costmodel.generate import config_workload_keys, parse_workload_spec, training_jobs
 from lorien.costmodel.zeroshot import propose, sample_indices
 from lorien.errors import ConfigError, LorienError
 from lorien.features import featurize
 from lorien.workload import autotvm_workload_key
 
+MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 TRAINING = ["dense:M=1,N=64,K=64", "dense:M=16,N=64,K=128", "dense:M=16,N=128,K=64"]
 UNSEEN = ("dense", {"M": 8, "N": 96, "K": 64})
 
@@ -56,6 +58,55 @@ def test_small_spread_is_a_few_random_tuner_jobs_on_the_host():
 def test_unknown_spread_size_is_rejected():
     with pytest.raises(ConfigError, match="unknown size 'huge'"):
         training_jobs("huge")
+
+
+def test_the_spreads_cover_the_four_tunable_operators_for_this_host_by_default():
+    from lorien.target import host_target
+
+    jobs = training_jobs("medium")
+    assert {job["task_name"] for job in jobs} == {"dense_pack.x86", "dense_nopack.x86", "conv2d_NCHWc.x86",
+                                                  "depthwise_conv2d_nchw.x86", "batch_matmul.x86"}
+    assert {job["target"] for job in jobs} == {host_target().canonical}
+    assert {job["task_name"] for job in training_jobs("medium", ops=["batch_matmul"])} == {"batch_matmul.x86"}
+    with pytest.raises(ConfigError, match=r"unknown op\(s\) \['gemm'\]"):
+        training_jobs("medium", ops=["gemm"])
+
+
+def test_no_spread_holds_a_task_of_the_extracted_models():
+    from lorien.costmodel.generate import SPREADS, config_workload_keys
+
+    networks = config_workload_keys([MODELS / "all.yaml"])  # ResNet-18, ResNet-50, MobileNetV2, a BERT-base layer
+    for size in SPREADS:
+        keys = {autotvm_workload_key(job["task_name"], job["args"]) for job in training_jobs(size, target="llvm")}
+        assert not keys & networks, size
+
+
+def test_exclude_leaves_out_the_spread_workloads_a_config_names(tmp_path):
+    config = tmp_path / "net.yaml"
+    config.write_text("workloads:\n  - {dense: {M: 1, N: 64, K: 64}}\n  - {dense: {M: 3, N: 3, K: 3}}\n")
+    excluded = config_workload_keys([config])
+    kept = training_jobs("small", exclude=excluded)
+    assert len(kept) == len(training_jobs("small")) - 1
+    assert not {autotvm_workload_key(job["task_name"], job["args"]) for job in kept} & excluded
+    with pytest.raises(ConfigError, match="'dense:M=3,N=3,K=3' is a workload of an exclude config"):
+        training_jobs("none", workloads=["dense:M=3,N=3,K=3"], exclude=excluded)
+
+
+def test_the_same_seed_measures_the_same_configs_on_two_targets(tmp_path):
+    from lorien.costmodel.generate import generate_training_set
+    from lorien.warehouse import open_store
+
+    uri = f"parquet:{tmp_path / 'w'}"
+    for target in ("llvm -mcpu=haswell -num-cores=1", "llvm -mcpu=x86-64"):
+        generate_training_set(uri, size="none", workloads=["depthwise_conv2d:C=8,H=8,W=8,padding=1"], trials=4,
+                              target=target, progress=False)
+    with open_store(uri) as store:
+        rows = store.scan(columns=["target", "config"]).to_pylist()
+    entities: dict[str, list[str]] = {}
+    for row in rows:
+        entities.setdefault(row["target"], []).append(json.dumps(json.loads(row["config"])["entity"]))
+    haswell, generic = (sorted(configs) for configs in entities.values())
+    assert len(haswell) == 4 and haswell == generic
 
 
 def test_sampling_takes_every_index_of_a_small_space_and_distinct_ones_of_a_large_one():
@@ -163,3 +214,33 @@ def test_diverse_proposals_try_different_innermost_tiles_first():
     order = np.arange(len(entities))  # already best first
     assert diverse_top(order, entities, 3) == [0, 2, 4]
     assert diverse_top(order, entities, 5) == [0, 2, 4, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def small_spread_model(tmp_path_factory):
+    """A model of the small spread (one workload of each operator), measured here."""
+    from lorien.costmodel.generate import generate_training_set
+
+    root = tmp_path_factory.mktemp("spread")
+    store_uri = f"parquet:{root / 'warehouse'}"
+    generate_training_set(store_uri, size="small", trials=6, progress=False)
+    featurize(root / "features", store=store_uri, jobs=1, progress=False)
+    train_cost_model(root / "features", root / "model", params={"n_estimators": 20}, baseline=None, plots=False,
+                     progress=False)
+    return root / "model"
+
+
+@pytest.mark.parametrize("op, params", [
+    ("conv2d", {"C": 24, "H": 10, "W": 10, "K": 16, "kernel": 3, "padding": 1}),
+    ("depthwise_conv2d", {"C": 24, "H": 10, "W": 10, "kernel": 3, "padding": 1}),
+    ("batch_matmul", {"B": 3, "M": 24, "N": 16, "K": 16}),
+])
+def test_zero_shot_proposes_and_measures_for_every_tunable_operator(small_spread_model, op, params):
+    from lorien.costmodel.zeroshot import zero_shot
+    from lorien.dialect import get_dialect
+
+    task_name, args = get_dialect("autotvm").expand_workload(op, params)
+    result = zero_shot(small_spread_model, task_name=task_name, args=args, topk=3, measure_top=1,
+                       store_uri=f"parquet:{small_spread_model.parent / 'proposed'}")
+    assert len({json.dumps(p.entity) for p in result.proposals}) == 3
+    assert result.proposals[0].error_no == 0 and result.proposals[0].gflops > 0

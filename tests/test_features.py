@@ -13,7 +13,14 @@ import pytest
 
 from lorien.cli import main
 from lorien.errors import LorienError
-from lorien.features import FeatureMeta, featurize, featurize_table, load_features, output_paths
+from lorien.features import (
+    FeatureMeta,
+    featurize,
+    featurize_table,
+    load_features,
+    output_paths,
+    record_features,
+)
 from lorien.features.extract import config_features, workload_features
 from lorien.record import records_to_table
 
@@ -226,8 +233,7 @@ def test_meta_transform_of_raw_features_reproduces_the_csv_rows(tmp_path, llvm_l
     featurize(tmp_path / "out", paths=[llvm_log], jobs=1, progress=False)
     frame, meta = load_features(tmp_path / "out", X86_TEMPLATE)
     records = sorted(read_log(llvm_log).records, key=lambda r: r.gflops)
-    raw = [{**workload_features(json.loads(r.args)), **config_features(json.loads(r.config)["entity"])}
-           for r in records]
+    raw = [record_features(r) for r in records]
     expected = frame.sort_values("thrpt")
     np.testing.assert_allclose([r.gflops for r in records], expected["thrpt"], rtol=1e-6)
     np.testing.assert_allclose(meta.transform(raw), expected[meta.names].to_numpy(), rtol=1e-5, atol=1e-5)

@@ -113,6 +113,71 @@ def test_the_container_command_commits_to_the_store_and_the_master_reads_its_out
         assert store.scan(columns=["record_id"]).num_rows == 2
 
 
+def test_a_container_killed_mid_job_is_resumed_from_the_jobs_journal_on_s3(batch_setup, jobs_succeed_at_once,
+                                                                          tmp_path):
+    """The container commits each batch to the store and to the job's journal beside its spec
+    on S3. Killed after two batches, its retry -- here committing to a store that holds none of
+    the job's records, as a DynamoDB store keeps only the best configs -- resumes from the
+    journal and measures only the rest."""
+    import time
+
+    from lorien.tune.resume import JobJournal
+    from lorien.warehouse.archive import list_uri
+
+    manager = AwsBatchManager(store_uri=f"parquet:{tmp_path / 'warehouse'}", poll_s=0.0, **batch_setup)
+    job = Job.from_spec({**REAL_JOB, "trials": 10, "batch_size": 2})
+    manager.submit(Task(job.job_id, job.spec, attempt=1, check_existing=True))
+    batch_id = next(iter(manager.in_flight))
+    container = manager.describe([batch_id])[batch_id]["container"]
+    spec_uri = container["command"][3]
+    journal = JobJournal(spec_uri)
+    environment = {item["name"]: item["value"] for item in container["environment"]}
+    command = [sys.executable, "-m", "lorien.cli", *container["command"][1:]]
+    killed = subprocess.Popen(command, env={**os.environ, **environment}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while len(list_uri(journal.records_uri)) < 2 and time.monotonic() < deadline and killed.poll() is None:
+        time.sleep(0.2)
+    killed.kill()
+    killed.wait()
+    kept = {record.config for record in journal.records()}
+    assert 4 <= len(kept) < 10, "the container was not killed mid-job"
+    retry = subprocess.run(command, env={**os.environ, **environment, "LORIEN_STORE": f"parquet:{tmp_path / 'other'}"},
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert retry.returncode == 0, retry.stderr
+    outcome = json.loads(retry.stdout)
+    assert (outcome["resumed"], outcome["measured"], outcome["records"]) == (len(kept), 10 - len(kept), 10)
+    journalled = [record.config for record in journal.records()]
+    assert sorted(journalled) == sorted(set(journalled)) and set(journalled) >= kept and len(journalled) == 10
+    with open_store(f"parquet:{tmp_path / 'other'}") as store:
+        measured_now = set(store.scan(columns=["config"]).column("config").to_pylist())
+    assert len(measured_now) == 10 - len(kept) and measured_now.isdisjoint(kept)
+    assert manager.wait(timeout_s=5)[0].outcome.records == 10
+
+
+def test_a_container_whose_job_a_later_attempt_claimed_stops_before_its_next_commit(s3_bucket, moto_server,
+                                                                                   tmp_path):
+    from lorien.tune.resume import JobJournal
+    from lorien.warehouse.archive import write_bytes_uri
+
+    spec = {**JOB, "trials": 4, "measure": {"log_dir": str(tmp_path)}}
+    spec_uri = write_bytes_uri(f"s3://{s3_bucket}/specs/taken.json?endpoint_url={moto_server}&region=us-east-1",
+                               json.dumps(spec).encode())
+
+    def taken_over_after_one_batch(job_spec, store_uri, on_batch, **options):
+        def commit_then_lose_the_job(progress, records):
+            on_batch(progress, records)
+            JobJournal(spec_uri, token="a-later-attempt").claim()
+        return synthetic_runner(job_spec, store_uri, on_batch=commit_then_lose_the_job, **options)
+
+    store_uri = f"parquet:{tmp_path / 'warehouse'}"
+    result = run_job_uri(spec_uri, store_uri, runner=taken_over_after_one_batch)
+    assert (result["superseded"], result["measured"], result["error"]) == (True, 1, "")
+    assert JobJournal(spec_uri).committed() is None  # the job is not complete: its new owner goes on
+    with open_store(store_uri) as store:
+        assert store.scan(columns=["record_id"]).num_rows == 1
+
+
 def test_a_lorien_error_in_the_container_fails_the_job_without_retry(batch_setup, jobs_succeed_at_once,
                                                                      tmp_path):
     store_uri = f"parquet:{tmp_path / 'warehouse'}"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from lorien.errors import ConfigError
 from lorien.tune.jobspec import Job, load_job, load_jobs, parse_document
-from lorien.tune.managers.base import measurement_slot, source_tag
+from lorien.tune.managers.base import committed_records, measurement_slot, source_tag
 from lorien.tune.managers.synthetic import synthetic_runner
 from lorien.tune.master import run_jobs
 from lorien.tune.trace import TraceWriter, read_events, read_trace
@@ -30,6 +33,12 @@ def synthetic_jobs(count: int, tmp_path: Path, **measure: object) -> list[dict]:
 def executions(tmp_path: Path) -> list[str]:
     log = tmp_path / "logs" / "executions.log"
     return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def measured_trials(tmp_path: Path) -> Counter:
+    """How many times each (job, trial) of the synthetic runner was measured."""
+    log = tmp_path / "logs" / "measured.log"
+    return Counter(tuple(line.split()) for line in log.read_text().splitlines()) if log.exists() else Counter()
 
 
 @pytest.fixture(autouse=True)
@@ -159,8 +168,70 @@ def test_a_crashed_local_worker_process_is_retried_and_records_are_not_duplicate
         assert store.scan(columns=["record_id"]).num_rows == 9
 
 
+def test_a_local_worker_killed_mid_job_is_resumed_and_measures_every_trial_once(tmp_path, store_uri):
+    """Each job's first worker commits trials 0-2 batch by batch, then SIGKILLs itself while
+    measuring trial 3; the retry replays 0-2 and measures only 3-5."""
+    (tmp_path / "crash").mkdir()
+    jobs = [{**job, "trials": 6} for job in synthetic_jobs(3, tmp_path, crash_once_dir=str(tmp_path / "crash"))]
+    trace_file = tmp_path / "trace.jsonl"
+    summary = run_jobs(jobs, store_uri=store_uri, runner=synthetic_runner, workers=2, trace_file=trace_file)
+    assert (summary.done, summary.retried, summary.records) == (3, 3, 18)
+    assert (summary.resumed, summary.measured) == (9, 9)
+    measured = measured_trials(tmp_path)
+    assert len(measured) == 18 and set(measured.values()) == {1}  # the budget, none measured twice
+    done = [event for event in read_events(trace_file)[0] if event["state"] == "done"]
+    assert {(event["resumed"], event["measured"]) for event in done} == {(3, 3)}
+    with open_store(store_uri) as store:
+        table = store.scan(columns=["source", "config"])
+    assert table.num_rows == 18
+    assert len(set(zip(table.column("source").to_pylist(), table.column("config").to_pylist(), strict=True))) == 18
+
+
+def _pid_logging_runner(spec, store_uri, **options):
+    """The dialect's own runner, after noting this worker's pid (so a test can kill it)."""
+    from lorien.tune.managers.base import dialect_runner
+
+    with open(spec["measure"]["pid_file"], "a") as pids:
+        pids.write(f"{os.getpid()}\n")
+    return dialect_runner({**spec, "measure": {k: v for k, v in spec["measure"].items() if k != "pid_file"}},
+                          store_uri, **options)
+
+
+def test_a_real_autotvm_job_killed_mid_job_resumes_its_tuner_from_the_committed_batches(tmp_path, store_uri):
+    """The autotvm dialect under the local manager: the worker is SIGKILLed once two batches
+    are committed; the retry replays them into the tuner and measures only the rest."""
+    import threading
+    import time
+
+    job = {"dialect": "autotvm", "task_name": "dense_pack.x86", "target": "llvm",
+           "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+           "trials": 12, "batch_size": 2, "tuner": "xgb", "tuner_options": {"plan_size": 4},
+           "measure": {"repeat": 2, "build_timeout_s": 60, "pid_file": str(tmp_path / "pids")}}
+    job_id = Job.from_spec(job).job_id
+    trace_file = tmp_path / "trace.jsonl"
+    result = {}
+    master = threading.Thread(target=lambda: result.update(summary=run_jobs(
+        [job], store_uri=store_uri, runner=_pid_logging_runner, trace_file=trace_file, log=lambda message: None)))
+    master.start()
+    deadline = time.monotonic() + 120
+    committed = 0
+    while committed < 4 and time.monotonic() < deadline and master.is_alive():
+        time.sleep(0.1)
+        if (tmp_path / "warehouse" / "records").exists():
+            committed = committed_records(store_uri, job_id)
+    os.kill(int((tmp_path / "pids").read_text().split()[0]), signal.SIGKILL)
+    master.join(timeout=300)
+    summary = result["summary"]
+    assert (summary.done, summary.retried, summary.records) == (1, 1, 12)
+    done = read_events(trace_file)[0][-1]
+    assert done["state"] == "done" and done["resumed"] >= 4 and done["resumed"] + done["measured"] == 12
+    with open_store(store_uri) as store:
+        configs = store.scan(columns=["config"]).column("config").to_pylist()
+    assert len(configs) == len(set(configs)) == 12
+
+
 def test_a_job_that_keeps_dying_fails_after_max_retries(tmp_path):
-    def always_crash_runner(spec, store_uri):
+    def always_crash_runner(spec, store_uri, **options):
         import os
         import signal
 

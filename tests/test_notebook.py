@@ -1,8 +1,10 @@
 """notebooks/train_cost_model.ipynb runs end to end: real measurements on the engine ->
-features -> training -> plots -> measured zero-shot proposals committed to the store."""
+features -> training -> plots -> measured zero-shot proposals committed to the store ->
+the same configs measured for a second target and the transfer curve plotted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +44,9 @@ def test_notebook_trains_evaluates_and_proposes_for_an_unseen_workload(tmp_path,
     assert (tmp_path / "features" / "dense_pack.x86.csv").is_file()
     images = [output for cell in notebook.cells for output in cell.get("outputs", [])
               if "image/png" in output.get("data", {})]
-    assert len(images) == 2
+    assert len(images) == 3  # predicted vs measured, top-k per workload, the transfer curve
+    transfer = json.loads((tmp_path / "transfer-model" / "report.json").read_text())
+    assert set(transfer["templates"]["dense_pack.x86"]["transfer_curve"]) == {"0", "0.25", "0.5", "1"}
 
     from lorien.warehouse import open_store
 

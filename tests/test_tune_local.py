@@ -96,6 +96,73 @@ def test_dialect_tune_runs_a_team_job_dict_and_commits_each_batch(store_uri):
     assert best[0].cost_s == min(r.cost_s for r in records if r.is_valid)
 
 
+RESUME_JOB = {"dialect": "autotvm", "task_name": "dense_pack.x86",
+              "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+              "target": "llvm", "tuner": "random", "trials": 6, "measure": MEASURE, "seed": 2, "batch_size": 2}
+
+
+def test_a_resumed_job_measures_only_the_rest_of_its_budget_and_no_config_twice(store_uri):
+    from lorien.dialect import get_dialect
+
+    dialect = get_dialect("autotvm")
+    first = list(dialect.tune(RESUME_JOB, None, commit=False))
+    seen = []
+    rest = list(dialect.tune(RESUME_JOB, store_uri, resume=first[:4],
+                             on_batch=lambda progress, records: seen.append((progress.trials, progress.resumed,
+                                                                             len(records)))))
+    assert seen == [(4, 4, 0), (6, 4, 2)]
+    assert len(rest) == 2
+    assert {r.config for r in rest}.isdisjoint(r.config for r in first[:4])
+    with open_store(store_uri) as store:
+        assert store.scan().num_rows == 2  # the resumed records are the earlier attempt's, not committed again
+
+
+def test_a_job_resumed_with_its_whole_budget_measures_nothing(store_uri):
+    from dialects.autotvm.tuning import tune_job
+
+    first = tune_job(RESUME_JOB, None, commit=False).records
+    again = tune_job(RESUME_JOB, store_uri, resume=first)
+    assert (again.records, again.trials, again.resumed) == ([], 6, 6)
+    assert again.best_cost_s == min(record.cost_s for record in first if record.is_valid)
+
+
+def test_records_that_do_not_fit_the_jobs_space_are_refused_naming_them(shared_data):
+    from dialects.autotvm.tuning import tune_job
+    from lorien.errors import DialectError
+
+    foreign = read_log(shared_data / "tophub" / "llvm_v0.04.log").records[0]
+    with pytest.raises(DialectError, match=f"record {foreign.record_id} of this job does not fit the space"):
+        tune_job(RESUME_JOB, None, commit=False, resume=[foreign])
+
+
+def test_lorien_tune_killed_mid_workload_resumes_where_it_stopped(tmp_path, store_uri):
+    """SIGKILL `lorien tune` once two batches are committed, run it again: the second run
+    measures only the rest, so the store holds the budget, each config once."""
+    config = write_config(tmp_path, trials=10, batch_size=2)
+    proc = lorien_cli("tune", str(config), "--store", store_uri, "--no-progress")
+    deadline = time.monotonic() + 240
+    committed = 0
+    while committed < 4 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        if (Path(store_uri.split(":", 1)[1]) / "records").exists():
+            with open_store(store_uri) as store:
+                committed = store.scan(columns=["record_id"]).num_rows
+    proc.kill()
+    proc.communicate()
+    assert 4 <= committed < 10, "the run was not killed mid-workload"
+    with open_store(store_uri) as store:
+        committed = store.scan(columns=["record_id"]).num_rows
+    again = lorien_cli("tune", str(config), "--store", store_uri, "--no-progress")
+    stdout, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    assert f"10 ({committed} resumed)" in stdout
+    with open_store(store_uri) as store:
+        table = store.scan(columns=["config", "source"])
+    assert table.num_rows == 10
+    assert len(set(table.column("config").to_pylist())) == 10
+    assert len(set(table.column("source").to_pylist())) == 1
+
+
 def test_yaml_shorthands_expand_to_autotvm_tasks(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"trials": 4, "tuner": {"kind": "ga", "pop_size": 8}, "workloads": [
@@ -173,8 +240,23 @@ def test_compile_follows_the_query_target_rule(store_uri):
     with pytest.warns(FallbackScheduleWarning):
         assert not lorien.compile(key, "llvm", store=store_uri, exact=True).from_warehouse
     with pytest.warns(FallbackScheduleWarning):
-        assert not lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri).from_warehouse
-    assert lorien.compile(key, "llvm -mcpu=some-other-cpu", store=store_uri, by_alternate_key=True).from_warehouse
+        assert not lorien.compile(key, "llvm -mcpu=x86-64", store=store_uri).from_warehouse
+    assert lorien.compile(key, "llvm -mcpu=x86-64", store=store_uri, by_alternate_key=True).from_warehouse
+
+
+def test_tuning_for_another_cpu_measures_its_code_and_records_its_build(store_uri):
+    import json
+
+    from lorien.dialect import get_dialect
+
+    job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
+           "args": [["TENSOR", [4, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
+           "target": "llvm -mcpu=haswell -num-cores=1", "tuner": "random", "trials": 2, "measure": MEASURE}
+    records = list(get_dialect("autotvm").tune(job, store_uri))
+    assert {r.error_no for r in records} == {0}
+    assert {r.target for r in records} == {"llvm -keys=cpu -mcpu=haswell -num-cores=1"}
+    build = json.loads(records[0].build)
+    assert (build["mcpu"], build["vector_lanes"], build["threads"]) == ("haswell", 8, 1)
 
 
 def test_compile_without_records_falls_back_and_says_so(store_uri):

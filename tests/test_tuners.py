@@ -153,6 +153,31 @@ def test_failed_measurements_never_become_best():
     assert tuner.best_index == indices[1]
 
 
+@pytest.mark.parametrize(("kind", "options"), [("grid", {}), ("random", {}), ("ga", {"pop_size": 16}),
+                                               ("xgb", {"plan_size": 16, "sa_n_iter": 10, "sa_parallel_size": 32})])
+def test_a_replayed_point_is_never_proposed_again(kind, options):
+    """A resumed job's earlier measurements are replayed: the tuner goes on without them."""
+    space = small_space()
+    earlier = [int(i) for i in np.random.default_rng(4).choice(len(space), size=40, replace=False)] + [0, 1, 2]
+    tuner = create(kind, space, seed=0, **options)
+    tuner.replay(earlier, [Result([synthetic_cost(space, i)]) for i in earlier])
+    proposed = run(tuner, space, trials=64)
+    assert set(proposed).isdisjoint(earlier)
+    assert len(proposed) == len(set(proposed)) == 64
+
+
+def test_replay_trains_the_xgb_model_before_its_first_plan():
+    space = small_space()
+    earlier = [int(i) for i in np.random.default_rng(5).choice(len(space), size=24, replace=False)]
+    tuner = create("xgb", space, seed=3, plan_size=32)
+    tuner.replay(earlier, [Result([synthetic_cost(space, i)]) for i in earlier])
+    assert tuner.booster_ is not None  # 24 points are fewer than a plan: fitted for the replay
+    cold = create("xgb", space, seed=3, plan_size=32)
+    first_warm = [synthetic_cost(space, i) for i in tuner.next_batch(16)]
+    first_cold = [synthetic_cost(space, i) for i in cold.next_batch(16)]
+    assert np.mean(first_warm) < np.mean(first_cold)
+
+
 def test_unknown_tuner_kind_is_rejected_with_the_known_ones():
     with pytest.raises(ConfigError, match="grid"):
         create("annealing", small_space())

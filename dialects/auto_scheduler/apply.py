@@ -23,7 +23,7 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
 
     A step that cannot be applied raises StepError before anything is measured.
     """
-    from dialects.auto_scheduler.records import make_record
+    from dialects.auto_scheduler.records import engine_target, make_record
     from dialects.auto_scheduler.tuning import measure_steps
     from lorien.target import host_target, parse_target
 
@@ -36,7 +36,7 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
         raise ConfigError(f"an Ansor config is a list of steps, got {steps!r:.200}")
     replay = replay_steps(registry.workload_dag(workload_key), steps)
     target_text = parse_target(target).canonical if target else host_target().canonical
-    (result,) = measure_steps(workload_key, [steps], measure)
+    (result,) = measure_steps(workload_key, [steps], measure, engine_target(target_text))
     record = make_record(target_text, workload_key, steps, list(result.costs), int(result.error_no),
                          float(result.all_cost), float(result.timestamp), source=source)
     if store_uri is not None:

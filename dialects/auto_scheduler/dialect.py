@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,15 @@ class AutoSchedulerDialect(Dialect):
                 pass
             warn_unknown_flop(name, str(exc))
             return LAYOUT_NA, None
-        return dag.layout(), dag.flop()
+        try:
+            flop = dag.flop()
+        except OverflowError:
+            flop = math.inf
+        if not (math.isfinite(flop) and flop >= 0):
+            warn_unknown_flop(registry.parse_workload_key(workload_key)[0],
+                              f"{workload_key} gives a float-operation count no double holds: {flop}")
+            return dag.layout(), None
+        return dag.layout(), flop
 
     def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         """(workload function, args) of a tuning-YAML op shorthand (``conv2d: {C:.., ...}``)."""
@@ -81,12 +90,13 @@ class AutoSchedulerDialect(Dialect):
         """Tune one job template-free; each measured batch is committed to ``store_uri``.
 
         Options: ``log_path`` (Ansor log to append to), ``on_batch(progress, records)``,
-        ``source`` (tag of the records), ``commit`` (default True).
+        ``source`` (tag of the records), ``commit`` (default True), ``resume`` (the job's
+        earlier measurements, counted against its budget).
         """
         from dialects.auto_scheduler.tuning import tune_job
 
         log_path = options.get("log_path")
         progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
                             on_batch=options.get("on_batch"), source=options.get("source"),
-                            commit=options.get("commit", True))
+                            commit=options.get("commit", True), resume=options.get("resume") or ())
         return progress.records

@@ -145,10 +145,15 @@ def workload_key_to_tensors(workload_key: str) -> list[te.Tensor]:
         raise UnregisteredWorkloadError(f"workload function {name!r} is not registered "
                                         f"(registered: {', '.join(registered_names()) or 'none'})")
     try:
-        tensors = function(*args)
-    except (TypeError, ValueError) as exc:
-        raise WorkloadError(f"workload {workload_key}: {name}{tuple(args)} failed: {exc}") from exc
-    return list(tensors)
+        tensors = list(function(*args))
+    except (TypeError, ValueError, ArithmeticError, IndexError) as exc:
+        raise WorkloadError(f"workload {workload_key}: {name}{tuple(args)} failed: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    for tensor in tensors:
+        if any(isinstance(dim, int) and dim <= 0 for dim in tensor.shape):
+            raise WorkloadError(f"workload {workload_key}: {name}{tuple(args)} gives tensor {tensor.name} "
+                                f"the shape {list(tensor.shape)}; every dimension must be positive")
+    return tensors
 
 
 def workload_dag(workload_key: str) -> ComputeDAG:

@@ -23,15 +23,15 @@ import numpy as np
 import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
-from dialects.auto_scheduler.records import make_record
+from dialects.auto_scheduler.records import engine_target, make_record
 from dialects.auto_scheduler.space import SketchSpace
 from dialects.auto_scheduler.steps import replay_steps
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost
 from lorien.search.xgb import history_by_workload
-from lorien.tune.managers.base import job_source_tag
 from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_batches
+from lorien.tune.resume import job_source
 
 #: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
 XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
@@ -85,9 +85,10 @@ def _entry(workload_key: str) -> tuple[str, Any]:
 
 
 def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
-                  measure: dict[str, Any] | None = None) -> list[Any]:
-    """Build and measure candidates (lists of Ansor steps) in isolated workers, each output
-    checked against NumPy; one MeasureResult per candidate."""
+                  measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+    """Build and measure candidates (lists of Ansor steps) in isolated workers for the CPU
+    ``target`` (default this host), each output checked against NumPy; one MeasureResult per
+    candidate."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -96,8 +97,8 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     entry = _entry(workload_key)
     reference = WorkloadReference(workload_key, entry)
-    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference)
-              for steps in candidates]
+    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference,
+                           target=target) for steps in candidates]
     return measure_batch(inputs, option)
 
 
@@ -152,12 +153,15 @@ def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: 
 
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
-             history: Sequence[TuningRecord] | None = None) -> TuneProgress:
+             history: Sequence[TuningRecord] | None = None,
+             resume: Sequence[TuningRecord] = ()) -> TuneProgress:
     """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``
     (None: the default store; with ``commit=False`` the store is only read).
 
     ``history``: records measured before (default: the store's records of the workload and
-    target); they are never measured again and train the tuner first.
+    target); they are never measured again and train the tuner first. ``resume``: this job's
+    own earlier measurements (a retried attempt's, from the orchestration layer); they are
+    history too and also count against ``trials``, so only the rest is measured.
     """
     from lorien.target import parse_target
 
@@ -170,7 +174,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
     batch_size = int(job.get("batch_size", 16))
     early_stopping = job.get("early_stopping")
     nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or job_source_tag(job)
+    source = source or job.get("source") or job_source(job, "auto_scheduler")
 
     store = None
     if commit or store_uri is not None:
@@ -183,14 +187,17 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
             features, scores = transfer_history(store, space, workload_key, target)
             tuner.load_history(features, scores)
+        history = [*history, *resume]
         measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
         resumed = _resume(tuner, space, history)
-        trials = min(int(job.get("trials", 16)), len(space) - len(tuner.visited))
-        progress = TuneProgress(total=trials)
+        trials = min(max(0, int(job.get("trials", 16)) - len(resume)), len(space) - len(tuner.visited))
+        progress = TuneProgress(total=trials + len(resume), trials=len(resume), resumed=len(resume))
         if resumed:
             best = min(resumed, key=lambda r: result_cost(r))
             if math.isfinite(result_cost(best)):
                 progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
+        if resume and on_batch is not None:
+            on_batch(progress, [])
         _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest,
               source, store if commit else None, log_path, on_batch)
     finally:
@@ -224,4 +231,5 @@ def _tune(job, workload_key, target, space, tuner, progress, measured, batch_siz
 
     sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
     tune_batches(tuner, space, progress, measured, batch_size, early_stopping, sink,
-                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure")), to_records, on_batch)
+                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure"), engine_target(target)),
+                 to_records, on_batch)

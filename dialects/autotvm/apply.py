@@ -57,13 +57,14 @@ def resolve_config(task_name: str, args: list[Any], config: Any) -> ConfigEntity
 def apply_config(task_name: str, args: list[Any], config: Any, target: str | None = None,
                  measure: dict[str, Any] | None = None, store_uri: str | None = None,
                  source: str = "lorien apply") -> AppliedConfig:
-    """Build and measure ``config`` of ``(task_name, args)`` on this host; optionally commit it."""
+    """Build and measure ``config`` of ``(task_name, args)`` for ``target`` (default this host's
+    CPU; its -mcpu and -num-cores are honoured) on this host; optionally commit it."""
     from dialects.autotvm.records import make_record
     from lorien.target import host_target, parse_target
 
     entity = resolve_config(task_name, list(args), config)
     target_text = parse_target(target).canonical if target else host_target().canonical
-    (result,) = measure_configs(task_name, list(args), [entity], measure)
+    (result,) = measure_configs(task_name, list(args), [entity], measure, target_text)
     record = make_record(target_text, task_name, list(args), entity, list(result.costs), int(result.error_no),
                          float(result.all_cost), float(result.timestamp), source=source)
     if store_uri is not None:

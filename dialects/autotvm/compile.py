@@ -13,10 +13,13 @@ from dialects.autotvm.tuning import cached_task
 
 
 def build_config(task: Task, config: ConfigEntity, target: str | None = None):
-    """Compile one config of a task; the kernel knows its task and config."""
+    """Compile one config of a task for ``target`` (default this host); the kernel knows its
+    task and config."""
     from lorien.engine.build import build
+    from lorien.engine.cpu import building_for
 
-    schedule, tensors = task.instantiate(config)
+    with building_for(target):
+        schedule, tensors = task.instantiate(config)
     kernel = build(schedule, tensors, target=target)
     kernel.task, kernel.config, kernel.tensors = task, config, tensors
     return kernel

@@ -68,15 +68,16 @@ class AutoTVMDialect(Dialect):
     def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
         """Tune one job; each measured batch is committed to ``store_uri`` as it completes.
 
-        Options: ``log_path`` (AutoTVM log to append to), ``on_batch(progress, records)``,
-        ``source`` (tag of the records), ``commit`` (default True).
+        Options (the contract of :meth:`lorien.dialect.Dialect.tune`): ``resume`` (earlier
+        measurements, replayed into the tuner by config index), ``on_batch(progress, records)``,
+        ``source``, ``commit`` (default True), and ``log_path`` (AutoTVM log to append to).
         """
         from dialects.autotvm.tuning import tune_job
 
         log_path = options.get("log_path")
         progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
                             on_batch=options.get("on_batch"), source=options.get("source"),
-                            commit=options.get("commit", True))
+                            commit=options.get("commit", True), resume=options.get("resume") or ())
         return progress.records
 
 

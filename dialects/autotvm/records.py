@@ -49,7 +49,7 @@ def make_record(target: str, task_name: str, args: Sequence[Any], config: Config
 
     line = native_line(target, task_name, args, config, costs, error_no, all_cost, timestamp)
     record = decode_line(line, FORMAT)
-    return record.with_changes(build=build_info(), source=source)
+    return record.with_changes(build=build_info(target), source=source)
 
 
 def record_config(record: TuningRecord) -> tuple[str, list[Any], list[list[Any]]]:

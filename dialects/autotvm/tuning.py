@@ -2,7 +2,8 @@
 
 Every batch of measured candidates becomes TuningRecords that are committed to the store
 (and appended to the AutoTVM log) before the next batch starts, so an interrupted run keeps
-everything it measured.
+everything it measured. A resumed job replays what it measured before into its tuner (see
+:func:`replay`) and measures only the rest of its budget.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import orjson
 from dialects.autotvm.records import encode, make_record
 from dialects.autotvm.space import ConfigEntity, entity_features
 from dialects.autotvm.templates import Task, instantiate
-from lorien.errors import ConfigError
+from lorien.errors import ConfigError, DialectError
+from lorien.record import TuningRecord
 from lorien.search import Tuner, create
 from lorien.search.xgb import history_by_workload
-from lorien.tune.managers.base import job_source_tag
 from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
+from lorien.tune.resume import job_source
 
 
 @functools.lru_cache(maxsize=32)
@@ -61,8 +63,9 @@ class ConfigReference:
         return task.reference(config, *inputs)
 
 
-def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity]) -> list[Any]:
-    """Engine measure inputs of configs."""
+def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
+                   target: str | None = None) -> list[Any]:
+    """Engine measure inputs of configs, built and run for ``target`` (default this host)."""
     from lorien.engine.measure import MeasureInput
 
     args_json = orjson.dumps(list(args)).decode()
@@ -70,20 +73,21 @@ def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[Config
     for config in configs:
         entity_json = orjson.dumps(config.to_json_entity()).decode()
         inputs.append(MeasureInput(builder=ConfigBuilder(task_name, args_json, entity_json),
-                                   reference=ConfigReference(task_name, args_json, entity_json)))
+                                   reference=ConfigReference(task_name, args_json, entity_json), target=target))
     return inputs
 
 
 def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
-                    measure: dict[str, Any] | None = None) -> list[Any]:
-    """Build and measure configs in isolated workers; one MeasureResult per config."""
+                    measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+    """Build and measure configs for ``target`` (default this host) in isolated workers; one
+    MeasureResult per config."""
     from lorien.engine.measure import MeasureOption, measure_batch
 
     try:
         option = MeasureOption(**(measure or {}))
     except TypeError as exc:
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
-    return measure_batch(measure_inputs(task_name, args, configs), option)
+    return measure_batch(measure_inputs(task_name, args, configs, target), option)
 
 
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
@@ -135,11 +139,36 @@ def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
     return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
 
 
+def replay(task: Task, tuner: Tuner, progress: TuneProgress, records: Sequence[TuningRecord],
+           batch_size: int) -> None:
+    """Replay a job's earlier measurements (oldest first) into a fresh tuner, in batches as they
+    were measured: the tuner never proposes them again and learns from them (the xgb tuner is
+    trained on them before its first plan); they count as trials of the budget (and for early
+    stopping)."""
+    measured: dict[int, tuple[ConfigEntity, TuningRecord]] = {}
+    for record in records:
+        try:
+            config = task.space.from_json_entity(orjson.loads(record.config)["entity"])
+        except (DialectError, KeyError, TypeError, ValueError) as exc:
+            raise DialectError(f"record {record.record_id} of this job does not fit the space of "
+                               f"{task.name} ({exc}); was the template changed since it was measured?") from None
+        measured.setdefault(config.index, (config, record))
+    pairs = list(measured.values())
+    for start in range(0, len(pairs), batch_size):
+        configs = [config for config, _ in pairs[start:start + batch_size]]
+        results = [record for _, record in pairs[start:start + batch_size]]
+        tuner.replay([config.index for config in configs], results)
+        progress.count(configs, results, [])
+    progress.resumed = progress.trials
+
+
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None,
-             commit: bool = True) -> TuneProgress:
+             commit: bool = True, resume: Sequence[TuningRecord] = ()) -> TuneProgress:
     """Tune one job dict (team schema); with ``commit``, each measured batch is committed to
-    ``store_uri`` (None: the default store)."""
+    ``store_uri`` (None: the default store). ``resume``: the job's earlier measurements, replayed
+    (:func:`replay`) and counted against ``trials``; only the rest is measured."""
+    from lorien.engine.cpu import cpu_target
     from lorien.target import parse_target
 
     for key in ("task_name", "args"):
@@ -147,13 +176,14 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
             raise ConfigError(f"autotvm job needs {key!r}: {job!r:.200}")
     task_name, args = job["task_name"], list(job["args"])
     target = parse_target(job.get("target") or "llvm")
+    cpu_target(target).check_runnable()
     task = cached_task(task_name, orjson.dumps(args).decode())
     tuner = make_tuner(job, task)
     trials = min(int(job.get("trials", 16)), len(task.space))
     batch_size = int(job.get("batch_size", 8))
     early_stopping = job.get("early_stopping")
     nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or job_source_tag(job)
+    source = source or job.get("source") or job_source(job, "autotvm")
 
     store = None
     if commit:
@@ -170,17 +200,21 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         from lorien.costmodel import warm_start_tuner
 
         warm_start_tuner(tuner, str(job["warm_start_model"]), task_name, args,
-                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)))
+                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)),
+                         target=target.canonical)
 
     progress = TuneProgress(total=trials)
+    replay(task, tuner, progress, resume, batch_size)
+    if progress.resumed and on_batch is not None:
+        on_batch(progress, [])
     sink = BatchSink(store, nbest, log_path, encode)
     try:
-        while progress.trials < trials and tuner.has_next():
+        while progress.trials < trials and tuner.has_next() and not progress.stalled(early_stopping):
             indices = tuner.next_batch(min(batch_size, trials - progress.trials))
             if not indices:
                 break
             configs = [task.config(i) for i in indices]
-            results = measure_configs(task_name, args, configs, job.get("measure"))
+            results = measure_configs(task_name, args, configs, job.get("measure"), target.canonical)
             records = [make_record(target.canonical, task_name, args, config, list(result.costs),
                                    int(result.error_no), float(result.all_cost), float(result.timestamp),
                                    source=source)
@@ -197,3 +231,4 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         if store is not None:
             store.close()
     return progress
+

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from dialects.auto_scheduler.records import engine_target
 from dialects.meta_schedule.compile import measure_traces, workload_dag
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.trace import parse_trace, replay_trace
@@ -35,7 +36,7 @@ def apply_record(logged: TuningRecord, trace: Any = None, target: str | None = N
     dag = workload_dag(logged)
     replay = replay_trace(dag, trace)
     target_text = parse_target(target).canonical if target else host_target().canonical
-    (result,) = measure_traces(dag, [trace], measure)
+    (result,) = measure_traces(dag, [trace], measure, engine_target(target_text))
     extra = orjson.loads(logged.extra) if logged.extra else {}
     record = make_record(target_text, logged.workload_key, trace, list(result.costs), int(result.error_no),
                          float(result.all_cost), float(result.timestamp), args_info(dag), logged.flop,

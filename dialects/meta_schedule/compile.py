@@ -167,9 +167,10 @@ class DagReference:
         return dag_from_json(self.dag_json).evaluate(*inputs)
 
 
-def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None = None) -> list[Any]:
-    """Build and measure traces in isolated workers, each output checked against NumPy; one
-    MeasureResult per trace."""
+def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None = None,
+                   target: str | None = None) -> list[Any]:
+    """Build and measure traces in isolated workers for the CPU ``target`` (default this host),
+    each output checked against NumPy; one MeasureResult per trace."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -178,5 +179,6 @@ def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, An
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     text = dag_text(dag)
     reference = DagReference(text)
-    inputs = [MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference) for trace in traces]
+    inputs = [MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference, target=target)
+              for trace in traces]
     return measure_batch(inputs, option)

@@ -39,6 +39,7 @@ def make_record(target: str, workload_key: str, trace: Any, costs: list[float], 
                 source: str = "lorien tune", layout: str = "NA") -> TuningRecord:
     """A TuningRecord of one measured trace, in MetaSchedule's record form (run_secs, the target
     as TVM's JSON dict, args_info); ``extra`` says where its workload is."""
+    from dialects.auto_scheduler.records import engine_target
     from lorien.engine.build import build_info
     from lorien.record import FAILED_COST_S
     from lorien.target import parse_target
@@ -51,7 +52,7 @@ def make_record(target: str, workload_key: str, trace: Any, costs: list[float], 
         task_name=task_name, args=orjson.dumps(args_info).decode(), layout=layout,
         config=orjson.dumps(trace).decode(), costs=list(costs), error_no=int(error_no), all_cost=float(all_cost),
         timestamp=float(timestamp), flop=flop, extra=orjson.dumps(extra).decode(), source=source,
-        target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build_info())
+        target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build_info(engine_target(parsed.canonical)))
 
 
 def target_dict(target: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.dag import ComputeDAG
+from dialects.auto_scheduler.records import engine_target
 from dialects.auto_scheduler.tuning import job_workload_key, make_tuner
 from dialects.meta_schedule.compile import lorien_entry, measure_traces
 from dialects.meta_schedule.records import args_info, make_record
@@ -28,8 +29,8 @@ from dialects.meta_schedule.space import TraceSpace
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 from lorien.search import result_cost
-from lorien.tune.managers.base import job_source_tag
 from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_batches
+from lorien.tune.resume import job_source
 
 DIALECT = "meta_schedule"
 
@@ -78,7 +79,7 @@ def tune_dag(dag: ComputeDAG, job: dict[str, Any], store_uri: str | None = None,
     entry = lorien_entry(dag)
     workload_key = str(entry[0])
     target = parse_target(job.get("target") or "llvm").canonical
-    source = source or job.get("source") or job_source_tag(job)
+    source = source or job.get("source") or job_source(job, DIALECT)
     extra = {"workload": entry}
     info, flop, layout = args_info(dag), dag.flop(), dag.layout()
     task_name = task_name or next(t.name for t in reversed(dag.ops))
@@ -99,7 +100,7 @@ def tune_dag(dag: ComputeDAG, job: dict[str, Any], store_uri: str | None = None,
 
         sink = BatchSink(store if commit else None, job.get("commit_nbest", 20), None, lambda record: "")
         tune_batches(tuner, space, progress, measured, int(job.get("batch_size", 16)), job.get("early_stopping"),
-                     sink, lambda traces: measure_traces(dag, traces, job.get("measure")), to_records, on_batch)
+                     sink, lambda traces: measure_traces(dag, traces, job.get("measure"), engine_target(target)), to_records, on_batch)
     finally:
         if store is not None:
             store.close()

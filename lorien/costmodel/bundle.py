@@ -19,9 +19,10 @@ import numpy as np
 from lorien import __version__
 from lorien.costmodel.models import XGBCostModel, load_estimator
 from lorien.errors import ConfigError, LorienError
-from lorien.features.extract import config_features, dialect_extractor, entity_of, workload_features
+from lorien.features.extract import config_features, entity_of, record_features, workload_features
 from lorien.features.meta import FeatureMeta
 from lorien.features.pipeline import safe_name
+from lorien.features.targets import local_target_features, relative_knob_features
 
 MODEL_FORMAT = "lorien-costmodel"
 MODEL_FILE = "model.json"
@@ -60,14 +61,17 @@ class CostModel:
         """Scores (higher is faster) of raw phase-1 feature dicts of one template."""
         return self.template(template).score(raw_features)
 
-    def score_configs(self, task_name: str, args: Sequence[Any], configs: Iterable[Any]) -> np.ndarray:
+    def score_configs(self, task_name: str, args: Sequence[Any], configs: Iterable[Any],
+                      target: str | None = None) -> np.ndarray:
         """Scores of AutoTVM configs (entity lists, config dicts or objects with
-        ``to_json_entity()``) of one workload."""
-        workload = workload_features(list(args))
+        ``to_json_entity()``) of one workload on ``target`` (default this host: the target
+        features records measured here for it would carry)."""
+        workload = {**workload_features(list(args)), **local_target_features(target)}
         rows = []
         for config in configs:
             entity = config.to_json_entity() if hasattr(config, "to_json_entity") else entity_of(config)
-            rows.append({**workload, **config_features(entity)})
+            row = {**workload, **config_features(entity)}
+            rows.append({**row, **relative_knob_features(row)})
         return self.score_features(task_name, rows)
 
     def score_records(self, records: Iterable[Any]) -> np.ndarray:
@@ -78,7 +82,7 @@ class CostModel:
         for i, record in enumerate(records):
             by_template.setdefault(record.task_name, []).append(i)
         for template, indices in by_template.items():
-            rows = [_record_features(records[i]) for i in indices]
+            rows = [record_features(records[i]) for i in indices]
             scores[indices] = self.score_features(template, rows)
         return scores
 
@@ -121,27 +125,19 @@ class CostModel:
         return model
 
 
-def _record_features(record: Any) -> dict[str, Any]:
-    extractor = dialect_extractor(record.dialect)
-    if extractor is not None:
-        return extractor(record)
-    import orjson
-
-    return {**workload_features(orjson.loads(record.args)), **config_features(entity_of(orjson.loads(record.config)))}
-
-
 def load_cost_model(path: str | Path) -> CostModel:
     """Load a saved cost model directory (or its ``model.json``)."""
     return CostModel.load(path)
 
 
 def warm_start_scores(model: CostModel | str | Path, task_name: str, args: Sequence[Any],
-                      configs: Iterable[Any]) -> np.ndarray:
-    """Scores a model-based tuner can start from: higher means predicted faster.
+                      configs: Iterable[Any], target: str | None = None) -> np.ndarray:
+    """Scores a model-based tuner can start from: higher means predicted faster on ``target``
+    (default this host).
 
     ``model`` is a :class:`CostModel` or the path of a saved one; ``configs`` are entity
     lists, config dicts or config objects with ``to_json_entity()``.
     """
     if not isinstance(model, CostModel):
         model = CostModel.load(model)
-    return model.score_configs(task_name, args, configs)
+    return model.score_configs(task_name, args, configs, target)

@@ -2,13 +2,16 @@
 
 Evaluation holds out whole workloads (GroupKFold over workload keys), never random rows: the
 question a cost model answers is how well it ranks candidates of a workload it has not seen.
-The final model is fitted on every row; a report (JSON and PNG plots) is written beside it.
+The final model is fitted on every row (of the chosen targets); a report (JSON and PNG plots)
+is written beside it. Training on another target's records plus a fraction of this one's is
+:mod:`lorien.costmodel.transfer`.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ import pandas as pd
 from lorien.costmodel.bundle import CostModel, TemplateModel
 from lorien.costmodel.metrics import evaluate_by_workload, relative_to_group_best
 from lorien.costmodel.models import make_model
+from lorien.costmodel.splits import group_kfold, sample_by_workload, target_rows
+from lorien.costmodel.transfer import plot_transfer_curve, transfer_cross_validate
 from lorien.errors import LorienError
 from lorien.features.meta import TARGET_COLUMN
 from lorien.features.pipeline import MANIFEST, list_templates, load_features, safe_name
@@ -27,12 +32,14 @@ REPORT_FILE = "report.json"
 
 
 def workload_groups(frame: pd.DataFrame, feature_names: list[str]) -> np.ndarray:
-    """The workload of each row: ``workload_key`` where the features carry it, else the
-    combination of its workload features (``attr_*``/``in_*``)."""
+    """The workload of each row: its target and ``workload_key`` where the features carry them
+    (the same workload measured on two targets is two groups), else the combination of its
+    workload features (``attr_*``/``in_*``)."""
     if "workload_key" in frame.columns and frame["workload_key"].notna().all():
         keys = frame["workload_key"].astype(str)
-        if "target_key" in frame.columns and frame["target_key"].notna().all():
-            keys = frame["target_key"].astype(str) + "|" + keys
+        for column in ("target", "target_key"):
+            if column in frame.columns and frame[column].notna().all():
+                return (frame[column].astype(str) + "|" + keys).to_numpy()
         return keys.to_numpy()
     workload_columns = [n for n in feature_names if n.startswith(("attr_", "in_"))]
     if not workload_columns:
@@ -40,38 +47,50 @@ def workload_groups(frame: pd.DataFrame, feature_names: list[str]) -> np.ndarray
     return frame[workload_columns].round(6).astype(str).agg("|".join, axis=1).to_numpy()
 
 
-def group_kfold(groups: np.ndarray, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, test) row indices; each workload is in exactly one test fold."""
-    unique = np.unique(groups)
-    if unique.size < 2:
-        raise LorienError(f"need at least 2 workloads to hold one out, got {unique.size}")
-    folds = max(2, min(folds, unique.size))
-    rng = np.random.default_rng(seed)
-    shuffled = unique[rng.permutation(unique.size)]
-    fold_of = {group: i % folds for i, group in enumerate(shuffled)}
-    assignment = np.array([fold_of[g] for g in groups])
-    return [(np.flatnonzero(assignment != k), np.flatnonzero(assignment == k)) for k in range(folds)]
-
-
 def cross_validate(kind: str, params: dict[str, Any], X: np.ndarray, y: np.ndarray, groups: np.ndarray,
-                   folds: int, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+                   folds: int, seed: int = 0, fraction: float = 1.0) -> tuple[np.ndarray, dict[str, Any]]:
     """Out-of-fold predictions (every workload predicted by a model that never saw it) and
-    their per-workload evaluation."""
+    their per-workload evaluation; each fold trains on ``fraction`` of the rows of each of its
+    training workloads."""
     predictions = np.zeros(len(y))
-    for train_rows, test_rows in group_kfold(groups, folds, seed):
+    for fold, (train_rows, test_rows) in enumerate(group_kfold(groups, folds, seed)):
+        train_rows = sample_by_workload(groups, train_rows, fraction, seed + fold)
         model = make_model(kind, **params).fit(X[train_rows], y[train_rows], groups=groups[train_rows])
         predictions[test_rows] = model.predict(X[test_rows])
     return predictions, evaluate_by_workload(y, predictions, groups)
 
 
+def _check_transfer_options(target: str | None, transfer_from: str | None, target_fraction: float,
+                            curve: Sequence[float] | None) -> None:
+    if transfer_from is not None and target is None:
+        raise LorienError(f"transfer from {transfer_from!r} needs the destination target (--target)")
+    for fraction in [target_fraction, *(curve or ())]:
+        if not 0.0 <= fraction <= 1.0:
+            raise LorienError(f"a fraction of the target's data is between 0 and 1, got {fraction}")
+    if target is None and target_fraction < 1.0:
+        raise LorienError(f"a target fraction ({target_fraction}) needs the target it is a fraction of (--target)")
+    if transfer_from is None and target_fraction == 0.0:
+        raise LorienError("a target fraction of 0 leaves nothing to train on without --transfer-from")
+    if curve and transfer_from is None:
+        raise LorienError("a transfer curve needs --transfer-from (the source target)")
+
+
 def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = "xgb-rank",
                      templates: list[str] | None = None, folds: int = 5, params: dict[str, Any] | None = None,
                      baseline: str | None = "random-forest", name: str | None = None, plots: bool = True,
-                     progress: bool = True, seed: int = 0) -> dict[str, Any]:
+                     progress: bool = True, seed: int = 0, target: str | None = None,
+                     transfer_from: str | None = None, target_fraction: float = 1.0,
+                     curve: Sequence[float] | None = None) -> dict[str, Any]:
     """Evaluate (workload-held-out CV), fit on everything, save model + report + plots.
 
-    Returns the report (also written to ``out_dir/report.json``).
+    ``target`` keeps the rows of the targets it matches (the query rule), ``target_fraction``
+    of each of their workloads' rows. ``transfer_from`` names a source target: the model
+    trains on the source's rows plus that fraction of the target's, and is evaluated against
+    a model of the target's fraction alone on held-out target workloads (``curve``: also at
+    these fractions; :mod:`lorien.costmodel.transfer`). Returns the report (also written to
+    ``out_dir/report.json``).
     """
+    _check_transfer_options(target, transfer_from, target_fraction, curve)
     features_dir = Path(features_dir)
     out = Path(out_dir)
     available = list_templates(features_dir)
@@ -84,13 +103,17 @@ def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = 
     params = dict(params or {})
     model = CostModel(name or out.name, info={"kind": kind, "params": params,
                                               "features_dir": str(features_dir.resolve())})
+    if target is not None:
+        model.info.update(target=target, target_fraction=target_fraction, transfer_from=transfer_from)
     manifest = features_dir / MANIFEST
     if manifest.is_file():
         manifest_data = json.loads(manifest.read_text())
         model.info["features_source"] = manifest_data.get("source")
         model.info["features_filters"] = manifest_data.get("filters")
     report: dict[str, Any] = {"model": model.name, "kind": kind, "params": params, "folds": folds,
-                              "baseline": baseline, "templates": {}, "skipped": {}}
+                              "baseline": None if transfer_from else baseline, "templates": {}, "skipped": {}}
+    if target is not None:
+        report.update(target=target, target_fraction=target_fraction, transfer_from=transfer_from)
     out.mkdir(parents=True, exist_ok=True)
     bar = Progress(len(chosen), "train", unit="template", enabled=progress)
     for template in chosen:
@@ -101,25 +124,50 @@ def train_cost_model(features_dir: str | Path, out_dir: str | Path, kind: str = 
         if not np.isfinite(y).all():
             raise LorienError(f"{template}: {int((~np.isfinite(y)).sum())} thrpt values are NaN or infinite")
         groups = workload_groups(frame, meta.names)
-        if (y > 0).sum() == 0:
-            report["skipped"][template] = f"no valid measurement among {len(y)} records"
+        source = target_rows(frame, transfer_from) if transfer_from else np.zeros(len(y), dtype=bool)
+        destination = target_rows(frame, target) if target else np.ones(len(y), dtype=bool)
+        used = source | destination
+        if not destination.any() or (y[used] > 0).sum() == 0:
+            report["skipped"][template] = (f"no records of target {target!r}" if not destination.any() else
+                                           f"no valid measurement among {int(used.sum())} records")
             bar.step(f"{template}: skipped")
             continue
-        entry: dict[str, Any] = {"rows": int(len(y)), "workloads": int(np.unique(groups).size),
+        destination_workloads = int(np.unique(groups[destination]).size)
+        entry: dict[str, Any] = {"rows": int(used.sum()), "workloads": destination_workloads,
                                  "features": len(meta.names)}
-        if entry["workloads"] >= 2:
-            predictions, evaluation = cross_validate(kind, params, X, y, groups, folds, seed)
-            entry["cv"] = evaluation
-            if baseline:
-                _, baseline_eval = cross_validate(baseline, {}, X, y, groups, folds, seed)
-                entry["baseline_cv"] = baseline_eval["summary"]
-            if plots:
-                entry["plots"] = _plots(out, template, y, predictions, groups, evaluation)
-        else:
+        if transfer_from:
+            entry["source_rows"], entry["destination_rows"] = int(source.sum()), int(destination.sum())
+        if destination_workloads < 2:
             entry["cv"] = None
             entry["cv_skipped"] = "only one workload: nothing to hold out"
-        estimator = make_model(kind, **params).fit(X, y, groups=groups)
-        model.templates[template] = TemplateModel(meta, estimator, {"rows": entry["rows"],
+        elif transfer_from:
+            fractions = sorted({target_fraction, *(curve or ())})
+            result = transfer_cross_validate(kind, params, X, y, groups, source, destination, fractions, folds, seed)
+            chosen_fraction = result[target_fraction]
+            entry["cv"] = {"summary": chosen_fraction["transfer"], "per_workload": chosen_fraction["transfer_per_workload"]}
+            entry["own_cv"] = chosen_fraction["own"]
+            entry["transfer_curve"] = {f"{fraction:g}": {key: value for key, value in point.items()
+                                                          if not key.endswith("per_workload")}
+                                       for fraction, point in result.items()}
+            if plots:
+                plot_path = out / f"{safe_name(template)}.transfer.png"
+                plot_transfer_curve(result, plot_path, f"{template}: {transfer_from} -> {target}")
+                entry["plots"] = {"transfer": plot_path.name}
+        else:
+            rows = np.flatnonzero(destination)
+            predictions, evaluation = cross_validate(kind, params, X[rows], y[rows], groups[rows], folds, seed,
+                                                     target_fraction)
+            entry["cv"] = evaluation
+            if baseline:
+                _, baseline_eval = cross_validate(baseline, {}, X[rows], y[rows], groups[rows], folds, seed,
+                                                  target_fraction)
+                entry["baseline_cv"] = baseline_eval["summary"]
+            if plots:
+                entry["plots"] = _plots(out, template, y[rows], predictions, groups[rows], evaluation)
+        train_rows = np.concatenate([np.flatnonzero(source),
+                                     sample_by_workload(groups, np.flatnonzero(destination), target_fraction, seed)])
+        estimator = make_model(kind, **params).fit(X[train_rows], y[train_rows], groups=groups[train_rows])
+        model.templates[template] = TemplateModel(meta, estimator, {"rows": int(train_rows.size),
                                                                     "workloads": entry["workloads"]})
         entry["seconds"] = round(time.perf_counter() - start, 3)
         report["templates"][template] = entry

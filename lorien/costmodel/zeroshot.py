@@ -84,9 +84,10 @@ def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
 
 def propose(model: CostModel, workload_key: str | None = None, task_name: str | None = None,
             args: Sequence[Any] | None = None, topk: int = 5, samples: int = 16384, seed: int = 0,
-            dialect: str = "autotvm", diverse: bool = True) -> list[Proposal]:
-    """The ``topk`` configs the model scores best among ``samples`` sampled from the space
-    (``diverse``: with different innermost tiles, see :func:`diverse_top`)."""
+            dialect: str = "autotvm", diverse: bool = True, target: str | None = None) -> list[Proposal]:
+    """The ``topk`` configs the model scores best for ``target`` (default this host) among
+    ``samples`` sampled from the space (``diverse``: with different innermost tiles, see
+    :func:`diverse_top`)."""
     from lorien.dialect import get_dialect
 
     task_name, args = workload_of(workload_key, task_name, args)
@@ -97,7 +98,7 @@ def propose(model: CostModel, workload_key: str | None = None, task_name: str | 
     indices = sample_indices(len(space), samples, seed)
     configs = [space.get(int(i)) for i in indices]
     entities = [config.to_json_entity() for config in configs]
-    scores = model.score_configs(task_name, args, entities)
+    scores = model.score_configs(task_name, args, entities, target)
     order = np.argsort(-scores, kind="stable")
     chosen = diverse_top(order, entities, topk) if diverse else list(order[:topk])
     return [Proposal(rank=rank + 1, score=float(scores[i]), entity=entities[i], index=int(indices[i]))
@@ -142,8 +143,8 @@ def measure_proposals(proposals: list[Proposal], model_name: str, task_name: str
     make_record = _dialect_part(plugin, "make_record", "records", "make_record")
     task = instantiate(task_name, list(args))
     configs = [task.space.from_json_entity(p.entity) for p in proposals]
-    results = measure_configs(task_name, list(args), configs, measure)
     canonical = parse_target(target).canonical
+    results = measure_configs(task_name, list(args), configs, measure, canonical)
     source = f"model:{model_name}"
     records = [make_record(canonical, task_name, list(args), config, list(result.costs), int(result.error_no),
                            float(result.all_cost), float(result.timestamp), source=source)
@@ -189,7 +190,7 @@ def zero_shot(model: CostModel | str, workload_key: str | None = None, target: s
     task_name, args = workload_of(workload_key, task_name, args)
     started = time.perf_counter()
     proposals = propose(model, task_name=task_name, args=args, topk=max(topk, measure_top),
-                        samples=samples, seed=seed, dialect=dialect)
+                        samples=samples, seed=seed, dialect=dialect, target=target)
     result = ZeroShotResult(task_name, list(args), target, model.name, proposals,
                             propose_s=time.perf_counter() - started)
     if measure_top > 0:
@@ -232,8 +233,8 @@ def run_predict_query(args: Any) -> int:
 
 
 def warm_start_tuner(tuner: Any, model: CostModel | str, task_name: str, args: Sequence[Any],
-                     samples: int = 512, seed: int = 0) -> int:
-    """Prime a model-based tuner with the cost model's view of its space.
+                     samples: int = 512, seed: int = 0, target: str | None = None) -> int:
+    """Prime a model-based tuner with the cost model's view of its space on ``target``.
 
     Scores ``samples`` configs of ``tuner.space`` with the model and hands them, scaled to
     [0, 1], to ``tuner.load_history(features, scores)`` in the tuner's own feature space
@@ -245,7 +246,7 @@ def warm_start_tuner(tuner: Any, model: CostModel | str, task_name: str, args: S
         model = CostModel.load(model)
     space = tuner.space
     indices = sample_indices(len(space), samples, seed)
-    scores = model.score_configs(task_name, args, [space.get(int(i)).to_json_entity() for i in indices])
+    scores = model.score_configs(task_name, args, [space.get(int(i)).to_json_entity() for i in indices], target)
     spread = float(np.ptp(scores)) if scores.size else 0.0
     scaled = (scores - scores.min()) / spread if spread > 0 else np.ones_like(scores)
     features = tuner.feature_fn(indices)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import json
 import math
-import platform
 
 import numpy as np
 
-from lorien.engine import runtime, te
+from lorien.engine import cpu, runtime, te
 from lorien.engine.codegen import c as c_codegen
 from lorien.engine.codegen import llvm as llvm_codegen
 from lorien.engine.lower import Program, lower
@@ -22,21 +20,12 @@ from lorien.target import parse_target
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
-@functools.lru_cache(maxsize=1)
-def build_info() -> str:
-    """JSON of the build configuration that produces measurements here (engine, LLVM, CPU):
-    the ``build`` of every record Lorien measures."""
-    import llvmlite.binding as llvm
-
-    from lorien import __version__
-
-    info = {
-        "engine": f"lorien-{__version__}",
-        "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
-        "cpu": llvm.get_host_cpu_name(),
-        "machine": platform.machine(),
-    }
-    return json.dumps(info, sort_keys=True, separators=(",", ":"))
+@functools.lru_cache(maxsize=64)
+def build_info(target: str | None = None) -> str:
+    """JSON of the build configuration that produces measurements for ``target`` (default this
+    host): the ``build`` of every record Lorien measures (engine, LLVM, host CPU, the CPU code
+    is generated for, vector lanes, threads, cache sizes)."""
+    return cpu.cpu_target(target).build_json()
 
 
 class KernelArgumentError(LorienError, ValueError):
@@ -57,8 +46,9 @@ def flush_cpu_cache(nbytes: int = 96 << 20) -> None:
 class Kernel:
     """A compiled kernel. ``kernel(*arrays)`` runs in place (outputs are written) without the GIL."""
 
-    def __init__(self, program: Program, address: int, ir_text: str, fn_name: str):
+    def __init__(self, program: Program, address: int, ir_text: str, fn_name: str, num_threads: int | None = None):
         self.program, self.address, self.ir_text, self.name = program, address, ir_text, fn_name
+        self.num_threads = num_threads  # threads of its parallel loops (None: the runtime's default)
         self.args = program.args
         self._fn = KERNEL_FN(address)
         self.last_number = 0
@@ -78,7 +68,9 @@ class Kernel:
         return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
 
     def __call__(self, *arrays: np.ndarray) -> None:
-        self._fn(self._pointers(arrays))
+        pointers = self._pointers(arrays)
+        with runtime.threads(self.num_threads):
+            self._fn(pointers)
 
     def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 1, min_repeat_ms: float = 0,
              flush_cache: bool = False) -> list[float]:
@@ -87,6 +79,11 @@ class Kernel:
         With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
         """
         ptrs = self._pointers(arrays)
+        with runtime.threads(self.num_threads):
+            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache)
+
+    def _time(self, ptrs: ctypes.Array, number: int, repeat: int, min_repeat_ms: float,
+              flush_cache: bool) -> list[float]:
         runtime.time_kernel(self.address, ptrs, 1)
         costs = []
         for _ in range(repeat):
@@ -107,27 +104,32 @@ class Kernel:
 
 
 def build(s: Schedule, args: list[te.Tensor], target: str | None = None, name: str = "kernel") -> Kernel:
-    """Compile schedule ``s`` into a host kernel taking ``args`` (numpy arrays) in order.
+    """Compile schedule ``s`` into a kernel taking ``args`` (numpy arrays) in order.
 
-    ``target``: None or an ``llvm ...`` string (LLVM JIT for the host CPU), or ``"c"`` (C source
-    compiled with the system C compiler).
+    ``target``: None (this host) or an ``llvm ...`` string (LLVM JIT), or ``c ...`` (C source
+    compiled with the system C compiler); its ``-mcpu``/``-mattr`` choose the instructions and
+    ``-num-cores`` the threads of parallel loops (see :mod:`lorien.engine.cpu`). Build the
+    schedule inside ``cpu.building_for(target)`` so its vectors match the CPU's width.
     """
     kind = "llvm" if target is None else parse_target(target).kind
-    if kind not in ("llvm", "c"):
+    if kind not in cpu.CPU_KINDS:
         raise LorienError(f"build: target {target!r} is not a CPU target; supported kinds are 'llvm' and 'c'")
-    return build_program(lower(s, args, name), kind)
+    return build_program(lower(s, args, name), kind, cpu.cpu_target(target))
 
 
-def build_program(program: Program, kind: str = "llvm") -> Kernel:
-    """Compile an already lowered program with the ``llvm`` (JIT) or ``c`` (C compiler) renderer.
+def build_program(program: Program, kind: str = "llvm", target: cpu.CpuTarget | None = None) -> Kernel:
+    """Compile an already lowered program with the ``llvm`` (JIT) or ``c`` (C compiler) renderer
+    for ``target`` (default this host).
 
-    Both are cached by the hash of the generated code. ``kernel.ir_text`` is that code.
+    Both are cached by the hash of the generated code and the CPU. ``kernel.ir_text`` is that code.
     """
+    target = target or cpu.host_cpu()
     digest = hashlib.sha256(str(program).encode()).hexdigest()[:16]
     fn_name = f"{program.name}_{digest}"
     if kind == "c":
-        source = c_codegen.render(program, fn_name)
-        return Kernel(program, c_codegen.compile_c(source, fn_name), source, fn_name)
+        source = c_codegen.render(program, fn_name, target.num_cores)
+        march = "native" if target.is_host else target.cpu
+        return Kernel(program, c_codegen.compile_c(source, fn_name, march), source, fn_name)
     ir_text = llvm_codegen.render(program, fn_name)
-    address = llvm_codegen.compile_ir(ir_text, fn_name)
-    return Kernel(program, address, ir_text, fn_name)
+    address = llvm_codegen.compile_ir(ir_text, fn_name, target)
+    return Kernel(program, address, ir_text, fn_name, target.num_cores)

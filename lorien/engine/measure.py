@@ -9,6 +9,10 @@ that crashes or hangs is killed and replaced; the candidate gets the matching ``
     INSTANTIATION_ERROR (1) invalid schedule    COMPILE_HOST (2)  code generation failed
     RUNTIME_DEVICE (4)      kernel crashed      WRONG_ANSWER (5)  output != NumPy reference
     BUILD_TIMEOUT (6)       build took too long RUN_TIMEOUT (7)   run took too long
+
+A candidate's ``target`` is built and run as its CPU target says (:mod:`lorien.engine.cpu`):
+``llvm -mcpu=haswell -num-cores=1`` gets AVX2 code run on one thread; code this host
+cannot run (wider vectors than it has) fails with RUNTIME_DEVICE before it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from lorien.errors import LorienError
+from lorien.engine import cpu
+from lorien.errors import LorienError, TargetError
 from lorien.record import FAILED_COST_S, ErrorNo
 
 
@@ -56,12 +61,15 @@ class MeasureInput:
     """One candidate: ``builder()`` returns ``(schedule, args)``; ``reference(*inputs)`` the expected outputs.
 
     Both must pickle (module-level functions, ``functools.partial`` of them, or picklable
-    callable objects): they run in worker processes.
+    callable objects): they run in worker processes. ``target`` (default this host) is the
+    CPU target string the candidate is built for and run as: its ``-mcpu``/``-mattr`` pick
+    the instructions (and the vector width ``builder`` sees), ``-num-cores`` the threads.
     """
 
     builder: Callable
     reference: Callable | None = None
     name: str = ""
+    target: str | None = None
 
 
 @dataclass
@@ -110,17 +118,18 @@ def _task_build(payload: bytes) -> dict:
     # becomes the candidate's error (with its traceback), and the worker lives on.
     try:
         candidate = pickle.loads(payload)
-        schedule, args = candidate.builder()
+        with cpu.building_for(candidate.target) as target:
+            schedule, args = candidate.builder()
         program = lower(schedule, list(args), "kernel")
     except Exception as err:  # noqa: BLE001
         raise MeasureError(ErrorNo.INSTANTIATION_ERROR, _describe(err)) from err
     fn_name = f"kernel_{hashlib.sha256(str(program).encode()).hexdigest()[:16]}"
     try:
         ir_text = llvm_codegen.render(program, fn_name)
-        obj = llvm_codegen.compile_object(ir_text)
+        obj = llvm_codegen.compile_object(ir_text, target)
     except Exception as err:  # noqa: BLE001
         raise MeasureError(ErrorNo.COMPILE_HOST, _describe(err)) from err
-    return {"object": obj, "fn_name": fn_name, "program": program}
+    return {"object": obj, "fn_name": fn_name, "program": program, "target": target}
 
 
 def _describe(err: BaseException) -> str:
@@ -154,9 +163,13 @@ def _task_run(payload: tuple) -> list[float]:
     from lorien.engine.codegen import llvm as llvm_codegen
 
     artifact, reference, option = payload
-    program = artifact["program"]
+    program, target = artifact["program"], artifact["target"]
+    try:
+        target.check_runnable()
+    except TargetError as err:
+        raise MeasureError(ErrorNo.RUNTIME_DEVICE, str(err)) from err
     address = llvm_codegen.load_object(artifact["object"], artifact["fn_name"])
-    kernel = Kernel(program, address, "", artifact["fn_name"])
+    kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
     rng = np.random.default_rng(option.seed)
     arrays = [np.zeros(a.shape, a.dtype) if a.is_output else _random_array(a, rng) for a in program.args]
     kernel(*arrays)

@@ -20,18 +20,22 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from lorien.engine.runtime_ir import MAX_THREADS
 from lorien.errors import ConfigError
 from lorien.native import NativeBuildError, cache_dir, install, load_shared
 
-__all__ = ["RUNTIMES", "RuntimeBuildError", "backend", "cache_dir", "install", "num_threads", "set_num_threads",
-           "symbol_addresses", "time_kernel"]
+__all__ = ["RUNTIMES", "RuntimeBuildError", "backend", "cache_dir", "default_num_threads", "install", "num_threads",
+           "set_num_threads", "symbol_addresses", "threads", "time_kernel"]
 
 logger = logging.getLogger(__name__)
 
 RUNTIME_ENV = "LORIEN_RUNTIME"
 RUNTIMES = ("auto", "llvm", "c")
+THREADS_ENV = "LORIEN_NUM_THREADS"
 
 C_SOURCE = r"""
 #define _GNU_SOURCE
@@ -257,9 +261,32 @@ def time_kernel(address: int, args: ctypes.Array, number: int) -> float:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads used by parallel loops (the caller counts as one); call before the first launch."""
+    """Threads used by parallel loops from the next launch on (the caller counts as one)."""
     _loaded().set_num_threads(int(n))
 
 
 def num_threads() -> int:
+    """Threads parallel loops use now."""
     return int(_loaded().num_threads())
+
+
+def default_num_threads() -> int:
+    """Threads parallel loops use unless told otherwise: ``$LORIEN_NUM_THREADS``, else the
+    online CPUs (the runtime's own rule, without starting it)."""
+    wanted = os.environ.get(THREADS_ENV, "").strip()
+    count = int(wanted) if wanted.isdigit() and int(wanted) > 0 else os.sysconf("SC_NPROCESSORS_ONLN")
+    return max(1, min(count, MAX_THREADS))
+
+
+@contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Parallel loops use ``n`` threads inside the block (``None``: unchanged)."""
+    if n is None:
+        yield
+        return
+    before = num_threads()
+    set_num_threads(n)
+    try:
+        yield
+    finally:
+        set_num_threads(before)

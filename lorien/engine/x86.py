@@ -11,10 +11,11 @@ from lorien.engine.schedule import Schedule, Stage
 
 
 def vector_lanes() -> int:
-    """float32 lanes of the widest vector register on the host (16 with AVX-512, 8 with AVX2)."""
-    from lorien.engine.codegen.llvm import host_cpu_features
+    """float32 lanes of the widest vector register of the CPU schedules are built for (16 with
+    AVX-512, 8 with AVX2; see :func:`lorien.engine.cpu.building_for`)."""
+    from lorien.engine.cpu import current
 
-    return 16 if "+avx512f" in host_cpu_features() else 8
+    return current().lanes
 
 
 def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:

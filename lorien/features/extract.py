@@ -217,3 +217,20 @@ def dialect_extractor(dialect_name: str) -> Callable[[Any], Features] | None:
     if type(dialect).featurize is Dialect.featurize:
         return None
     return dialect.featurize
+
+
+def record_features(record: Any) -> Features:
+    """The raw features featurization gives a record (without ``thrpt``): its dialect's (or
+    the built-in AutoTVM ones), the target features of its target and build, and its knobs
+    relative to them (:mod:`lorien.features.targets`)."""
+    from lorien.features.targets import relative_knob_features, target_features
+
+    extractor = dialect_extractor(record.dialect)
+    if extractor is not None:
+        features = dict(extractor(record))
+        features.pop("thrpt", None)
+    else:
+        features = {**workload_features(orjson.loads(record.args)),
+                    **config_features(entity_of(orjson.loads(record.config)))}
+    features.update(target_features(record.target, record.build))
+    return {**features, **relative_knob_features(features)}

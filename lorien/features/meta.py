@@ -23,7 +23,7 @@ from lorien.errors import LorienError
 
 TARGET_COLUMN = "thrpt"
 #: Identifier columns kept in the Parquet output beside the features (never model inputs).
-ID_COLUMNS = ("workload_key", "target_key")
+ID_COLUMNS = ("workload_key", "target_key", "target")
 #: Code given to a category value a model never saw in training.
 UNSEEN_CATEGORY = -1
 

@@ -44,6 +44,7 @@ from lorien.features.extract import (
 )
 from lorien.features.meta import ID_COLUMNS, TARGET_COLUMN, FeatureColumn, FeatureMeta
 from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_batches
+from lorien.features.targets import TARGET_FEATURES, relative_knob_features, target_features
 from lorien.progress import Progress
 
 SPILL_DIR = "_phase1"
@@ -241,7 +242,8 @@ def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, 
     starts = np.flatnonzero(np.diff(combined[order], prepend=-1))
     ends = np.append(starts[1:], order.size)
 
-    ids = table.select(["workload_key", "target_key"])
+    ids = table.select(list(ID_COLUMNS))
+    target_columns = target_feature_columns(table)
     batch_columns: dict[str, Any] = {}
 
     def builtin_inputs(indices: np.ndarray) -> tuple[np.ndarray, list[str], list[str]]:
@@ -275,14 +277,29 @@ def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, 
         for positions, arrays in pieces:
             rows = indices[np.asarray(positions, dtype=np.int64)]
             taken = ids.take(pa.array(rows))
-            arrays["workload_key"] = taken["workload_key"]
-            arrays["target_key"] = taken["target_key"]
+            arrays.update({name: pa.array(values[rows]) for name, values in target_columns.items()})
+            knobs = {name: array.to_numpy(zero_copy_only=False) for name, array in arrays.items()
+                     if name.startswith(("sp_", "tg_"))}
+            arrays.update({name: pa.array(values) for name, values in relative_knob_features(knobs).items()})
+            arrays.update({name: taken[name] for name in ID_COLUMNS})
             arrays[TARGET_COLUMN] = pa.array(np.round(thrpt[rows], 6))
             tables.append(pa.table(arrays))
         if tables:
             outputs[template] = _concat(tables)
             counts["featurized"] += outputs[template].num_rows
     return outputs, counts
+
+
+def target_feature_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    """Target features (:mod:`lorien.features.targets`) of every row, computed once per
+    distinct (target, build) pair of the batch."""
+    target_codes, targets = _codes(table["target"])
+    build_codes, builds = _codes(table["build"])
+    width = max(1, len(builds))
+    pairs, pair_of_row = np.unique(target_codes * width + build_codes, return_inverse=True)
+    per_pair = [target_features(targets[pair // width], builds[pair % width] or "") for pair in pairs.tolist()]
+    return {name: np.array([features[name] for features in per_pair], dtype=np.float64)[pair_of_row]
+            for name in TARGET_FEATURES}
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
@@ -378,12 +395,19 @@ def _phase1_file_task(batch_path: str, spill_dir: str, batch_index: int, extract
 
 # ---- phase 2 ----------------------------------------------------------------------------
 
-def _natural_key(name: str) -> tuple[int, str, int]:
+def _natural_key(name: str) -> tuple[int, int, str]:
+    """Column order: workload features (``attr_i``, ``in_i`` by number), config features (as
+    first seen), target features (in :data:`TARGET_FEATURES` order), knobs relative to the
+    target (``tr_*``, by name)."""
+    if name in TARGET_FEATURES:
+        return 3, TARGET_FEATURES.index(name), ""
     prefix_rank = {"attr": 0, "in": 1}
     prefix, _, rest = name.partition("_")
     if prefix in prefix_rank and rest.isdigit():
-        return prefix_rank[prefix], "", int(rest)
-    return 2, "", 0
+        return prefix_rank[prefix], int(rest), ""
+    if prefix == "tr":
+        return 4, 0, name
+    return 2, 0, ""
 
 
 def _read_part(path: Path) -> pa.Table:

@@ -24,7 +24,7 @@ from lorien.record import ARROW_SCHEMA
 
 #: Record columns phase 1 reads.
 NEEDED_COLUMNS = ["dialect", "target", "target_key", "workload_key", "task_name", "args", "layout",
-                  "config", "costs", "error_no", "flop"]
+                  "config", "costs", "error_no", "flop", "build"]
 #: Filters featurization understands (column -> value or list of values).
 FILTER_COLUMNS = ("dialect", "target", "target_key", "task_name", "workload_key", "layout")
 LOG_SUFFIXES = {".log", ".json", ".jsonl", ".txt"}

@@ -9,6 +9,7 @@ written, the steps as ``config`` and the task fields after the target in ``extra
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 
 from lorien.errors import DialectError, RecordParseError, TargetError
-from lorien.formats.base import costs_list, integer, iter_lines, number, parse_error
+from lorien.formats.base import costs_list, error_number, iter_lines, number, parse_error
 from lorien.record import TuningRecord
 from lorien.target import parse_target
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
@@ -79,7 +80,7 @@ def decode_value(data: Any, source: str = "") -> TuningRecord:
     if type(result) is not list or len(result) != 4:
         raise RecordParseError(f"'r' {result!r} is not [costs, error_no, all_cost, timestamp]")
     costs = costs_list(result[0])
-    error_no = integer(result[1], "error_no")
+    error_no = error_number(result[1])
     all_cost = number(result[2], "all_cost")
     timestamp = number(result[3], "timestamp")
     try:
@@ -123,8 +124,9 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
 
 
 def _json_number(value: float) -> float | int:
-    """Auto-scheduler writes whole-second timestamps as integers; keep them so."""
-    return int(value) if value.is_integer() else value
+    """Auto-scheduler writes whole-second timestamps as integers; keep them so (but not -0.0,
+    whose sign an integer would lose)."""
+    return int(value) if value.is_integer() and math.copysign(1.0, value) > 0 else value
 
 
 def encode_record(record: TuningRecord) -> str:

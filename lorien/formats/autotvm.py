@@ -35,10 +35,10 @@ import pyarrow as pa
 
 from lorien.errors import RecordParseError, TargetError
 from lorien.formats import native
-from lorien.formats.base import is_skipped, iter_lines, parse_error
+from lorien.formats.base import INT32_LIMIT, is_skipped, iter_lines, parse_error
 from lorien.record import ARROW_SCHEMA, TuningRecord, record_id_head, record_id_numbers
 from lorien.target import parse_target
-from lorien.workload import autotvm_workload_key, compute_flop, infer_layout
+from lorien.workload import autotvm_workload_key, compute_flop, infer_layout, negative_dimension
 
 FORMAT = "autotvm"
 DIALECT = "autotvm"
@@ -113,6 +113,9 @@ class Decoder:
                 raise RecordParseError(f"unknown or unparseable target in record: {exc}") from exc
             names = self._targets[target_raw] = (target.canonical, target.alternate_key)
         canonical, target_key = names
+        damaged = negative_dimension(args)
+        if damaged is not None:
+            raise RecordParseError(f"tensor argument {damaged!r} has a negative dimension")
         workload_key = autotvm_workload_key(task_name, args)
         layout = infer_layout(task_name, args)
         found = Workload(
@@ -271,7 +274,7 @@ class Decoder:
         except TypeError as exc:
             raise RecordParseError(f"result {result!r} has a non-number cost or time") from exc
         error_no = result[1]
-        if not -_INT32_LIMIT <= error_no < _INT32_LIMIT:
+        if not -INT32_LIMIT <= error_no < INT32_LIMIT:
             raise RecordParseError(f"result {result!r} has an error_no out of the int32 range")
         payload = workload.id_prefix + config.encode() + record_id_numbers(costs, error_no, timestamp)
         record_id = hashlib.sha256(payload).hexdigest()[:32]
@@ -666,7 +669,6 @@ def _rebatch_blocks(blocks: Iterator[tuple[list[pa.Table], list[RecordParseError
 
 
 _NUMBER_TYPES = {int, float}
-_INT32_LIMIT = 1 << 31
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
@@ -720,7 +722,7 @@ class _Batch:
         except (pa.ArrowInvalid, OverflowError):  # an integer no float64 (or int64) holds exactly
             return None
         errors = numbers[1]
-        if len(errors) and not (-_INT32_LIMIT <= errors.min() and errors.max() < _INT32_LIMIT):
+        if len(errors) and not (-INT32_LIMIT <= errors.min() and errors.max() < INT32_LIMIT):
             return None
         return numbers
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ def log_line(path: str | Path, line_no: int) -> str:
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read log {path}: {exc}") from exc
     if not 1 <= line_no <= len(lines):
         raise ConfigError(f"{path} has {len(lines)} lines; line {line_no} does not exist")
@@ -57,10 +58,20 @@ def log_line(path: str | Path, line_no: int) -> str:
     return text
 
 
+#: ``error_no`` is stored as int32 (TVM's MeasureErrorNo values are small).
+INT32_LIMIT = 1 << 31
+
+
 def number(value: Any, what: str) -> float:
-    """A JSON number as float; bools and strings are refused."""
+    """A JSON number as a finite float; bools, strings and numbers no double holds are refused."""
     if type(value) is float or type(value) is int:
-        return float(value)
+        try:
+            result = float(value)
+        except OverflowError:
+            result = math.inf
+        if math.isfinite(result):
+            return result
+        raise ValueError(f"{what} {value!r} is not a finite number")
     raise ValueError(f"{what} {value!r} is not a number")
 
 
@@ -68,6 +79,14 @@ def integer(value: Any, what: str) -> int:
     if type(value) is int:
         return value
     raise ValueError(f"{what} {value!r} is not an integer")
+
+
+def error_number(value: Any, what: str = "error_no") -> int:
+    """A measurement's error number: an integer in the int32 range it is stored in."""
+    number = integer(value, what)
+    if not -INT32_LIMIT <= number < INT32_LIMIT:
+        raise ValueError(f"{what} {value!r} is out of the int32 range")
+    return number
 
 
 def costs_list(value: Any, what: str = "costs") -> list[float]:

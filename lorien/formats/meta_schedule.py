@@ -28,7 +28,7 @@ from lorien.formats.base import costs_list, iter_lines, parse_error
 from lorien.formats.tir import TirSummary, safe_summarize
 from lorien.record import FAILED_COST_S, ErrorNo, TuningRecord
 from lorien.target import parse_target, parse_target_dict
-from lorien.workload import LAYOUT_NA
+from lorien.workload import LAYOUT_NA, negative_dimension
 
 FORMAT = "meta_schedule"
 DIALECT = "meta_schedule"
@@ -169,6 +169,9 @@ def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "
     args_info = fields[3] if len(fields) > 3 else None
     if type(trace) is not list:
         raise RecordParseError(f"trace {str(trace)[:80]!r} is not a JSON array")
+    damaged = negative_dimension(args_info) if type(args_info) is list else None
+    if damaged is not None:
+        raise RecordParseError(f"tensor argument {damaged!r} has a negative dimension")
     target, target_key, target_raw = _target(target_value)
     extra: dict[str, Any] = {"workload_index": index, "workload_hash": workload.digest}
     if run_secs is None:

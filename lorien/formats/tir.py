@@ -51,60 +51,76 @@ def _kind(node: dict[str, Any]) -> str:
     return str(node.get("type", "")).rsplit(".", 1)[-1]
 
 
-class _Graph:
-    def __init__(self, graph: dict[str, Any]) -> None:
-        self.nodes: list[dict[str, Any]] = graph["nodes"]
+#: Deepest nesting of expressions or statements walked; a real TIR expression is a few dozen deep,
+#: so anything deeper is a damaged graph (or a cycle), not a workload.
+MAX_DEPTH = 256
 
-    def node(self, index: int) -> dict[str, Any]:
+
+class _Graph:
+    """The node list of a module graph; every lookup checks what it finds, so a damaged graph
+    raises ValueError, KeyError, TypeError or IndexError (never loops or recurses without end)."""
+
+    def __init__(self, graph: Any) -> None:
+        nodes = graph.get("nodes") if isinstance(graph, dict) else None
+        if not isinstance(nodes, list) or not all(isinstance(node, dict) for node in nodes):
+            raise ValueError("a module graph is an object whose 'nodes' is a list of objects")
+        self.nodes: list[dict[str, Any]] = nodes
+
+    def node(self, index: Any) -> dict[str, Any]:
+        if type(index) is not int or not 0 <= index < len(self.nodes):
+            raise IndexError(f"node reference {index!r} is not a node of the graph ({len(self.nodes)} nodes)")
         return self.nodes[index]
 
-    def data(self, index: int) -> Any:
-        return self.nodes[index]["data"]
+    def data(self, index: Any) -> Any:
+        return self.node(index)["data"]
 
-    def array(self, index: int) -> list[int]:
-        node = self.nodes[index]
-        if _kind(node) != "Array":
+    def array(self, index: Any) -> list[int]:
+        node = self.node(index)
+        if _kind(node) != "Array" or not isinstance(node.get("data"), list):
             raise ValueError(f"node {index} is {node.get('type')}, expected an array")
         return node["data"]
 
-    def int_value(self, index: int) -> int:
-        node = self.nodes[index]
+    def int_value(self, index: Any) -> int:
+        node = self.node(index)
         if _kind(node) != "IntImm":
             raise ValueError(f"node {index} is {node.get('type')}, expected a constant")
-        value = self.nodes[node["data"]["value"]]
-        return int(value["data"])
+        return int(self.data(node["data"]["value"]))
 
-    def dtype(self, type_index: int) -> str:
-        node = self.nodes[type_index]
-        if _kind(node) == "BufferType":
-            return self.dtype(node["data"]["dtype"])
-        return str(node["data"].get("dtype", "")) if isinstance(node["data"], dict) else ""
+    def dtype(self, type_index: Any, depth: int = 0) -> str:
+        node = self.node(type_index)
+        if _kind(node) == "BufferType" and depth < MAX_DEPTH:
+            return self.dtype(node["data"]["dtype"], depth + 1)
+        return str(node["data"].get("dtype", "")) if isinstance(node.get("data"), dict) else ""
 
-    def string(self, index: int) -> str:
-        return str(self.nodes[index]["data"])
+    def string(self, index: Any) -> str:
+        return str(self.data(index))
 
-    def stores(self, index: int) -> list[dict[str, Any]]:
-        node = self.nodes[index]
+    def stores(self, index: Any, depth: int = 0) -> list[dict[str, Any]]:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"statements nested more than {MAX_DEPTH} deep at node {index}")
+        node = self.node(index)
         kind = _kind(node)
-        if kind == "BufferStore":
+        if kind == "BufferStore" and isinstance(node.get("data"), dict):
             return [node["data"]]
         if kind == "SeqStmt":
-            return [store for child in self.array(node["data"]["seq"]) for store in self.stores(child)]
+            return [store for child in self.array(node["data"]["seq"]) for store in self.stores(child, depth + 1)]
         return []
 
-    def count_ops(self, index: int, dtype: str) -> int:
-        node = self.nodes[index]
+    def count_ops(self, index: Any, dtype: str, depth: int = 0) -> int:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"expressions nested more than {MAX_DEPTH} deep at node {index}")
+        node = self.node(index)
         kind = _kind(node)
         if kind in ("TensorLoad", "BufferLoad", "ProducerLoad"):
             return 0
         if kind == "Array":
-            return sum(self.count_ops(child, dtype) for child in node["data"])
+            return sum(self.count_ops(child, dtype, depth + 1) for child in self.array(index))
         data = node.get("data")
         if not isinstance(data, dict):
             return 0
         own = 1 if kind in _ARITHMETIC and self.dtype(data["ty"]) == dtype else 0
-        return own + sum(self.count_ops(data[name], dtype) for name in _EXPR_FIELDS
-                         if name in data and isinstance(data[name], int) and data[name] > 0)
+        return own + sum(self.count_ops(data[name], dtype, depth + 1) for name in _EXPR_FIELDS
+                         if name in data and type(data[name]) is int and data[name] > 0)
 
 
 def summarize(encoded: str) -> TirSummary:
@@ -117,7 +133,9 @@ def summarize(encoded: str) -> TirSummary:
     for node in graph.nodes:
         if _kind(node) not in ("SBlock", "Block"):
             continue
-        block = node["data"]
+        block = node.get("data")
+        if not isinstance(block, dict):
+            raise ValueError(f"block node {node!r:.80} has no fields")
         iter_vars = graph.array(block["iter_vars"])
         if not iter_vars:
             continue  # the root block
@@ -125,16 +143,19 @@ def summarize(encoded: str) -> TirSummary:
         names.append(name)
         try:
             extents = [graph.int_value(graph.data(graph.data(iv)["dom"])["extent"]) for iv in iter_vars]
+            if any(extent < 0 for extent in extents):
+                raise ValueError(f"negative loop extent in {extents}")
             if not main and any(graph.data(iv)["iter_type"] == 2 for iv in iter_vars):
                 main = name
             ops = 0
             for store in graph.stores(block["body"]):
                 ops += graph.count_ops(store["value"], graph.dtype(graph.data(store["buffer"])["ty"]))
-        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            flop += math.prod(extents) * ops
+        except (KeyError, ValueError, TypeError, IndexError, OverflowError) as exc:
             logger.warning(FLOP_UNKNOWN + "block %r of a MetaSchedule workload: %s", name, exc)
             countable = False
-            continue
-        flop += math.prod(extents) * ops
+    if not math.isfinite(flop):
+        countable = False
     return TirSummary(tuple(names), main or (names[-1] if names else ""), flop if countable and names else None)
 
 
@@ -144,6 +165,6 @@ def safe_summarize(encoded: Any) -> TirSummary:
         return TirSummary((), "", None)
     try:
         return summarize(encoded)
-    except (binascii.Error, ValueError, KeyError, TypeError, IndexError, orjson.JSONDecodeError) as exc:
+    except (binascii.Error, ValueError, KeyError, TypeError, IndexError, OverflowError, orjson.JSONDecodeError) as exc:
         logger.warning("cannot read a MetaSchedule workload module: %s", exc)
         return TirSummary((), "", None)

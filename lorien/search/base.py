@@ -89,6 +89,14 @@ class Tuner(ABC):
             if cost < self.best_cost_s:
                 self.best_cost_s, self.best_index = cost, int(index)
 
+    def replay(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
+        """Learn measurements made before this tuner existed (a resumed job's earlier attempts):
+        they count as proposed, so they are never proposed again, and update the tuner as if
+        just measured. Replay them in measurement order, in batches as they were measured."""
+        for index in indices:
+            self._mark(index)
+        self.update(indices, results)
+
     def _mark(self, index: int) -> int:
         self.visited.add(int(index))
         return int(index)

@@ -109,6 +109,14 @@ class XGBTuner(Tuner):
         self.history_x, self.history_y = features, scores
         self._fit()
 
+    def replay(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
+        """Learn earlier measurements, then train the model on everything known, so the next
+        plan comes from the model rather than from random exploration."""
+        super().replay(indices, results)
+        if self._since_fit:  # update() did not just refit
+            self._fit()
+            self._plan = []
+
     def next_batch(self, n: int) -> list[int]:
         batch: list[int] = []
         while len(batch) < n and self.has_next():

@@ -203,8 +203,13 @@ def read_text(uri: str) -> str:
         raise ConfigError(f"cannot read job spec {uri}: {exc}") from exc
 
 
-def result_uri(spec_uri: str) -> str:
-    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
+def spec_sibling(spec_uri: str, suffix: str) -> str:
+    """A file beside a job spec: ``.../abc.json`` -> ``.../abc<suffix>`` (query options kept)."""
     path, sep, query = spec_uri.partition("?")
     stem = path[:-5] if path.endswith(".json") else path
-    return f"{stem}.result.json{sep}{query}"
+    return f"{stem}{suffix}{sep}{query}"
+
+
+def result_uri(spec_uri: str) -> str:
+    """Where ``--job`` writes a spec's outcome: ``.../abc.json`` -> ``.../abc.result.json``."""
+    return spec_sibling(spec_uri, ".result.json")

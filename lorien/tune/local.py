@@ -24,6 +24,7 @@ class WorkloadSummary:
     name: str
     task_name: str
     trials: int = 0
+    resumed: int = 0
     errors: int = 0
     best_cost_s: float | None = None
     best_gflops: float | None = None
@@ -37,13 +38,15 @@ class WorkloadSummary:
 
     @property
     def trials_per_s(self) -> float:
-        return self.trials / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Trials measured per second in this run (resumed ones took no time here)."""
+        return (self.trials - self.resumed) / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def line(self) -> str:
         """One line for a log: trials, errors, best GFLOPS and latency."""
         best = (f"best {self.best_gflops:.2f} GFLOPS ({self.best_cost_s * 1e3:.4f} ms)"
                 if self.best_gflops is not None and self.best_cost_s is not None else "no valid config")
-        return (f"{self.name}: {self.trials} trials, {self.errors} errors, {best}, "
+        resumed = f" ({self.resumed} resumed from the store)" if self.resumed else ""
+        return (f"{self.name}: {self.trials} trials{resumed}, {self.errors} errors, {best}, "
                 f"{self.committed} committed" + (" (interrupted)" if self.interrupted else ""))
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,11 +93,15 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
     """Tune one job through its dialect into ``store_uri`` (None: the default store), with a
     progress bar; returns its summary.
 
-    A KeyboardInterrupt stops the workload after committing what was measured; the summary
-    (marked ``interrupted``) is attached to the exception as ``exc.summary`` and re-raised.
+    The job resumes from what it committed before (an interrupted run of the same workload with
+    the same settings): those trials are replayed, not measured again, and count against its
+    budget. A KeyboardInterrupt stops the workload after committing what was measured; the
+    summary (marked ``interrupted``) is attached to the exception as ``exc.summary`` and re-raised.
     """
     from lorien.dialect import get_dialect
     from lorien.progress import Progress
+    from lorien.tune.jobspec import Job
+    from lorien.tune.resume import earlier_records, source_tag
     from lorien.warehouse import resolve_store_uri
 
     store_uri = resolve_store_uri(store_uri)
@@ -109,6 +116,7 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
 
     def on_batch(state: Any, records: list[Any]) -> None:
         summary.trials, summary.errors, summary.committed = state.trials, state.errors, state.committed
+        summary.resumed = state.resumed
         if records and not summary.workload_key:
             summary.workload_key = records[0].workload_key
         if math.isfinite(state.best_cost_s):
@@ -118,10 +126,14 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
             summary.best_config = config.to_json_entity() if hasattr(config, "to_json_entity") else config
         if bar.is_bar:
             bar.step(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}"
-                     if summary.best_gflops is not None else f"errors {state.errors}", count=len(records))
+                     if summary.best_gflops is not None else f"errors {state.errors}", count=state.trials - bar.done)
 
+    job_id = Job.from_spec(job).job_id
     try:
-        get_dialect(job.get("dialect", "autotvm")).tune(job, store_uri, log_path=summary.log_path, on_batch=on_batch)
+        earlier = earlier_records(store_uri, job_id, job.get("target"))
+        summary.workload_key = earlier[0].workload_key if earlier else ""
+        get_dialect(job.get("dialect", "autotvm")).tune(job, store_uri, log_path=summary.log_path, on_batch=on_batch,
+                                                        source=source_tag(job_id), resume=earlier)
     except KeyboardInterrupt as exc:
         summary.interrupted = True
         summary.elapsed_s = time.monotonic() - started
@@ -168,7 +180,8 @@ def tune_config(config: TuneConfig, progress: bool = True, stream: TextIO | None
 
 
 def format_summary(summaries: list[WorkloadSummary]) -> str:
-    """A plain-text table: workload, best GFLOPS, latency, trials, errors, trials/s."""
+    """A plain-text table: workload, best GFLOPS, latency, trials (and how many were resumed from
+    the store), errors, trials/s (of the trials measured in this run)."""
     header = ("workload", "best GFLOPS", "latency (ms)", "trials", "errors", "trials/s")
     rows = []
     for s in summaries:
@@ -176,7 +189,8 @@ def format_summary(summaries: list[WorkloadSummary]) -> str:
             s.name + (" (interrupted)" if s.interrupted else ""),
             f"{s.best_gflops:.2f}" if s.best_gflops is not None else "-",
             f"{s.best_cost_s * 1e3:.4f}" if s.best_cost_s is not None else "-",
-            str(s.trials), str(s.errors), f"{s.trials_per_s:.2f}",
+            f"{s.trials} ({s.resumed} resumed)" if s.resumed else str(s.trials), str(s.errors),
+            f"{s.trials_per_s:.2f}",
         ))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
 

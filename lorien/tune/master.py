@@ -2,9 +2,10 @@
 
 ``run_jobs(jobs, manager="local" | "dask" | "aws-batch", trace_file=F)`` writes each state
 change to the trace F before acting on it. Run again with the same trace file and jobs
-already ``done`` (or ``failed`` for good) are skipped; a job the killed master left
-``running`` is first looked up in the store, so a job whose records were committed is
-never measured twice.
+already ``done`` (or ``failed`` for good) are skipped. Every attempt resumes from what the
+job committed before (its batches are committed as they are measured): a retried job, a job
+the killed master left ``running``, or a job of an earlier run into the same store measures
+only what is missing from its budget, and a complete job nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lorien.errors import ConfigError
-from lorien.tune.jobspec import Job, JobList, canonical_json, load_job, result_uri
+from lorien.tune.jobspec import Job, JobList, canonical_json, load_job
 from lorien.tune.local import workload_name
 from lorien.tune.managers import create_manager
 from lorien.tune.managers.base import (
@@ -27,9 +28,9 @@ from lorien.tune.managers.base import (
     JobManager,
     Runner,
     Task,
-    committed_records,
     execute_job,
 )
+from lorien.tune.resume import JobJournal, jobs_with_records
 from lorien.tune.trace import JobState, TraceWriter, read_events, read_trace
 
 DEFAULT_MAX_RETRIES = 2
@@ -46,6 +47,8 @@ class RunSummary:
     retried: int = 0
     reused: int = 0
     records: int = 0
+    measured: int = 0
+    resumed: int = 0
     elapsed_s: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)
@@ -58,7 +61,7 @@ class RunSummary:
     def line(self) -> str:
         return (f"jobs={self.total} done={self.done} failed={self.failed} skipped={self.skipped} "
                 f"retried={self.retried} reused={self.reused} records={self.records} "
-                f"elapsed_s={self.elapsed_s:.2f}")
+                f"measured={self.measured} resumed={self.resumed} elapsed_s={self.elapsed_s:.2f}")
 
 
 class _Tracer:
@@ -127,7 +130,7 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
             log(f"trace {trace_file}: ignored torn line(s) {torn_lines} (a killed master's last write)")
         previous = read_trace(trace_file)
     trace = _Tracer(trace_file)
-    queue: deque[Task] = deque()
+    to_run: list[tuple[Job, int]] = []
     try:
         for error in invalid:
             error_id = _error_id(error)
@@ -144,10 +147,15 @@ def run_jobs(jobs: JobList | Iterable[Job | dict[str, Any]], manager: str | JobM
                 continue
             if known is None:
                 trace(job.job_id, "pending", label=job.label, spec=job.spec)
-            attempt = (known.attempt if known else 0) + 1
-            queue.append(Task(job.job_id, job.spec, attempt, check_existing=known is not None))
-        if queue and store_uri and manager != "aws-batch":
-            committed_records(store_uri, "store-probe")  # an unreachable store fails once, here
+            to_run.append((job, (known.attempt if known else 0) + 1))
+        # Every attempt resumes from the store, but a job the store holds nothing of need not
+        # scan it for itself: one scan for all jobs tells them (and an unreachable store fails
+        # once, here). A job the trace knows looks anyway: a dead master's attempt may still
+        # be committing it. Batch containers always look (the master may not reach the store).
+        with_records = (jobs_with_records(store_uri, [job.job_id for job, _ in to_run])
+                        if to_run and store_uri and manager != "aws-batch" else None)
+        queue = deque(Task(job.job_id, job.spec, attempt, check_existing=with_records is None
+                           or job.job_id in with_records or job.job_id in previous) for job, attempt in to_run)
         if queue:
             owned = isinstance(manager, str)
             job_manager = (create_manager(manager, store_uri=store_uri, runner=runner, **manager_options)
@@ -189,10 +197,13 @@ def _settle(completion: Completion, trace: _Tracer, summary: RunSummary, max_ret
     """Trace one finished attempt; returns the next attempt when the job is retried."""
     task, outcome = completion.task, completion.outcome
     if outcome is not None and not outcome.error:
-        trace(task.job_id, "done", attempt=task.attempt, worker=outcome.worker,
-              records=outcome.records, reused=outcome.reused or None)
+        trace(task.job_id, "done", attempt=task.attempt, worker=outcome.worker, records=outcome.records,
+              measured=outcome.measured, resumed=outcome.resumed or None, reused=outcome.reused or None,
+              superseded=outcome.superseded or None)
         summary.done += 1
         summary.records += outcome.records
+        summary.measured += outcome.measured
+        summary.resumed += outcome.resumed
         summary.reused += int(outcome.reused)
         summary.states[task.job_id] = "done"
         return None
@@ -220,17 +231,19 @@ def _settle(completion: Completion, trace: _Tracer, summary: RunSummary, max_ret
 def run_job_uri(uri: str, store_uri: str | None = None, runner: Runner | None = None) -> dict[str, Any]:
     """``lorien tune --job URI``: run one job spec here and commit straight to the store.
 
-    Used inside AWS Batch containers. A job whose records are already in the store (a Batch
-    retry) is not measured again. When the spec lives on S3, the outcome is written next to
-    it as ``<spec>.result.json``.
+    Used inside AWS Batch containers. Each batch is committed to the store and kept beside the
+    spec (:class:`lorien.tune.resume.JobJournal`), so a retried container resumes from the
+    store and from there (whatever the store keeps) and measures only the rest; a complete job
+    is not measured again. The outcome is written next to the spec as ``<spec>.result.json``.
     """
-    job = load_job(uri)
-    outcome = execute_job(Task(job.job_id, job.spec, attempt=1, check_existing=True), store_uri, runner)
-    result = outcome.to_dict()
-    if uri.startswith("s3://"):
-        from lorien.warehouse.archive import write_bytes_uri
+    from lorien.warehouse.archive import write_bytes_uri
 
-        write_bytes_uri(result_uri(uri), canonical_json(result).encode())
+    job = load_job(uri)
+    journal = JobJournal(uri)
+    outcome = execute_job(Task(job.job_id, job.spec, attempt=1, check_existing=True), store_uri, runner,
+                          guard=journal)
+    result = outcome.to_dict()
+    write_bytes_uri(journal.result_uri, canonical_json(result).encode())
     return result
 
 
@@ -245,7 +258,8 @@ def summary_json(summary: RunSummary, store_uri: str | None = None) -> str:
     """The run summary as one JSON object (``lorien tune --manager ... --json``)."""
     return json.dumps({"store": store_uri, "total": summary.total, "done": summary.done,
                        "failed": summary.failed, "skipped": summary.skipped, "retried": summary.retried,
-                       "reused": summary.reused, "records": summary.records,
+                       "reused": summary.reused, "records": summary.records, "measured": summary.measured,
+                       "resumed": summary.resumed,
                        "elapsed_s": round(summary.elapsed_s, 3), "failures": summary.failures,
                        "states": summary.states})
 

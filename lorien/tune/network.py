@@ -110,12 +110,14 @@ class RoundRunner:
 
     log_dir: str | None
 
-    def __call__(self, spec: dict[str, Any], store_uri: str | None) -> Any:
+    def __call__(self, spec: dict[str, Any], store_uri: str | None, **options: Any) -> Any:
+        """Tune the round; ``options`` are the job manager's (``resume``, ``on_batch``, ``source``:
+        the manager commits each batch)."""
         from lorien.dialect import get_dialect
         from lorien.tune.local import log_path_for
 
         log_path = str(log_path_for(Path(self.log_dir), spec)) if self.log_dir else None
-        return get_dialect(spec["dialect"]).tune(spec, store_uri, commit=False, log_path=log_path)
+        return get_dialect(spec["dialect"]).tune(spec, store_uri, **{"commit": False, **options}, log_path=log_path)
 
 
 def scheduler_settings(document: Any, where: str) -> dict[str, Any]:

@@ -17,11 +17,13 @@ class TuneProgress:
     """What a tuning run has done so far (handed to the per-batch callback).
 
     ``best_config`` is the dialect's config of the fastest candidate (an AutoTVM config
-    entity, a list of Ansor steps, ...).
+    entity, a list of Ansor steps, ...). ``trials`` counts the ``resumed`` ones: measurements
+    of earlier attempts of the job replayed into the tuner, not measured again.
     """
 
     total: int
     trials: int = 0
+    resumed: int = 0
     errors: int = 0
     best_cost_s: float = math.inf
     best_config: Any = None

@@ -189,7 +189,8 @@ def list_uri(prefix: str | Path) -> list[str]:
     return sorted(uris)
 
 
-def _join(dest: str, name: str) -> str:
+def join_uri(dest: str, name: str) -> str:
+    """``name`` inside a local directory or an S3 prefix (the prefix's endpoint options kept)."""
     if is_s3_uri(dest):
         return parse_s3_uri(dest).child(name).uri()
     return str(Path(dest.removeprefix("file://")) / name)
@@ -200,7 +201,7 @@ def archive_log(path: str | Path, dest: str, name: str | None = None) -> str:
     path = Path(path)
     if not path.is_file():
         raise StoreError(f"cannot archive {path}: no such file")
-    target = _join(dest, name or path.name)
+    target = join_uri(dest, name or path.name)
     if is_s3_uri(target):
         location = parse_s3_uri(target)
         try:
@@ -242,12 +243,12 @@ def archive_records(records: Iterable[TuningRecord], dest: str, name: str | None
     written = []
     for dialect, dialect_records in sorted(by_dialect.items()):
         suffix, text = encode_archive_lines(dialect_records, dialect)
-        written.append(write_text_uri(_join(dest, f"{stem}-{dialect}{suffix}"), text))
+        written.append(write_text_uri(join_uri(dest, f"{stem}-{dialect}{suffix}"), text))
         entries = _workload_entries(dialect_records) if dialect == "meta_schedule" else {}
         if entries:  # records name their workload by hash: the entries go beside them
             lines = "".join(orjson.dumps({"workload_hash": digest, "entry": orjson.loads(text)}).decode() + "\n"
                             for digest, text in sorted(entries.items()))
-            written.append(write_text_uri(_join(dest, f"{stem}-{dialect}.workloads.jsonl"), lines))
+            written.append(write_text_uri(join_uri(dest, f"{stem}-{dialect}.workloads.jsonl"), lines))
     return written
 
 

@@ -48,8 +48,8 @@ def _literal(value, dtype: str) -> str:
 class CRenderer:
     """Walks a Program's uops and writes one C function ``void name(void **args)``."""
 
-    def __init__(self, program: Program, name: str):
-        self.p, self.name = program, name
+    def __init__(self, program: Program, name: str, num_threads: int | None = None):
+        self.p, self.name, self.num_threads = program, name, num_threads
         self.lines: list[str] = []
         self.depth = 1
 
@@ -98,7 +98,8 @@ class CRenderer:
         elif u.op == "LOOP":
             name, extent, kind = u.arg
             if kind == "parallel":
-                self.put("#pragma omp parallel for")
+                self.put("#pragma omp parallel for"
+                         + (f" num_threads({self.num_threads})" if self.num_threads else ""))
             self.put(f"for (int64_t v{i} = 0; v{i} < {extent}; v{i}++) {{  /* {name} */")
             self.depth += 1
         elif u.op == "IF":
@@ -136,19 +137,20 @@ class CRenderer:
             raise ValueError(f"C renderer: unknown uop {u.op!r} at %{i}")
 
 
-def render(program: Program, name: str | None = None) -> str:
-    """C source of ``program``."""
-    return CRenderer(program, name or program.name).render()
+def render(program: Program, name: str | None = None, num_threads: int | None = None) -> str:
+    """C source of ``program`` (parallel loops on ``num_threads`` threads, default OpenMP's)."""
+    return CRenderer(program, name or program.name, num_threads).render()
 
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 
 
-def compile_c(source: str, fn_name: str) -> int:
-    """Compile ``source`` into a shared object (cached by source hash); address of ``fn_name``."""
-    key = hashlib.sha256(source.encode()).hexdigest()
+def compile_c(source: str, fn_name: str, march: str = "native") -> int:
+    """Compile ``source`` for CPU ``march`` into a shared object (cached by source and CPU);
+    address of ``fn_name``."""
+    key = hashlib.sha256(f"{march}|{source}".encode()).hexdigest()
     if key not in _LIBS:
-        path = compile_shared(source, "kernel", ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=gnu11"),
+        path = compile_shared(source, "kernel", ("-O3", f"-march={march}", "-ffp-contract=fast", "-fopenmp", "-std=gnu11"),
                               subdir="kernels", error=CCompileError, libs=("-lm",))
         _LIBS[key] = ctypes.CDLL(str(path))
     return ctypes.cast(getattr(_LIBS[key], fn_name), ctypes.c_void_p).value

@@ -1,4 +1,4 @@
-"""LLVM renderer: UOps -> LLVM IR text with llvmlite, then O3 + MCJIT for the host CPU.
+"""LLVM renderer: UOps -> LLVM IR text with llvmlite, then O3 + MCJIT for the target CPU.
 
 Each ALU op is one row of a table; the walker keeps a loop/if stack and outlines parallel
 loops into ``<kernel>_par<n>(ctx, begin, end)`` functions driven by ``lorien_parallel_for``.
@@ -14,7 +14,7 @@ import threading
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from lorien.engine import runtime
+from lorien.engine import cpu, runtime
 from lorien.engine.lower import Program, UOp
 
 I1, I32, I64, PTR = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.PointerType()
@@ -320,30 +320,11 @@ _LOCK = threading.Lock()
 _STATE: dict = {}
 
 
-def _target_machine():
-    if "tm" not in _STATE:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_triple(llvm.get_process_triple())
-        _STATE["tm"] = target.create_target_machine(cpu=host_cpu_name(), features=host_cpu_features(),
-                                                    opt=3, codemodel="jitdefault")
-    return _STATE["tm"]
-
-
-def host_cpu_name() -> str:
-    return llvm.get_host_cpu_name()
-
-
-def host_cpu_features() -> str:
-    return llvm.get_host_cpu_features().flatten()
-
-
 def _engine():
     if "engine" not in _STATE:
         for name, address in runtime.symbol_addresses().items():
             llvm.add_symbol(name, address)
-        tm = _target_machine()
-        _STATE["engine"] = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        _STATE["engine"] = llvm.create_mcjit_compiler(llvm.parse_assembly(""), cpu.host_cpu().machine())
         _STATE["cache"] = {}
     return _STATE["engine"]
 
@@ -353,13 +334,15 @@ def render(program: Program, name: str | None = None) -> str:
     return str(LLVMRenderer(program, name or program.name).render())
 
 
-def compile_ir(ir_text: str, fn_name: str) -> int:
-    """Optimize (O3) and JIT ``ir_text``; returns the address of ``fn_name``.
+def compile_ir(ir_text: str, fn_name: str, target: cpu.CpuTarget | None = None) -> int:
+    """Optimize (O3) and JIT ``ir_text`` for ``target`` (default this host); returns the
+    address of ``fn_name``.
 
-    Cached by the hash of the IR (and host CPU): in memory for this process, and as object
+    Cached by the hash of the IR and the CPU: in memory for this process, and as object
     files in ``~/.cache/lorien/kernels`` across processes.
     """
-    key = hashlib.sha256(f"{host_cpu_name()}|{host_cpu_features()}|{ir_text}".encode()).hexdigest()
+    target = target or cpu.host_cpu()
+    key = hashlib.sha256(f"{target.cpu}|{target.features}|{ir_text}".encode()).hexdigest()
     with _LOCK:
         _engine()
         if key in _STATE["cache"]:
@@ -368,7 +351,7 @@ def compile_ir(ir_text: str, fn_name: str) -> int:
     if path.exists():
         obj = path.read_bytes()
     else:
-        obj = compile_object(ir_text)
+        obj = compile_object(ir_text, target)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(obj)
@@ -379,34 +362,32 @@ def compile_ir(ir_text: str, fn_name: str) -> int:
     return address
 
 
-def assembly(ir_text: str) -> str:
-    """Host assembly for ``ir_text`` after O3 (for inspecting register tiles)."""
-    tm = _target_machine()
-    mod = llvm.parse_assembly(ir_text)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return tm.emit_assembly(mod)
+def assembly(ir_text: str, target: cpu.CpuTarget | None = None) -> str:
+    """Assembly of ``ir_text`` after O3 for ``target`` (default this host), as code generation
+    makes it (for inspecting register tiles and the instructions used)."""
+    machine = (target or cpu.host_cpu()).machine()
+    return machine.emit_assembly(_optimized_module(ir_text, machine))
 
 
-def _optimized_module(ir_text: str):
-    tm = _target_machine()
+def _optimized_module(ir_text: str, machine):
     mod = llvm.parse_assembly(ir_text)
     mod.triple = llvm.get_process_triple()
-    mod.data_layout = str(tm.target_data)
+    mod.data_layout = str(machine.target_data)
     mod.verify()
     # Schedules vectorize explicitly; LLVM's own vectorizers only double the compile time.
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = False
     pto.slp_vectorization = False
-    pb = llvm.create_pass_builder(tm, pto)
+    pb = llvm.create_pass_builder(machine, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
 
 
-def compile_object(ir_text: str) -> bytes:
-    """O3 + host object code for ``ir_text`` (what a builder process ships to a runner)."""
-    return _target_machine().emit_object(_optimized_module(ir_text))
+def compile_object(ir_text: str, target: cpu.CpuTarget | None = None) -> bytes:
+    """O3 object code of ``ir_text`` for ``target`` (default this host): what a builder
+    process ships to a runner."""
+    machine = (target or cpu.host_cpu()).machine()
+    return machine.emit_object(_optimized_module(ir_text, machine))
 
 
 def load_object(obj: bytes, fn_name: str) -> int:

@@ -99,9 +99,11 @@ class AwsBatchManager(JobManager):
         result = _read_result(result_uri(spec_uri))
         worker = f"aws-batch:{batch_id}"
         if job["status"] == "SUCCEEDED":
-            records = int(result.get("records", 0)) if result else 0
-            return Completion(task, outcome=JobOutcome(task.job_id, task.attempt, worker, records=records,
-                                                       reused=bool(result and result.get("reused"))))
+            result = result or {}
+            return Completion(task, outcome=JobOutcome(
+                task.job_id, task.attempt, worker, records=int(result.get("records", 0)),
+                reused=bool(result.get("reused")), measured=int(result.get("measured", 0)),
+                resumed=int(result.get("resumed", 0)), superseded=bool(result.get("superseded"))))
         if result and result.get("error"):
             return Completion(task, outcome=JobOutcome(task.job_id, task.attempt, worker,
                                                        error=str(result["error"])))

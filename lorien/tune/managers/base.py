@@ -2,10 +2,10 @@
 worker runs for one job, and the per-host measurement slot.
 
 A worker runs :func:`execute_job`: it takes a measurement slot on its host (so two jobs
-never measure on the same cores at once), tunes the job through its dialect (or a test's
-``runner``), tags every record with the job id and commits them to the store in one commit.
-A retried or resumed job first looks in the store for that tag: if the job's records are
-already there, nothing is measured again and nothing is duplicated.
+never measure on the same cores at once), reads what earlier attempts of the job committed
+(:mod:`lorien.tune.resume`), tunes the job through its dialect (or a test's ``runner``) from
+there, and commits every measured batch as it completes, tagged with the job id. A worker
+killed mid-job loses at most the batch it was measuring; its retry measures only the rest.
 """
 
 from __future__ import annotations
@@ -24,18 +24,29 @@ from typing import Any
 
 from lorien.errors import LorienError
 from lorien.record import TuningRecord
+from lorien.tune.resume import (
+    SOURCE_PREFIX,
+    AttemptSuperseded,
+    CommitGuard,
+    earlier_records,
+    source_tag,
+)
 
-#: ``runner(job_spec, store_uri) -> records``; the default tunes through the job's dialect.
-Runner = Callable[[dict[str, Any], "str | None"], Iterable[TuningRecord]]
+#: ``runner(job_spec, store_uri, **options) -> records``, options as for ``Dialect.tune``
+#: (``resume``, ``on_batch``, ``source``, ``commit``); the default tunes through the job's dialect.
+Runner = Callable[..., Iterable[TuningRecord]]
 
-SOURCE_PREFIX = "lorien-job:"
 MEASURE_LOCK_DIR_ENV = "LORIEN_MEASURE_LOCK_DIR"
 MEASURE_SLOTS_ENV = "LORIEN_MEASURE_SLOTS"
+
+__all__ = ["SOURCE_PREFIX", "CommitGuard", "Completion", "JobManager", "JobOutcome", "Runner", "Task",
+           "committed_records", "execute_job", "measurement_slot", "source_tag", "warm_up_store"]
 
 
 @dataclass(frozen=True)
 class Task:
-    """One attempt of one job, as handed to a manager."""
+    """One attempt of one job, as handed to a manager. ``check_existing``: read what earlier
+    attempts or runs of the job committed and resume from it (False: measure the whole budget)."""
 
     job_id: str
     spec: dict[str, Any]
@@ -46,7 +57,9 @@ class Task:
 @dataclass
 class JobOutcome:
     """What a worker reports for one attempt. ``error`` set means a permanent failure
-    (bad input: the job would fail the same way again)."""
+    (bad input: the job would fail the same way again). ``records``: the job's records after
+    this attempt, ``resumed`` of them committed before it and ``measured`` by it; ``reused``:
+    the job was complete already, ``superseded``: a later attempt took the job over."""
 
     job_id: str
     attempt: int
@@ -55,6 +68,9 @@ class JobOutcome:
     reused: bool = False
     error: str = ""
     elapsed_s: float = 0.0
+    measured: int = 0
+    resumed: int = 0
+    superseded: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,31 +110,16 @@ class JobManager(ABC):
         self.close(cancel=exc[0] is not None)
 
 
-def source_tag(job_id: str) -> str:
-    """The ``source`` every record of a job is committed with."""
-    return f"{SOURCE_PREFIX}{job_id}"
-
-
-def job_source_tag(job: dict[str, Any]) -> str:
-    """The source tag of a job's records when it runs through a manager (so resume finds them)."""
-    from lorien.tune.jobspec import job_id_of
-
-    return source_tag(job_id_of(job))
-
-
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def dialect_runner(spec: dict[str, Any], store_uri: str | None) -> Iterable[TuningRecord]:
-    """The default runner: ``get_dialect(job["dialect"]).tune(job, store_uri, commit=False)``.
-
-    The dialect only measures; :func:`execute_job` commits the whole job once, so a lost
-    attempt leaves no partial records behind for its retry to duplicate.
-    """
+def dialect_runner(spec: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
+    """The default runner: ``get_dialect(job["dialect"]).tune(job, store_uri, commit=False, ...)``:
+    the dialect measures (resuming from ``options["resume"]``) and :func:`execute_job` commits."""
     from lorien.dialect import get_dialect
 
-    return get_dialect(spec["dialect"]).tune(spec, store_uri, commit=False)
+    return get_dialect(spec["dialect"]).tune(spec, store_uri, commit=False, **options)
 
 
 def committed_records(store_uri: str | None, job_id: str) -> int:
@@ -144,21 +145,43 @@ def warm_up_store(store_uri: str | None) -> None:
         return  # a store that cannot be opened yet is reported by the jobs themselves
 
 
-class CommitGuard:
-    """Where the attempts of one job learn that the job is already committed. This default
-    knows nothing (the store is asked instead); the dask manager's guard asks the scheduler."""
+class _BatchCommitter:
+    """Commits a job's batches as its dialect measures them (``on_batch``), tagged with the job,
+    after checking that no later attempt took the job over."""
 
-    def committed(self) -> int | None:
-        """Records committed by an earlier attempt of the job, or None if none is known."""
-        return None
+    def __init__(self, task: Task, store_uri: str | None, guard: CommitGuard):
+        self.task, self.store_uri, self.guard = task, store_uri, guard
+        self.tag = source_tag(task.job_id)
+        self.committed: set[str] = set()
+        self._store: Any = None
 
-    def remember(self, records: int) -> None:
-        """Note that the job's records are committed."""
+    def on_batch(self, _progress: Any, records: list[TuningRecord]) -> None:
+        self.commit(records)
+
+    def commit(self, records: Iterable[TuningRecord]) -> None:
+        batch = [record.with_changes(source=self.tag, record_id=record.record_id) for record in records
+                 if record.record_id not in self.committed]
+        if not batch:
+            return
+        if not self.guard.owns():
+            raise AttemptSuperseded(f"job {self.task.job_id}: a later attempt took it over")
+        if self.store_uri is not None:
+            if self._store is None:
+                from lorien.warehouse import open_store
+
+                self._store = open_store(self.store_uri)
+            self._store.commit(batch, nbest=self.task.spec.get("commit_nbest"))
+        self.guard.keep(batch)
+        self.committed.update(record.record_id for record in batch)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
 
 
 def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
                 measure_slots: int | None = None, guard: CommitGuard | None = None) -> JobOutcome:
-    """Run one attempt of one job on this worker and commit its records once.
+    """Run one attempt of one job on this worker, committing batch by batch.
 
     A LorienError (unknown dialect, a workload that cannot be built, a bad spec) becomes a
     permanent failure in the outcome; anything else propagates and the attempt is retried.
@@ -167,37 +190,48 @@ def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
     started = time.monotonic()
     outcome = JobOutcome(job_id=task.job_id, attempt=task.attempt, worker=worker_name())
     try:
-        existing = guard.committed()
-        if existing is None and task.check_existing:
-            existing = committed_records(store_uri, task.job_id) or None
-        if existing is not None:
-            outcome.records, outcome.reused = existing, True
-            outcome.elapsed_s = time.monotonic() - started
-            return outcome
-        tag = source_tag(task.job_id)
-        with measurement_slot(measure_slots):
-            records = [record.with_changes(source=tag, record_id=record.record_id)
-                       for record in (runner or dialect_runner)(task.spec, store_uri)]
-        outcome.records = len(records)
-        if store_uri is not None and records:
-            # A retried or resumed job may race an attempt thought lost (a dead master's
-            # worker still running): if that one committed while this one measured, keep its
-            # records, not ours.
-            existing = guard.committed()
-            if existing is None and task.check_existing:
-                existing = committed_records(store_uri, task.job_id) or None
-            if existing is not None:
-                outcome.records, outcome.reused = existing, True
-            else:
-                from lorien.warehouse import open_store
-
-                with open_store(store_uri) as store:
-                    store.commit(records, nbest=task.spec.get("commit_nbest"))
-            guard.remember(outcome.records)
+        complete = guard.committed()
+        if complete is not None:
+            outcome.records, outcome.reused = complete, True
+        else:
+            with measurement_slot(measure_slots):
+                _attempt(task, store_uri, runner or dialect_runner, guard, outcome)
     except LorienError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     outcome.elapsed_s = time.monotonic() - started
     return outcome
+
+
+def _attempt(task: Task, store_uri: str | None, runner: Runner, guard: CommitGuard, outcome: JobOutcome) -> None:
+    """Claim the job, read what is committed, tune the rest and commit it batch by batch. Runs
+    holding the slot: an attempt that held it meanwhile may have finished or started the job,
+    so the guard is asked again, and an attempt that finds the job claimed before reads the
+    store even where the master found nothing of it (a dead master's late attempt)."""
+    complete = guard.committed()
+    if complete is not None:
+        outcome.records, outcome.reused = complete, True
+        return
+    claimed_before = guard.claim()
+    earlier = (earlier_records(store_uri, task.job_id, task.spec.get("target"), guard)
+               if task.check_existing or claimed_before else [])
+    outcome.resumed = len(earlier)
+    if earlier and len(earlier) >= int(task.spec.get("trials", 0)):
+        outcome.records, outcome.reused = len(earlier), True
+        guard.remember(outcome.records)
+        return
+    committer = _BatchCommitter(task, store_uri, guard)
+    try:
+        records = runner(task.spec, store_uri, resume=earlier, on_batch=committer.on_batch,
+                         source=committer.tag)
+        committer.commit(records)  # what a runner measured without handing it to on_batch
+    except AttemptSuperseded:
+        outcome.superseded = outcome.reused = True
+    finally:
+        committer.close()
+    outcome.measured = len(committer.committed)
+    outcome.records = outcome.resumed + outcome.measured
+    if not outcome.superseded:
+        guard.remember(outcome.records)
 
 
 @contextmanager

@@ -7,9 +7,12 @@ task with it; Dask reports it as ``KilledWorker`` (a local cluster is started wi
 ``allowed-failures`` 0 and ``worker-saturation`` 1.0, so that happens at once and only to
 the task that was running) and the master retries it itself, tracing each retry. Worker
 processes are not daemonic, so a job's measurement may start its own worker processes.
-The scheduler remembers which jobs are committed, so a finished task that Dask recomputes
-(its result died with its worker) returns the committed outcome instead of measuring again. Measurement on one host is serialized by the per-host measurement slot
-(:func:`lorien.tune.managers.base.measurement_slot`), whatever number of workers share it.
+The scheduler remembers which jobs are complete, so a finished task that Dask recomputes
+(its result died with its worker) returns the outcome instead of measuring again, and which
+attempt measures each job, so a dead master's task still running stops before its next commit
+once a resumed master's attempt took the job over. Measurement on one host is serialized by
+the per-host measurement slot (:func:`lorien.tune.managers.base.measurement_slot`), whatever
+number of workers share it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 
 from lorien.errors import ConfigError
 from lorien.tune.managers.base import (
-    CommitGuard,
     Completion,
     JobManager,
     JobOutcome,
@@ -26,6 +28,7 @@ from lorien.tune.managers.base import (
     Task,
     execute_job,
 )
+from lorien.tune.resume import CommitGuard
 
 
 class DaskManager(JobManager):
@@ -129,25 +132,39 @@ class DaskManager(JobManager):
 
 
 class SchedulerCommitGuard(CommitGuard):
-    """The committed record count of a job is kept in the scheduler's metadata. A finished task
-    that Dask recomputes (its result died with its worker), or a resumed master's attempt of a
-    job the dead master's task committed, then finds it and measures or commits nothing again.
+    """A job's state kept in the scheduler's metadata: its record count once complete (a finished
+    task that Dask recomputes, or a resumed master's attempt of a job the dead master's task
+    completed, then measures nothing again) and the attempt measuring it now (a dead master's
+    task still running stops before its next commit once a resumed master's attempt claimed the
+    job; the batch it was measuring then is all that may be measured twice).
 
-    No scheduler lock is taken around the commit: a lock held by a killed worker stays taken
+    No scheduler lock is taken around commits: a lock held by a killed worker stays taken
     until its lease times out, which stalls every retry of that job."""
 
     def __init__(self, job_id: str):
+        import uuid
+
         from distributed import get_client
 
         self.client = get_client()
         self.job_id = job_id
+        self.token = uuid.uuid4().hex
         self.metadata_key = ["lorien-job-committed", job_id]
+        self.owner_key = ["lorien-job-owner", job_id]
 
     def committed(self) -> int | None:
         return self.client.get_metadata(self.metadata_key, default=None)
 
     def remember(self, records: int) -> None:
         self.client.set_metadata(self.metadata_key, records)
+
+    def claim(self) -> bool:
+        claimed_before = self.client.get_metadata(self.owner_key, default=None) is not None
+        self.client.set_metadata(self.owner_key, self.token)
+        return claimed_before
+
+    def owns(self) -> bool:
+        return self.client.get_metadata(self.owner_key, default=self.token) == self.token
 
 
 def run_dask_task(task: Task, store_uri: str | None, runner: Runner | None,
