@@ -122,7 +122,7 @@ def tune_tvm(mod, trials: int, work_dir: str, target_dict: dict):
                            builder=ms.builder.LocalBuilder(timeout_sec=120), num_tuning_cores=1, seed=0)
     seconds = time.monotonic() - started
     schedule = ms.tir_integration.compile_tir(database, mod, target)
-    return tvm.compile(schedule.mod, target=target), len(database), seconds
+    return tvm.compile(schedule.mod, target=target).jit(), len(database), seconds
 
 
 def timed_against(name: str, kernel, tvm_kernel, dag, seconds: float) -> tuple[float, float]:

@@ -9,13 +9,13 @@ a dialect package by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from lorien.errors import DialectError
+from lorien.errors import DialectError, WorkloadError
 from lorien.record import TuningRecord
 
 ENTRY_POINT_GROUP = "lorien.dialects"
@@ -95,6 +95,20 @@ class AppliedConfig:
     logged_cost_s: float | None = None
     logged_target: str = ""
     notes: list[str] = field(default_factory=list)
+
+
+def apply_logged(path: str, line_no: int, logged: TuningRecord, apply: Callable[[], AppliedConfig]) -> AppliedConfig:
+    """Run ``apply()`` on a record read from line ``line_no`` of ``path``: its errors name the
+    file and line, and the log's own latency and target are kept beside ours."""
+    try:
+        applied = apply()
+    except WorkloadError as exc:
+        raise WorkloadError(f"{path}:{line_no}: {exc}") from exc
+    except DialectError as exc:
+        raise DialectError(f"{path}:{line_no}: {exc}") from exc
+    if logged.is_valid:
+        applied.logged_cost_s, applied.logged_target = logged.cost_s, logged.target_raw
+    return applied
 
 
 def dialect_of_workload_key(workload_key: str) -> str:

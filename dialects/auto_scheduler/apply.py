@@ -11,8 +11,8 @@ import orjson
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.steps import replay_steps
-from lorien.dialect import AppliedConfig
-from lorien.errors import ConfigError, DialectError, WorkloadError
+from lorien.dialect import AppliedConfig, apply_logged
+from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 
 
@@ -60,12 +60,4 @@ def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedCon
     """Apply the steps of one Ansor log line and measure them here; the log's own latency and
     target are kept beside ours."""
     logged = read_log_line(path, line_no)
-    try:
-        applied = apply_steps(logged.workload_key, orjson.loads(logged.config), **options)
-    except WorkloadError as exc:
-        raise WorkloadError(f"{path}:{line_no}: {exc}") from exc
-    except DialectError as exc:
-        raise DialectError(f"{path}:{line_no}: {exc}") from exc
-    if logged.is_valid:
-        applied.logged_cost_s, applied.logged_target = logged.cost_s, logged.target_raw
-    return applied
+    return apply_logged(str(path), line_no, logged, lambda: apply_steps(logged.workload_key, orjson.loads(logged.config), **options))

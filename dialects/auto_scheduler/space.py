@@ -35,7 +35,7 @@ from dialects.auto_scheduler.sketch import (
     render,
 )
 from lorien.errors import DialectError
-from lorien.search.base import index_of_positions, knob_positions
+from lorien.search.base import MixedRadixSpace
 
 MAX_INNERMOST = 64
 #: Probability of each mutation kind (Ansor's CPU defaults; compute location is the sketch's).
@@ -74,7 +74,7 @@ class TileKnob:
     entities: tuple[tuple[int, ...], ...]
 
 
-class SketchSpace:
+class SketchSpace(MixedRadixSpace):
     """All programs of a workload's sketches, as an indexed space (first knob least significant)."""
 
     def __init__(self, dag: ComputeDAG, args: Sequence[Any] = (), max_innermost: int = MAX_INNERMOST):
@@ -98,21 +98,10 @@ class SketchSpace:
             self._tile_of.append(knobs)
         self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), len(PARALLEL_CHUNKS),
                      len(AUTO_UNROLL_STEPS), 1]
-        self._size = math.prod(self.dims)
-        if self._size >= 1 << 62:
-            raise DialectError(f"the search space of stages {dag.stage_names} has {self._size} points, "
+        if len(self) >= 1 << 62:
+            raise DialectError(f"the search space of stages {dag.stage_names} has {len(self)} points, "
                                "more than an index can hold")
         self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
-
-    # ------------------------------------------------------------ IndexedSpace
-    def __len__(self) -> int:
-        return self._size
-
-    def knob_indices(self, index: int) -> list[int]:
-        return knob_positions(index, self.dims)
-
-    def index_of_knobs(self, positions: Sequence[int]) -> int:
-        return index_of_positions(positions, self.dims)
 
     def get(self, index: int) -> list[list[Any]]:
         """The Ansor steps of point ``index``."""

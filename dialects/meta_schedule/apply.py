@@ -12,8 +12,8 @@ from dialects.auto_scheduler.records import engine_target
 from dialects.meta_schedule.compile import measure_traces, workload_dag
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.trace import parse_trace, replay_trace
-from lorien.dialect import AppliedConfig
-from lorien.errors import ConfigError, DialectError, WorkloadError
+from lorien.dialect import AppliedConfig, apply_logged
+from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 
 
@@ -63,12 +63,4 @@ def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedCon
     """Apply the trace of one JSONDatabase record and measure it here; the database's own
     latency and target are kept beside ours."""
     logged = read_database_line(path, line_no)
-    try:
-        applied = apply_record(logged, **options)
-    except WorkloadError as exc:
-        raise WorkloadError(f"{path}:{line_no}: {exc}") from exc
-    except DialectError as exc:
-        raise DialectError(f"{path}:{line_no}: {exc}") from exc
-    if logged.is_valid:
-        applied.logged_cost_s, applied.logged_target = logged.cost_s, logged.target_raw
-    return applied
+    return apply_logged(str(path), line_no, logged, lambda: apply_record(logged, **options))

@@ -31,7 +31,6 @@ unroll, compute location, parallel, cache level.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from dialects.auto_scheduler.space import MAX_INNERMOST, _other, factorizations,
 from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
 from lorien.engine import te
 from lorien.errors import DialectError
-from lorien.search.base import index_of_positions, knob_positions
+from lorien.search.base import MixedRadixSpace
 
 UNROLL_STEPS = (0, 16, 64, 512)
 JOBS_PER_CORE = (4, 16, 64)
@@ -107,7 +106,7 @@ def _has_condition(stage: Any) -> bool:
     return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
 
 
-class TraceSpace:
+class TraceSpace(MixedRadixSpace):
     """Every trace the rules give a workload, as an indexed space."""
 
     def __init__(self, dag: ComputeDAG, cores: int | None = None, max_innermost: int = MAX_INNERMOST):
@@ -163,18 +162,7 @@ class TraceSpace:
         self.dims.append(len(UNROLL_STEPS))
         self.parallel_knob = len(self.dims)
         self.dims.append(len(JOBS_PER_CORE))
-        self._size = math.prod(self.dims)
         self._entity_index = [{e: i for i, e in enumerate(entities)} for entities in self.tile_entities]
-
-    # ------------------------------------------------------------ IndexedSpace
-    def __len__(self) -> int:
-        return self._size
-
-    def knob_indices(self, index: int) -> list[int]:
-        return knob_positions(index, self.dims)
-
-    def index_of_knobs(self, positions: Sequence[int]) -> int:
-        return index_of_positions(positions, self.dims)
 
     def get(self, index: int) -> list[Any]:
         """The trace ``[instructions, decisions]`` of point ``index``."""

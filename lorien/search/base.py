@@ -53,6 +53,22 @@ def index_of_positions(positions: Sequence[int], dims: Sequence[int]) -> int:
     return index
 
 
+class MixedRadixSpace:
+    """An indexed space whose points are the positions of its knobs (``dims`` values each),
+    first knob least significant: what a dialect's space subclasses to be searched."""
+
+    dims: list[int]
+
+    def __len__(self) -> int:
+        return math.prod(self.dims)
+
+    def knob_indices(self, index: int) -> list[int]:
+        return knob_positions(index, self.dims)
+
+    def index_of_knobs(self, positions: Sequence[int]) -> int:
+        return index_of_positions(positions, self.dims)
+
+
 def result_cost(result: MeasuredLike) -> float:
     """Mean cost in seconds of a valid result, ``inf`` for a failed one."""
     costs = list(result.costs)
