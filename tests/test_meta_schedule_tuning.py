@@ -16,7 +16,7 @@ from dialects.auto_scheduler import registry
 from dialects.meta_schedule.compile import check_kernel, replay_database
 from dialects.meta_schedule.space import TraceSpace
 from dialects.meta_schedule.trace import replay_trace
-from dialects.meta_schedule.tuning import tune_job
+from dialects.meta_schedule.tuning import tune_dag, tune_job
 from lorien.cli import main
 from lorien.dialect import get_dialect
 from lorien.engine.build import build
@@ -95,6 +95,18 @@ def test_tune_job_commits_meta_schedule_records_that_compile_from_the_store(stor
     out = np.zeros((8, 16), F32)
     kernel(data, weight, bias, out)
     assert np.allclose(out, np.maximum(data @ weight.T + bias, 0), atol=1e-4)
+
+
+def test_any_computation_in_the_dsl_tunes(store_uri):
+    from dialects.auto_scheduler.dag import ComputeDAG
+    from lorien.engine import te
+
+    a, b = te.placeholder((16, 8), F32, "A"), te.placeholder((8, 24), F32, "B")
+    k = te.reduce_axis(8, "k")
+    c = te.compute((16, 24), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    progress = tune_dag(ComputeDAG([a, b, c]), {"trials": 4, "batch_size": 4, "measure": MEASURE}, store_uri)
+    assert progress.trials == 4 and math.isfinite(progress.best_cost_s)
+    assert progress.records[0].task_name == "C" and progress.records[0].source == "lorien meta_schedule"
 
 
 def test_tuning_again_measures_no_trace_twice(store_uri):

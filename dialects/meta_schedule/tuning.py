@@ -62,6 +62,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, on_batch: BatchC
     if job.get("warm_start_model"):
         raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
     registry_key = job_workload_key(job)
+    source = source or job.get("source") or job_source(job, DIALECT)
     return tune_dag(job_dag(registry_key), job, store_uri, on_batch, source, commit,
                     space=cached_space(registry_key), task_name=str(job.get("task_name", registry_key)))
 
@@ -79,7 +80,7 @@ def tune_dag(dag: ComputeDAG, job: dict[str, Any], store_uri: str | None = None,
     entry = lorien_entry(dag)
     workload_key = str(entry[0])
     target = parse_target(job.get("target") or "llvm").canonical
-    source = source or job.get("source") or job_source(job, DIALECT)
+    source = source or job.get("source") or "lorien meta_schedule"
     extra = {"workload": entry}
     info, flop, layout = args_info(dag), dag.flop(), dag.layout()
     task_name = task_name or next(t.name for t in reversed(dag.ops))
