@@ -55,7 +55,7 @@ def test_the_space_tiles_reductions_and_places_padding_by_compute_location():
     assert [t.stage for t in space.tiled] == ["conv2d.acc"]
     assert space.tiled[0].epilogue == "conv2d"
     assert [p.stage for p in space.placed] == ["conv2d.pad"]
-    assert space.placed[0].choices[0] == -1 and len(space.placed[0].choices) == 1 + 4 * 4 + 3 * 2
+    assert space.placed[0].choices == [-1, *range(2 * 4)]
 
 
 def test_a_rendered_trace_is_tvm_s_instruction_form_with_its_decisions():

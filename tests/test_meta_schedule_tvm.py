@@ -45,3 +45,39 @@ def test_tvm_tunes_a_matmul_into_a_parquet_store_and_compiles_from_it(tmp_path, 
     out = tvm.runtime.tensor(np.zeros((n, n), "float32"))
     kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
     assert np.allclose(out.numpy(), x @ y, atol=1e-4)
+
+
+def test_records_tuned_here_become_a_json_database_tvm_loads_and_compiles(tmp_path, store_uri):
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+
+    from dialects.meta_schedule.compile import workload_dag
+    from dialects.meta_schedule.tuning import tune_job
+    from dialects.meta_schedule.tvm_database import tvm_module_of, write_tvm_database
+    from lorien.formats.meta_schedule import pair_paths
+
+    measure = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
+    records = []
+    for task_name, args in (("dense_layer", [8, 16, 16, True, True, "float32"]),
+                            ("conv2d_nhwc_layer", [1, 4, 6, 6, 8, 3, 3, [1, 1], [1, 1], [1, 1], False, False,
+                                                   "float32"])):
+        job = {"task_name": task_name, "args": args, "target": "llvm", "trials": 6, "batch_size": 6,
+               "measure": measure, "tuner": "random"}
+        records += tune_job(job, store_uri).records
+    assert write_tvm_database(records, tmp_path / "db") == 12
+    workload_file, record_file = pair_paths(tmp_path / "db")
+    database = ms.database.JSONDatabase(path_workload=str(workload_file), path_tuning_record=str(record_file),
+                                        allow_missing=False)
+    assert len(database) == 12
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    for record in (records[0], records[6]):
+        dag = workload_dag(record)
+        mod = tvm_module_of(dag)
+        schedule = ms.tir_integration.compile_tir(database, mod, target)
+        kernel = tvm.compile(schedule.mod, target=target)
+        rng = np.random.default_rng(0)
+        inputs = [rng.uniform(-1, 1, t.shape).astype(t.dtype) for t in dag.io_tensors if t not in dag.outputs]
+        expected = dag.evaluate(*inputs)[0]
+        arrays = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.tensor(np.zeros_like(expected))]
+        kernel(*arrays)
+        assert np.allclose(arrays[-1].numpy(), expected, atol=1e-4)

@@ -27,13 +27,14 @@ from lorien.record import TuningRecord
 LORIEN_DAG = "lorien_dag"
 
 
-def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
-    """The compute DAG of a MetaSchedule record's workload."""
+def workload_entry(record: TuningRecord, store: Any = None) -> list[Any]:
+    """The workload entry ``[shash, module]`` of a MetaSchedule record: carried in its extra,
+    or found by its content hash in ``store`` or among the entries this process has read."""
     from lorien.formats.meta_schedule import known_workloads
 
     extra = orjson.loads(record.extra) if record.extra else {}
     if "workload" in extra:
-        return _module_dag(orjson.dumps(extra["workload"]).decode())
+        return list(extra["workload"])
     digest = extra.get("workload_hash")
     if digest is None:
         raise WorkloadError(f"record {record.record_id} names no MetaSchedule workload in its extra")
@@ -42,7 +43,12 @@ def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
     if text is None:
         raise WorkloadError(f"record {record.record_id}: the entry of MetaSchedule workload {digest} is not at hand "
                             f"(compile from the store it was ingested into, or read its database first)")
-    return _module_dag(text)
+    return orjson.loads(text)
+
+
+def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
+    """The compute DAG of a MetaSchedule record's workload."""
+    return _module_dag(orjson.dumps(workload_entry(record, store)).decode())
 
 
 @functools.lru_cache(maxsize=16)

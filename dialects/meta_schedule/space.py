@@ -11,7 +11,8 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   consumer (bias, relu) takes the cache's place: it runs inside the tile.
 - **auto-inline**: other element-wise blocks without a condition are inlined.
 - **random compute location**: a block with a condition (padding) is computed where
-  ``SampleComputeLocation`` says: a loop of its consumer, or the root.
+  ``SampleComputeLocation`` says: one of the outer two spatial tile levels of its consumer
+  (a unit loop there means the nearest outer loop that is not one, as in TVM), or the root.
 - **parallel / vectorize / unroll**: the root block is annotated with the largest parallel
   extent (jobs per core x cores), the vector width and a ``SampleCategorical`` unroll step.
 
@@ -92,6 +93,8 @@ class _Writer:
         if decision is not None:
             self.decisions.append([index, decision])
         self.state.apply(index, instruction, decision)
+        if index in self.state.realized:
+            self.decisions[-1][1] = self.state.realized[index]
         return outputs
 
     def trace(self) -> list[Any]:
@@ -153,8 +156,9 @@ class TraceSpace(MixedRadixSpace):
                 self.inlined.append(stage.name)
                 continue
             consumer = consumers[0]
-            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else sum(
-                levels for _, _, levels in next(t for t in self.tiled if t.stage == consumer.name).loops)
+            # In a tiled consumer, the outer two spatial tile levels (S0 S1): the locations TVM
+            # takes as sampled wherever their loop is not a unit loop.
+            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else 2 * len(consumer.op.axis)
             placed = _Placed(stage.name, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
             self.dims.append(len(placed.choices))
             self.placed.append(placed)
@@ -301,14 +305,15 @@ class TraceSpace(MixedRadixSpace):
     def _parallel_prefix(state: TraceState, loops: list[Loop], max_parallel: int) -> int:
         """How many outer loops to fuse into the parallel loop: spatial loops of the root
         stage, not annotated, while their extents multiply to at most ``max_parallel``
-        (at least one); a loop already parallel is fused alone."""
+        (at least one); none when the outer loop is already parallel (made so for a block
+        before this one in the same nest)."""
         if not loops:
             return 0
         host = state.schedule[loops[0].stage]
         if host.attach is not None:
             return 0
         if host.annotations.get(loops[0].leaf) == "parallel":
-            return 1
+            return 0
         extents = leaf_extents(host)
         count, product = 0, 1
         for loop in loops:

@@ -9,7 +9,7 @@ drew. Each instruction becomes engine schedule steps on the workload's compute D
 ==================================== ==============================================================
 GetSBlock / GetLoops / GetChildBlocks   the stage of a block name; a block's loops, outermost first, including the loops it shares with the block it is computed at; the blocks in nest order
 SamplePerfectTile / SampleCategorical   the decision's tile sizes / ``candidates[decision]``
-SampleComputeLocation                   ``decision`` indexes the consumer's loops (-1 root, -2 inline)
+SampleComputeLocation                   ``decision`` indexes the consumer's loops (-1 root, -2 inline); as in TVM a unit loop is no location (the nearest outer loop that is one is taken)
 Split / Fuse / Reorder                  split (outermost factor may be None), fuse, reorder
 Parallel / Vectorize / Unroll           loop kinds
 Annotate (loop)                         ``pragma_auto_unroll_max_step`` unrolls as TVM's UnrollLoop (see :func:`auto_unroll`); other pragmas are hints
@@ -91,6 +91,9 @@ class TraceState:
         self.aliases: dict[Loop, Loop] = {}
         self.unroll_pragmas: list[tuple[Loop, int]] = []
         self.notes: list[str] = []
+        #: Decisions as TVM realizes them (SampleComputeLocation: a unit loop is no location).
+        self.realized: dict[int, Any] = {}
+        self.index = 0
 
     # ------------------------------------------------------------ random variables
     def value(self, name: Any) -> Any:
@@ -167,6 +170,7 @@ class TraceState:
         if not isinstance(inst, (list, tuple)) or len(inst) != 4:
             raise TraceError(index, name, f"an instruction is [name, inputs, attrs, outputs], got {str(inst)[:80]}")
         _, inputs, attrs, outputs = inst
+        self.index = index
         if name in HINTS:
             self.rvs.update({out: None for out in outputs})
             return
@@ -245,9 +249,12 @@ class TraceState:
         if len(consumers) != 1:
             raise _Failure(f"block {stage.name!r} has consumers {[c.name for c in consumers]}; one is supported")
         loops = self.loops_of(consumers[0])
-        if not isinstance(decision, int) or not 0 <= decision < len(loops):
-            raise _Failure(f"decision {decision!r} is not one of the {len(loops)} loops of {consumers[0].name!r}")
-        self.bind(outputs, [loops[decision]])
+        if not isinstance(decision, int) or decision < 0:
+            raise _Failure(f"decision {decision!r} is not a loop index of {consumers[0].name!r}")
+        valid = [i for i, loop in enumerate(loops) if leaf_extents(self.schedule[loop.stage])[loop.leaf] > 1]
+        lower = [i for i in valid if i <= decision]
+        self.realized[self.index] = lower[-1] if lower else ROOT_LOCATION
+        self.bind(outputs, [loops[lower[-1]] if lower else ROOT_LOCATION])
 
     def _consumers(self, stage: Stage) -> list[Stage]:
         from lorien.engine import te

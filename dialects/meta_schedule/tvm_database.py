@@ -18,12 +18,15 @@ finds it, ``lorien export --format meta_schedule`` writes it back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from dialects.meta_schedule.database import Record, StoreDatabase, Workload
 from lorien.errors import DialectError
+from lorien.record import TuningRecord
 
 
 def _tvm() -> tuple[Any, Any]:
@@ -90,3 +93,92 @@ def warehouse_database(store: Any = None) -> Any:
             return len(self.lorien)
 
     return WarehouseDatabase(store)
+
+
+def tvm_module_of(dag: Any) -> Any:
+    """The TVM IRModule (TE ``create_prim_func``) of a computation defined with Lorien's compute
+    DSL: blocks named after its stages, arguments in its I/O order; what TVM tunes and hashes."""
+    import tvm
+    from tvm import te as tvm_te
+    from tvm import tirx
+
+    from lorien.engine import te
+
+    ms, _ = _tvm()
+    binary = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+              "div": lambda a, b: a / b if a.dtype.startswith("float") else tirx.floordiv(a, b),
+              "floordiv": tirx.floordiv, "mod": tirx.floormod, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+              "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": tirx.all, "or": tirx.any}
+    calls = {"max": tirx.max, "min": tirx.min, "exp": tirx.exp, "sqrt": tirx.sqrt}
+    reducers = {"sum": tvm_te.sum, "max": tvm_te.max, "min": tvm_te.min}
+    tensors: dict[str, Any] = {}
+
+    def convert(expr: Any, variables: dict[Any, Any]) -> Any:
+        if isinstance(expr, te.Const):
+            dtype = "int32" if expr.dtype == te.INDEX_DTYPE else expr.dtype
+            return tirx.const(expr.value, dtype)
+        if isinstance(expr, te.Var):
+            return variables[expr]
+        if isinstance(expr, te.BinOp):
+            return binary[expr.op](convert(expr.a, variables), convert(expr.b, variables))
+        if isinstance(expr, te.Call):
+            args = [convert(arg, variables) for arg in expr.args]
+            return args[0].astype(expr.dtype) if expr.fn.startswith("cast:") else calls[expr.fn](*args)
+        if isinstance(expr, te.Select):
+            return tirx.if_then_else(*(convert(part, variables) for part in (expr.cond, expr.a, expr.b)))
+        if isinstance(expr, te.Load):
+            return tensors[expr.tensor.name][tuple(convert(i, variables) for i in expr.indices)]
+        if isinstance(expr, te.Reduce):
+            axes = [variables[axis] for axis in expr.axes]
+            return reducers[expr.combiner](convert(expr.source, variables), axis=axes)
+        raise DialectError(f"cannot express {expr!r} in TVM's TE")
+
+    for tensor in dag.ops:
+        if not isinstance(tensor.op, te.ComputeOp):
+            tensors[tensor.name] = tvm_te.placeholder(tensor.shape, tensor.dtype, tensor.name)
+            continue
+        op = tensor.op
+        reduce_axes = {iv: tvm_te.reduce_axis((0, iv.extent), iv.name) for iv in op.reduce_axis}
+
+        tensors[tensor.name] = tvm_te.compute(tensor.shape, _body(convert, op, reduce_axes), name=tensor.name)
+    function = tvm_te.create_prim_func([tensors[t.name] for t in dag.io_tensors])
+    return tvm.IRModule({"main": function})
+
+
+def tvm_block_names(trace: list[Any]) -> list[Any]:
+    """A trace of a Lorien workload with its blocks named as TVM names them (``dense.acc`` is
+    block ``dense_acc`` in TVM's PrimFunc)."""
+    instructions, decisions = trace
+    renamed = [[name, inputs, [str(attrs[0]).replace(".", "_"), *attrs[1:]], outputs] if name == "GetSBlock"
+               else [name, inputs, attrs, outputs] for name, inputs, attrs, outputs in instructions]
+    return [renamed, decisions]
+
+
+def _body(convert: Any, op: Any, reduce_axes: dict[Any, Any]) -> Any:
+    """The ``fcompute`` of one compute op for TVM's ``te.compute`` (positional indices only)."""
+    return lambda *indices: convert(op.body, {**dict(zip(op.axis, indices, strict=True)), **reduce_axes})
+
+
+def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, store: Any = None) -> int:
+    """Write MetaSchedule records as a JSONDatabase pair real TVM loads and compiles from: the
+    workload of a record tuned here (a Lorien DAG) becomes its TIR module with TVM's own
+    structural hash; a TVM workload is written as it is. Returns the records written."""
+    from dialects.meta_schedule.compile import workload_dag, workload_entry
+    from lorien.formats.meta_schedule import encode_record
+
+    ms, _ = _tvm()
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    database = ms.database.JSONDatabase(work_dir=str(work_dir))
+    count = 0
+    for record in records:
+        entry = workload_entry(record, store)
+        fields = orjson.loads(encode_record(record))[1]
+        if isinstance(entry[1], dict):
+            workload = database.commit_workload(tvm_module_of(workload_dag(record, store)))
+            fields[0] = tvm_block_names(fields[0])
+        else:
+            workload = database.commit_workload(ms.database.Workload.from_json(entry).mod)
+        database.commit_tuning_record(ms.database.TuningRecord.from_json(fields, workload))
+        count += 1
+    return count
+
