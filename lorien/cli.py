@@ -91,10 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- apply ------------------------------------------------------------------------
     apply = _parser(sub, "apply", "build and measure one logged or given config on this machine (e.g. a TopHub "
-                    "line, an Ansor record: its steps replayed and checked against NumPy)",
+                    "line, an Ansor record, a MetaSchedule record: its steps or trace replayed and checked "
+                    "against NumPy)",
                     "lorien apply --log ../shared/data/tophub/llvm_v0.04.log --line 12\n"
-                    "  lorien apply --log ../shared/data/ansor/matmul.json --line 2")
-    apply.add_argument("--log", help="a tuning log; with --line, the record to apply (its format picks the dialect)")
+                    "  lorien apply --log ../shared/data/ansor/matmul.json --line 2\n"
+                    "  lorien apply --log ../shared/data/meta_schedule/conv_56_64 --line 1")
+    apply.add_argument("--log", help="a tuning log (a MetaSchedule database: its directory); with --line, the "
+                                      "record to apply (its format picks the dialect)")
     apply.add_argument("--line", type=int, help="1-based line number in --log (comment lines count)")
     apply.add_argument("--workload-key", help="a workload key (autotvm: task#arg#..., auto_scheduler: "
                        "[\"func\", arg, ...]), with --config")
