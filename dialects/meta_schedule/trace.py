@@ -39,6 +39,7 @@ from typing import Any
 from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.auto_scheduler.sketch import leaf_extents
 from dialects.auto_scheduler.steps import Replay, auto_unroll
+from lorien.engine import te
 from lorien.engine.schedule import ScheduleError, Stage
 from lorien.errors import DialectError
 
@@ -71,7 +72,7 @@ class _Failure(Exception):
 def parse_trace(value: Any) -> tuple[list[list[Any]], dict[int, Any]]:
     """(instructions, decisions by instruction index) of a trace's JSON value."""
     if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list):
-        raise DialectError(f"a trace is [instructions, decisions], got {str(value)[:120]!r}")
+        raise DialectError(f"config is not a trace [instructions, decisions]: {str(value)[:120]!r}")
     decisions: dict[int, Any] = {}
     for item in value[1] or []:
         if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], int):
@@ -257,8 +258,6 @@ class TraceState:
         self.bind(outputs, [loops[lower[-1]] if lower else ROOT_LOCATION])
 
     def _consumers(self, stage: Stage) -> list[Stage]:
-        from lorien.engine import te
-
         return [other for other in self.schedule.stages
                 if any(isinstance(n, te.Load) and n.tensor.name == stage.name for n in te.walk(other.op.body))]
 
