@@ -118,10 +118,10 @@ def test_a_record_compiles_with_its_workload_from_the_database(shared_data):
     assert np.allclose(c, 128.0)
 
 
-def test_lorien_compile_and_query_build_use_the_store_s_workload_entry(shared_data, store_uri, capsys):
+def test_lorien_compile_and_query_build_use_the_store_s_workload_entry(shared_data, store_uri, capsys, monkeypatch):
     database = _database(shared_data, "conv_56_64")
     assert main(["ingest", str(database), "--store", store_uri, "--no-progress"]) == 0
-    known_entries._KNOWN.clear()  # what this process read: the entry must come from the store
+    monkeypatch.setattr(known_entries, "_KNOWN", {})  # what this process read: the entry must come from the store
     key = str(_first_entry(database)[0])
     assert dialect_of_workload_key(key) == "meta_schedule"
     kernel = lorien.compile(key, TARGET, store=store_uri)

@@ -19,11 +19,13 @@ from lorien.record import TuningRecord
 
 def apply_record(logged: TuningRecord, trace: Any = None, target: str | None = None,
                  measure: dict[str, Any] | None = None, store_uri: str | None = None,
-                 source: str = "lorien apply") -> AppliedConfig:
+                 source: str = "lorien apply", entries: dict[str, str] | None = None) -> AppliedConfig:
     """Replay ``trace`` (default: the record's own) on the workload of ``logged``, then build,
     check and measure it on this host; optionally commit the measured record to ``store_uri``.
 
-    An instruction that cannot be applied raises TraceError before anything is measured."""
+    ``entries`` (hash -> text) are workload entries at hand, e.g. those of the record's
+    database. An instruction that cannot be applied raises TraceError before anything is
+    measured."""
     from lorien.target import host_target, parse_target
 
     trace = orjson.loads(logged.config) if trace is None else trace
@@ -33,7 +35,7 @@ def apply_record(logged: TuningRecord, trace: Any = None, target: str | None = N
         except orjson.JSONDecodeError as exc:
             raise ConfigError(f"a trace is JSON [instructions, decisions], got {trace[:200]!r}") from exc
     parse_trace(trace)
-    dag = workload_dag(logged)
+    dag = workload_dag(logged, entries=entries)
     replay = replay_trace(dag, trace)
     target_text = parse_target(target).canonical if target else host_target().canonical
     (result,) = measure_traces(dag, [trace], measure, engine_target(target_text))
@@ -62,5 +64,8 @@ def read_database_line(path: str | Path, line_no: int) -> TuningRecord:
 def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedConfig:
     """Apply the trace of one JSONDatabase record and measure it here; the database's own
     latency and target are kept beside ours."""
+    from lorien.formats.meta_schedule import workload_texts
+
     logged = read_database_line(path, line_no)
-    return apply_logged(str(path), line_no, logged, lambda: apply_record(logged, **options))
+    entries = workload_texts(path)
+    return apply_logged(str(path), line_no, logged, lambda: apply_record(logged, entries=entries, **options))

@@ -9,7 +9,7 @@ record); a workload tuned here is an entry ``[hash, {"lorien_dag": DAG as plain 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,10 @@ from lorien.record import TuningRecord
 LORIEN_DAG = "lorien_dag"
 
 
-def workload_entry(record: TuningRecord, store: Any = None) -> list[Any]:
+def workload_entry(record: TuningRecord, store: Any = None, entries: Mapping[str, str] | None = None) -> list[Any]:
     """The workload entry ``[shash, module]`` of a MetaSchedule record: carried in its extra,
-    or found by its content hash in ``store`` or among the entries this process has read."""
+    or found by its content hash in ``entries`` (hash -> text, e.g. of its database), in
+    ``store`` or among the entries this process has read."""
     from lorien.formats.meta_schedule import known_workloads
 
     extra = orjson.loads(record.extra) if record.extra else {}
@@ -38,17 +39,17 @@ def workload_entry(record: TuningRecord, store: Any = None) -> list[Any]:
     digest = extra.get("workload_hash")
     if digest is None:
         raise WorkloadError(f"record {record.record_id} names no MetaSchedule workload in its extra")
-    text = (store.get_workloads([digest]).get(digest) if store is not None else None) or \
-        known_workloads([digest]).get(digest)
+    text = (entries or {}).get(digest) or (store.get_workloads([digest]).get(digest) if store is not None else None) \
+        or known_workloads([digest]).get(digest)
     if text is None:
         raise WorkloadError(f"record {record.record_id}: the entry of MetaSchedule workload {digest} is not at hand "
                             f"(compile from the store it was ingested into, or read its database first)")
     return orjson.loads(text)
 
 
-def workload_dag(record: TuningRecord, store: Any = None) -> ComputeDAG:
-    """The compute DAG of a MetaSchedule record's workload."""
-    return _module_dag(orjson.dumps(workload_entry(record, store)).decode())
+def workload_dag(record: TuningRecord, store: Any = None, entries: Mapping[str, str] | None = None) -> ComputeDAG:
+    """The compute DAG of a MetaSchedule record's workload (see :func:`workload_entry`)."""
+    return _module_dag(orjson.dumps(workload_entry(record, store, entries)).decode())
 
 
 @functools.lru_cache(maxsize=16)
