@@ -9,8 +9,9 @@ in TVM's TE, with the same blocks, loops and layouts.
   (XGBoost + evolutionary search over its design space, batches of 16, every candidate
   built by Lorien's engine, checked against NumPy and measured in isolated workers).
 * TVM 0.27 MetaSchedule (when apache-tvm is installed): ``ms.tune_tir`` with the same budget,
-  16 trials per iteration, its LocalBuilder (timeout 120 s) and LocalRunner, then
-  ``compile_tir`` builds its best schedule.
+  16 trials per iteration, its LocalBuilder (timeout 120 s) and LocalRunner measuring as
+  Lorien does (number 1, repeat 3, min_repeat_ms 10), then ``compile_tir`` builds its best
+  schedule.
 
 Both systems' best kernels are timed again at the end, taking turns on the same input
 arrays (fastest of interleaved runs; the 2 cores are shared with other work).
@@ -118,8 +119,11 @@ def tune_tvm(mod, trials: int, work_dir: str, target_dict: dict):
 
     target = tvm.target.Target(target_dict)
     started = time.monotonic()
+    evaluator = ms.runner.EvaluatorConfig(number=MEASURE["number"], repeat=MEASURE["repeat"],
+                                          min_repeat_ms=MEASURE["min_repeat_ms"])
     database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=16,
-                           builder=ms.builder.LocalBuilder(timeout_sec=120), num_tuning_cores=1, seed=0)
+                           builder=ms.builder.LocalBuilder(timeout_sec=120),
+                           runner=ms.runner.LocalRunner(evaluator_config=evaluator), num_tuning_cores=1, seed=0)
     seconds = time.monotonic() - started
     schedule = ms.tir_integration.compile_tir(database, mod, target)
     return tvm.compile(schedule.mod, target=target).jit(), len(database), seconds
