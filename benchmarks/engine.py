@@ -63,12 +63,20 @@ NAN = float("nan")
 
 # ---- timing ---------------------------------------------------------------------------------
 
+#: Idle time before each block of paired samples: longer than OpenBLAS's worker threads spin
+#: after a call (2^28 cycles by default, about 0.1 s), so that neither side's idle threads
+#: still hold a core while the other side's block runs.
+BLOCK_PAUSE_S = 0.25
+
+
 def paired_samples(calls: dict[str, Callable[[], object]], samples: int, block: int = 6) -> dict[str, list[float]]:
     """Seconds of ``samples`` single calls of each callable; they take turns in blocks of
-    ``block`` counted calls, each block led by one uncounted warm-up call."""
+    ``block`` counted calls, each block led by a pause (:data:`BLOCK_PAUSE_S`) and one
+    uncounted warm-up call."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     while min(len(found) for found in times.values()) < samples:
         for name, call in calls.items():
+            time.sleep(BLOCK_PAUSE_S)
             call()
             for _ in range(min(block, samples - len(times[name]))):
                 start = time.perf_counter()
