@@ -23,8 +23,9 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
 
     A step that cannot be applied raises StepError before anything is measured.
     """
-    from dialects.auto_scheduler.records import engine_target, make_record
+    from dialects.auto_scheduler.records import make_record
     from dialects.auto_scheduler.tuning import measure_steps
+    from lorien.engine.cpu import engine_target
     from lorien.target import host_target, parse_target
 
     if isinstance(steps, str):

@@ -57,19 +57,11 @@ def native_line(target: str, workload_key: str, steps: list[list[Any]], costs: l
             "r": [list(costs), int(error_no), float(all_cost), float(timestamp)], "v": DEFAULT_VERSION}
 
 
-def engine_target(target: str) -> str | None:
-    """The CPU target the engine builds a record of ``target`` for: the target itself on a CPU,
-    this host for a GPU target (whose bindings run as CPU loops here)."""
-    from lorien.engine.cpu import CPU_KINDS
-    from lorien.target import parse_target
-
-    return target if parse_target(target).kind in CPU_KINDS else None
-
-
 def make_record(target: str, workload_key: str, steps: list[list[Any]], costs: list[float], error_no: int,
                 all_cost: float, timestamp: float, source: str = "lorien tune") -> TuningRecord:
     """A TuningRecord of one measurement, decoded from its Ansor line (so it exports unchanged)."""
     from lorien.engine.build import build_info
+    from lorien.engine.cpu import engine_target
     from lorien.formats.ansor import decode_value
 
     record = decode_value(native_line(target, workload_key, steps, costs, error_no, all_cost, timestamp), source)

@@ -23,9 +23,10 @@ import numpy as np
 import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
-from dialects.auto_scheduler.records import engine_target, make_record
+from dialects.auto_scheduler.records import make_record
 from dialects.auto_scheduler.space import SketchSpace
 from dialects.auto_scheduler.steps import replay_steps
+from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create, result_cost

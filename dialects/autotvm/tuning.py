@@ -24,7 +24,7 @@ from lorien.errors import ConfigError, DialectError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create
 from lorien.search.xgb import history_by_workload
-from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress
+from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, finish_batch
 from lorien.tune.resume import job_source
 
 
@@ -219,12 +219,7 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
                                    int(result.error_no), float(result.all_cost), float(result.timestamp),
                                    source=source)
                        for config, result in zip(configs, results, strict=True)]
-            sink.write(records, progress)
-            tuner.update(indices, results)
-            progress.count(configs, results, records)
-            if on_batch is not None:
-                on_batch(progress, records)
-            if progress.stalled(early_stopping):
+            if not finish_batch(tuner, indices, configs, results, records, progress, sink, on_batch, early_stopping):
                 break
     finally:
         sink.close()

@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 
-from dialects.auto_scheduler.records import engine_target
 from dialects.meta_schedule.compile import measure_traces, workload_dag
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.trace import parse_trace, replay_trace
 from lorien.dialect import AppliedConfig, apply_logged
+from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 

@@ -35,8 +35,8 @@ def make_record(target: str, workload_key: str, trace: Any, costs: list[float], 
                 source: str = "lorien tune", layout: str = "NA") -> TuningRecord:
     """A TuningRecord of one measured trace, in MetaSchedule's record form (run_secs, the target
     as TVM's JSON dict, args_info); ``extra`` says where its workload is."""
-    from dialects.auto_scheduler.records import engine_target
     from lorien.engine.build import build_info
+    from lorien.engine.cpu import engine_target
     from lorien.record import FAILED_COST_S
     from lorien.target import parse_target
 

@@ -21,11 +21,11 @@ import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.records import engine_target
 from dialects.auto_scheduler.tuning import job_workload_key, make_tuner
 from dialects.meta_schedule.compile import lorien_entry, measure_traces
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.space import TraceSpace
+from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
 from lorien.search import result_cost

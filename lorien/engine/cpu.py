@@ -135,6 +135,12 @@ def host_cache_kb() -> dict[str, int]:
     return sizes
 
 
+def engine_target(target: str) -> str | None:
+    """The CPU target the engine builds a record of ``target`` for: the target itself on a CPU,
+    this host (None) for a GPU target, whose bindings run as CPU loops here."""
+    return target if parse_target(target).kind in CPU_KINDS else None
+
+
 def cpu_target(target: str | Target | None = None) -> CpuTarget:
     """The CPU of a target string (``None``: this host).
 

@@ -105,6 +105,20 @@ def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, A
     return indices, candidates
 
 
+def finish_batch(tuner: Any, indices: list[int], configs: list[Any], results: list[Any],
+                 records: list[TuningRecord], progress: TuneProgress, sink: BatchSink,
+                 on_batch: BatchCallback | None, early_stopping: int | None) -> bool:
+    """What follows a measured batch in every dialect's loop: its records go to ``sink``
+    before the tuner learns its results, it is counted and handed to ``on_batch``. Returns
+    whether tuning goes on (False once ``early_stopping`` trials brought nothing better)."""
+    sink.write(records, progress)
+    tuner.update(indices, results)
+    progress.count(configs, results, records)
+    if on_batch is not None:
+        on_batch(progress, records)
+    return not progress.stalled(early_stopping)
+
+
 def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[bytes, Any], batch_size: int,
                  early_stopping: int | None, sink: BatchSink,
                  measure: Callable[[list[Any]], list[Any]],
@@ -122,14 +136,9 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
             if not candidates:
                 break
             results = measure(candidates)
-            records = to_records(candidates, results)
-            sink.write(records, progress)
-            tuner.update(indices, results)
             measured.update((orjson.dumps(config), result) for config, result in zip(candidates, results, strict=True))
-            progress.count(candidates, results, records)
-            if on_batch is not None:
-                on_batch(progress, records)
-            if progress.stalled(early_stopping):
+            if not finish_batch(tuner, indices, candidates, results, to_records(candidates, results), progress, sink,
+                                on_batch, early_stopping):
                 break
     finally:
         sink.close()
