@@ -22,7 +22,8 @@ level of every tiled block, the location of every block placed by a random compu
 location, the unroll step, the parallel jobs per core. A point renders to a full trace:
 the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
 postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
-into one parallel loop up to the parallel extent, innermost spatial loops vectorized,
+into one parallel loop up to the parallel extent, innermost spatial loops vectorized
+when their extent is at most the vector width ``VECTOR_EXTENT``,
 ``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
 replays every instruction on the engine, which verifies the trace.
 
@@ -285,6 +286,7 @@ class TraceSpace(MixedRadixSpace):
             own = state.own_leaves(stage)
             last = loops[-1]
             if own and last.stage == name and stage.axes[last.leaf].kind == "spatial" and len(loops) > prefix and \
+                    leaf_extents(stage)[last.leaf] <= VECTOR_EXTENT and \
                     not any(s.attach == (name, last.leaf) for s in state.schedule.stages):
                 (vector,) = writer.emit("Fuse", [names[-1]], [1], writer.names("l", 1))
                 writer.emit("Vectorize", [vector], [], [])
