@@ -158,8 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- export -----------------------------------------------------------------------
     export = _parser(sub, "export", "write stored records back as a TVM log (by default the best "
-                     "record per workload, like TopHub)",
-                     "lorien export --target 'llvm -mcpu=skylake-avx512' --format autotvm -o best.log")
+                     "record per workload, like TopHub); --format meta_schedule writes a JSONDatabase "
+                     "directory TVM loads, converting workloads tuned by Lorien's meta_schedule dialect "
+                     "to TVM modules (needs apache-tvm; or --lorien-workloads)",
+                     "lorien export --target 'llvm -mcpu=skylake-avx512' --format autotvm -o best.log\n"
+                     "  lorien export --target llvm --format meta_schedule -o ./ms_database")
     export.add_argument("--target", required=True, help="target string")
     export.add_argument("--format", required=True,
                         help="autotvm, ansor, or meta_schedule (then -o names a directory)")
@@ -174,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     export_match.add_argument("--alternate-key", action="store_true",
                               help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
+    export.add_argument("--lorien-workloads", action="store_true",
+                        help="meta_schedule: write workloads tuned by Lorien's own dialect as Lorien compute "
+                             "DAGs, which lorien ingest reads back but TVM does not (default: convert them to "
+                             "TVM modules, which needs apache-tvm)")
     export.add_argument("--store", help=STORE_HELP)
     export.add_argument("--json", action="store_true",
                         help="print what was written as JSON (needs -o: the records go to the file)")
@@ -636,11 +643,14 @@ def _run_ingest(args: argparse.Namespace) -> int:
 # ---- run functions: export ---------------------------------------------------------------
 
 def _run_export(args: argparse.Namespace) -> int:
-    from lorien.formats import encode_record, write_log
-    from lorien.warehouse.query import export_records
+    from lorien.dialect import get_dialect
+    from lorien.formats import encode_record
+    from lorien.warehouse.query import dialect_of_format, export_records
 
     if args.json and not args.output:
         raise LorienError("export --json prints a summary: give the records a file with -o FILE")
+    if args.lorien_workloads and args.format != "meta_schedule":
+        raise LorienError(f"--lorien-workloads is for --format meta_schedule, not {args.format!r}")
     workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
@@ -653,7 +663,9 @@ def _run_export(args: argparse.Namespace) -> int:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
     if args.output:
-        count = write_log(records, args.format, args.output, workloads)
+        dialect = get_dialect(dialect_of_format(args.format))
+        count = dialect.write_log(records, args.format, args.output, workloads,
+                                  lorien_workloads=args.lorien_workloads)
         if args.json:
             import json
 

@@ -9,10 +9,11 @@ a dialect package by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from lorien.errors import DialectError, WorkloadError
@@ -70,6 +71,16 @@ class Dialect(ABC):
         - ``source``: the ``source`` of the records (the job's ``lorien-job:<id>`` tag).
         """
         raise DialectError(f"dialect {self.name!r} cannot tune")
+
+    def write_log(self, records: list[TuningRecord], log_format: str, path: str | Path,
+                  workloads: Mapping[str, str] | None = None, **options: Any) -> int:
+        """Write records in one of this dialect's formats for ``lorien export -o PATH``, as its
+        tuning system reads them (:func:`lorien.formats.write_log`; a dialect whose records
+        need converting first overrides this); returns the records written. Options the core
+        passes: ``lorien_workloads`` (meta_schedule: keep workloads tuned here in Lorien's form)."""
+        from lorien.formats import write_log
+
+        return write_log(records, log_format, path, workloads)
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
         """Build and measure here the config of one record of a log in this dialect's format

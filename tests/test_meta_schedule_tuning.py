@@ -4,6 +4,7 @@ search with XGBoost, records committed in MetaSchedule's form and exported as a 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,11 +128,35 @@ def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, stor
     path.write_text(yaml.safe_dump(config))
     assert main(["tune", str(path), "--store", store_uri, "--no-progress"]) == 0
     database = tmp_path / "db"
-    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--store", store_uri,
-                 "-o", str(database)]) == 0
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
+                 "--store", store_uri, "-o", str(database)]) == 0
     workloads = (database / "database_workload.json").read_text().splitlines()
     assert len(workloads) == 2
     lines = (database / "database_tuning_record.json").read_text().splitlines()
     assert len(lines) == 8 and all(orjson.loads(line)[0] in (0, 1) for line in lines)
     outcomes = replay_database(database)
     assert [o.status for o in outcomes] == ["ok"] * 8
+
+
+def test_exporting_workloads_tuned_here_without_tvm_names_them_and_writes_nothing(tmp_path, store_uri, shared_data,
+                                                                                  monkeypatch, capsys):
+    job = {"task_name": "dense_layer", "args": [4, 8, 16, False, False, F32], "target": "llvm", "trials": 2,
+           "batch_size": 2, "measure": MEASURE, "tuner": "random"}
+    key = tune_job(job, store_uri).records[0].workload_key
+    assert main(["ingest", str(shared_data / "meta_schedule" / "matmul_128"), "--store", store_uri]) == 0
+    for name in [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")] + ["tvm"]:
+        monkeypatch.setitem(sys.modules, name, None)  # apache-tvm not installed
+    capsys.readouterr()
+    database = tmp_path / "db"
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--store", store_uri,
+                 "-o", str(database)]) == 1
+    err = capsys.readouterr().err
+    assert f"dense_layer ({key})" in err and "matmul" not in err
+    assert "pip install 'lorien[tvm]'" in err and "--lorien-workloads" in err
+    assert not database.exists()
+
+
+def test_lorien_workloads_is_only_for_meta_schedule_exports(tmp_path, store_uri, capsys):
+    assert main(["export", "--target", "llvm", "--format", "autotvm", "--lorien-workloads", "--store", store_uri,
+                 "-o", str(tmp_path / "x.log")]) == 1
+    assert "--lorien-workloads is for --format meta_schedule" in capsys.readouterr().err

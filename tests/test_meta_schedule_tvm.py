@@ -81,3 +81,42 @@ def test_records_tuned_here_become_a_json_database_tvm_loads_and_compiles(tmp_pa
         arrays = [tvm.runtime.tensor(a) for a in inputs] + [tvm.runtime.tensor(np.zeros_like(expected))]
         kernel(*arrays)
         assert np.allclose(arrays[-1].numpy(), expected, atol=1e-4)
+
+
+def test_lorien_export_gives_a_json_database_tvm_loads_and_compiles_for_workloads_tuned_here(
+        tmp_path, store_uri, shared_data):
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    import orjson
+
+    from dialects.auto_scheduler.dag import ComputeDAG
+    from dialects.meta_schedule.tuning import tune_dag
+    from dialects.meta_schedule.tvm_database import tvm_module_of
+    from lorien.engine import te
+
+    a, b = te.placeholder((16, 8), "float32", "A"), te.placeholder((8, 24), "float32", "B")
+    k = te.reduce_axis(8, "k")
+    c = te.compute((16, 24), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    dag = ComputeDAG([a, b, c])
+    progress = tune_dag(dag, {"trials": 4, "batch_size": 4, "measure": {"number": 1, "repeat": 3}, "seed": 0},
+                        store_uri)
+    theirs = shared_data / "meta_schedule" / "matmul_128"
+    assert main(["ingest", str(theirs), "--store", store_uri]) == 0
+    out = tmp_path / "db"
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--store", store_uri,
+                 "-o", str(out)]) == 0
+
+    database = ms.database.JSONDatabase(work_dir=str(out))
+    assert len(database) == 4 + 32
+    their_entry = orjson.loads((theirs / "database_workload.json").read_text().splitlines()[0])
+    assert orjson.loads((out / "database_workload.json").read_text().splitlines()[0]) == their_entry  # unchanged
+    mod = tvm_module_of(dag)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    best = database.query_tuning_record(mod, target, "main")
+    assert np.isclose(np.mean([float(s) for s in best.run_secs]), progress.best_cost_s, rtol=1e-6)
+    kernel = tvm.compile(ms.tir_integration.compile_tir(database, mod, target).mod, target=target)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, (16, 8)).astype("float32"), rng.uniform(-1, 1, (8, 24)).astype("float32")
+    result = tvm.runtime.tensor(np.zeros((16, 24), "float32"))
+    kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(y), result)
+    assert np.allclose(result.numpy(), x @ y, atol=1e-4)

@@ -56,7 +56,7 @@ def workload_dag(record: TuningRecord, store: Any = None, entries: Mapping[str, 
 def _module_dag(entry_text: str) -> ComputeDAG:
     """The DAG of a workload entry: a TVM TIR module, or ``{"lorien_dag": ...}`` (tuned here)."""
     entry = orjson.loads(entry_text)
-    if isinstance(entry[1], dict) and LORIEN_DAG in entry[1]:
+    if is_lorien_entry(entry):
         return ComputeDAG.from_json(entry[1][LORIEN_DAG])
     return dag_of_module(entry[1])
 
@@ -65,6 +65,11 @@ def lorien_entry(dag: ComputeDAG) -> list[Any]:
     """The workload entry ``[structural hash, {"lorien_dag": DAG}]`` of a workload defined with
     Lorien's compute DSL (what a record tuned here carries and a JSONDatabase export writes)."""
     return [workload_key_of(dag), {LORIEN_DAG: dag.to_json()}]
+
+
+def is_lorien_entry(entry: Sequence[Any]) -> bool:
+    """Whether a workload entry is a Lorien compute DAG (tuned here), not a TVM module."""
+    return isinstance(entry[1], dict) and LORIEN_DAG in entry[1]
 
 
 @functools.lru_cache(maxsize=16)

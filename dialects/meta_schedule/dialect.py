@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from dialects.meta_schedule import features
@@ -71,6 +72,14 @@ class MetaScheduleDialect(Dialect):
     def compile_default(self, workload_key: str, target: str | None = None):
         raise DialectError(f"MetaSchedule workload {workload_key}: a structural hash names no computation Lorien "
                            f"can rebuild without a record; tune it or ingest its database first")
+
+    def write_log(self, records: list[TuningRecord], log_format: str, path: str | Path,
+                  workloads: Mapping[str, str] | None = None, **options: Any) -> int:
+        """A JSONDatabase directory TVM loads: workloads tuned here become TVM modules (needs
+        apache-tvm), or stay Lorien compute DAGs with ``lorien_workloads``."""
+        from dialects.meta_schedule.tvm_database import export_database
+
+        return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")))
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
         """Replay, check and measure the trace of one JSONDatabase record here."""

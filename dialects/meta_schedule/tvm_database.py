@@ -18,7 +18,9 @@ finds it, ``lorien export --format meta_schedule`` writes it back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -159,26 +161,69 @@ def _body(convert: Any, op: Any, reduce_axes: dict[Any, Any]) -> Any:
     return lambda *indices: convert(op.body, {**dict(zip(op.axis, indices, strict=True)), **reduce_axes})
 
 
-def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, store: Any = None) -> int:
+def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, store: Any = None,
+                       entries: Mapping[str, str] | None = None) -> int:
     """Write MetaSchedule records as a JSONDatabase pair real TVM loads and compiles from: the
     workload of a record tuned here (a Lorien DAG) becomes its TIR module with TVM's own
-    structural hash; a TVM workload is written as it is. Returns the records written."""
-    from dialects.meta_schedule.compile import workload_dag, workload_entry
-    from lorien.formats.meta_schedule import encode_record
+    structural hash; a TVM workload is written unchanged. Workload entries are found as
+    :func:`dialects.meta_schedule.compile.workload_entry` finds them (``store``, ``entries``).
+    Every workload is converted before anything is written, and the pair is written aside
+    and moved into ``work_dir`` whole. Returns the records written."""
+    from dialects.meta_schedule.compile import is_lorien_entry, workload_dag, workload_entry
+    from lorien.formats.meta_schedule import encode_record, pair_paths, write_database
 
     ms, _ = _tvm()
-    Path(work_dir).mkdir(parents=True, exist_ok=True)
-    database = ms.database.JSONDatabase(work_dir=str(work_dir))
-    count = 0
+    records = list(records)
+    entries = dict(entries or {})
+    theirs, ours, modules = [], [], {}
     for record in records:
-        entry = workload_entry(record, store)
-        fields = orjson.loads(encode_record(record))[1]
-        if isinstance(entry[1], dict):
-            workload = database.commit_workload(tvm_module_of(workload_dag(record, store)))
+        if not is_lorien_entry(workload_entry(record, store, entries)):
+            theirs.append(record)
+            continue
+        ours.append(record)
+        if record.workload_key not in modules:
+            modules[record.workload_key] = tvm_module_of(workload_dag(record, store, entries))
+    directory = Path(work_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".lorien-export-", dir=directory) as staging:
+        write_database(theirs, staging, entries)
+        database = ms.database.JSONDatabase(work_dir=staging)
+        for record in ours:
+            workload = database.commit_workload(modules[record.workload_key])
+            fields = orjson.loads(encode_record(record))[1]
             fields[0] = tvm_block_names(fields[0])
-        else:
-            workload = database.commit_workload(ms.database.Workload.from_json(entry).mod)
-        database.commit_tuning_record(ms.database.TuningRecord.from_json(fields, workload))
-        count += 1
-    return count
+            database.commit_tuning_record(ms.database.TuningRecord.from_json(fields, workload))
+        for staged, final in zip(pair_paths(staging), pair_paths(directory), strict=True):
+            os.replace(staged, final)
+    return len(records)
 
+
+def export_database(records: Iterable[TuningRecord], directory: str | Path,
+                    entries: Mapping[str, str] | None = None, lorien_workloads: bool = False) -> int:
+    """``lorien export --format meta_schedule -o DIR``: a JSONDatabase real TVM loads. Records
+    of TVM's own workloads are written unchanged; workloads tuned here (Lorien compute DAGs)
+    are converted to TVM modules by :func:`write_tvm_database`, which needs apache-tvm.
+    With ``lorien_workloads`` they stay in Lorien's form (``lorien ingest`` and
+    :class:`~dialects.meta_schedule.database.JSONDatabase` read it back; TVM does not).
+    Without TVM and without that flag, raises DialectError naming the workloads before
+    anything is written. Returns the records written."""
+    from dialects.meta_schedule.compile import is_lorien_entry, workload_entry
+    from lorien.formats import write_log
+
+    records = list(records)
+    entries = dict(entries or {})
+    tuned_here = {record.workload_key: record.task_name for record in records
+                  if is_lorien_entry(workload_entry(record, entries=entries))}
+    if not tuned_here or lorien_workloads:
+        return write_log(records, "meta_schedule", directory, entries)
+    try:
+        _tvm()
+    except DialectError as exc:
+        named = ", ".join(f"{task} ({key})" for key, task in sorted(tuned_here.items()))
+        raise DialectError(
+            f"{len(tuned_here)} workload(s) to export were tuned by Lorien's meta_schedule dialect: {named}. "
+            f"TVM cannot load their Lorien compute DAGs, and converting them to TVM modules (with TVM's "
+            f"structural hash) needs apache-tvm, which does not import here ({exc.__cause__}). Install it "
+            f"(pip install 'lorien[tvm]'), or pass --lorien-workloads to write Lorien's form, which "
+            f"lorien ingest reads back but TVM does not; nothing was written") from exc
+    return write_tvm_database(records, directory, entries=entries)
