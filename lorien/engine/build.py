@@ -73,18 +73,21 @@ class Kernel:
             self._fn(pointers)
 
     def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 1, min_repeat_ms: float = 0,
-             flush_cache: bool = False) -> list[float]:
+             flush_cache: bool = False, warmup: bool = True) -> list[float]:
         """Seconds per run for each of ``repeat`` repeats of ``number`` runs (TVM semantics).
 
         With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
+        One untimed run comes first, as in TVM's time evaluator, unless ``warmup`` is False
+        (the caller has just run the kernel on these arrays, e.g. to check its output).
         """
         ptrs = self._pointers(arrays)
         with runtime.threads(self.num_threads):
-            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache)
+            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache, warmup)
 
     def _time(self, ptrs: ctypes.Array, number: int, repeat: int, min_repeat_ms: float,
-              flush_cache: bool) -> list[float]:
-        runtime.time_kernel(self.address, ptrs, 1)
+              flush_cache: bool, warmup: bool = True) -> list[float]:
+        if warmup:
+            runtime.time_kernel(self.address, ptrs, 1)
         costs = []
         for _ in range(repeat):
             while True:

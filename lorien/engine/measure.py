@@ -172,7 +172,7 @@ def _task_run(payload: tuple) -> list[float]:
     kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
     rng = np.random.default_rng(option.seed)
     arrays = [np.zeros(a.shape, a.dtype) if a.is_output else _random_array(a, rng) for a in program.args]
-    kernel(*arrays)
+    kernel(*arrays)  # the untimed first run: it warms up the timing below and gives the output checked here
     if option.check_correctness and reference is not None:
         inputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if not spec.is_output]
         outputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if spec.is_output]
@@ -185,7 +185,7 @@ def _task_run(payload: tuple) -> list[float]:
                 raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
                                                          f"(max abs error {worst:.3g})")
     return kernel.time(*arrays, number=option.number, repeat=option.repeat,
-                       min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache)
+                       min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
 
 
 _TASKS = {"build": _task_build, "run": _task_run}

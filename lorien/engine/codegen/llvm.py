@@ -7,6 +7,7 @@ A kernel has the signature ``void kernel(void **args)``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -369,7 +370,15 @@ def assembly(ir_text: str, target: cpu.CpuTarget | None = None) -> str:
     return machine.emit_assembly(_optimized_module(ir_text, machine))
 
 
+@functools.cache
+def _codegen_options() -> None:
+    """LLVM options of this process, set once: no post-RA list scheduling (on znver4 it was a
+    quarter of the compile time of large unrolled kernels, and the kernels ran as fast without it)."""
+    llvm.set_option("lorien", "-post-RA-scheduler=false")
+
+
 def _optimized_module(ir_text: str, machine):
+    _codegen_options()
     mod = llvm.parse_assembly(ir_text)
     mod.triple = llvm.get_process_triple()
     mod.data_layout = str(machine.target_data)
