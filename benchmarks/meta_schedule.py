@@ -23,6 +23,8 @@ matching NumPy / records.
 
     python benchmarks/meta_schedule.py            # 3 workloads x 32 trials per system (about 10 min here with TVM)
     python benchmarks/meta_schedule.py --quick    # the small matmul, 16 trials
+    python benchmarks/meta_schedule.py --lorien-only   # Lorien's side only (no TVM tuning): its trials/s and
+                                                       # kernels, for checking a change; the ratios print as skipped
 
 Last line: ms_kernel_vs_tvm= ms_trials_per_s_vs_tvm= replay_ok=
 """
@@ -184,6 +186,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the small matmul only, 16 trials")
     parser.add_argument("--trials", type=int, help="trials per workload and system (default 32, quick 16)")
+    parser.add_argument("--lorien-only", action="store_true",
+                        help="tune with Lorien only (TVM's part skipped; the ratios print as skipped)")
     args = parser.parse_args()
     logging.getLogger("lorien").setLevel(logging.WARNING)
     names = ["matmul_256x64x512"] if args.quick else list(WORKLOADS)
@@ -191,12 +195,15 @@ def main() -> None:
     target = host_target().canonical
     cores = os.cpu_count() or 1
     tvm_target = {"kind": "llvm", "mcpu": llvm.get_host_cpu_name(), "num-cores": cores}
-    try:
-        import tvm  # noqa: F401
-        have_tvm = True
-    except ImportError:
-        have_tvm = False
-        log("TVM part skipped: apache-tvm is not installed (pip install 'lorien[tvm]')")
+    have_tvm = False
+    if args.lorien_only:
+        log("TVM part skipped: --lorien-only")
+    else:
+        try:
+            import tvm  # noqa: F401
+            have_tvm = True
+        except ImportError:
+            log("TVM part skipped: apache-tvm is not installed (pip install 'lorien[tvm]')")
     log(f"{len(names)} workloads, {trials} trials each per system, Lorien target {target}")
 
     log("replaying the shared MetaSchedule databases:")
@@ -224,6 +231,7 @@ def main() -> None:
             log(line)
     replay = f"replay_ok={replay_ok}/{replay_total}"
     if not have_tvm:
+        log(f"Lorien: {lorien_trials} trials in {lorien_seconds:.1f} s ({lorien_trials / lorien_seconds:.2f} trials/s)")
         log(f"ms_kernel_vs_tvm=skipped ms_trials_per_s_vs_tvm=skipped {replay}")
         return
     trials_ratio = (lorien_trials / lorien_seconds) / (tvm_trials / tvm_seconds)
