@@ -135,7 +135,7 @@ class SketchSpace(MixedRadixSpace):
                       self._locations(sketch_id, positions))
 
     def _placement_steps(self, sketch: Any) -> dict[str, tuple[int, int]]:
-        """Per step that places an open stage in this sketch (as JSON text): (location knob, entity)."""
+        """Per step that places an open stage in this sketch (keyed by its repr): (location knob, entity)."""
         state = sketch_state(self.dag, sketch.steps)
         found = {}
         for stage_id in sketch.located:
