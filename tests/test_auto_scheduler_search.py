@@ -12,6 +12,7 @@ import yaml
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
+from dialects.auto_scheduler.sketch import LOCATIONS
 from dialects.auto_scheduler.space import SketchSpace, factorizations
 from dialects.auto_scheduler.steps import replay_steps
 from dialects.auto_scheduler.tuning import tune_job
@@ -72,9 +73,40 @@ def test_tvm_tutorial_conv2d_sketch_inlines_padding_and_bias_add_and_fuses_into_
     dag = registry.workload_dag('["conv2d_layer", 1, 7, 7, 512, 512, 3, 3, [1, 1], [1, 1]]')
     sketch = SketchSpace(dag).sketches[1]
     assert sketch.description == ("inline T_add; tile conv2d SSRSRS, fused into T_relu at level 2; "
-                                  "inline conv2d.pad")
+                                  "place conv2d.pad")
     # Ansor's own CPU steps for this structure: the SSRSRS reorder of 4 spatial and 3 reduce loops
     assert ["RE", 3, [0, 4, 8, 12, 1, 5, 9, 13, 16, 18, 20, 2, 6, 10, 14, 17, 19, 21, 3, 7, 11, 15]] in sketch.steps
+
+
+@pytest.mark.parametrize("where", LOCATIONS)
+def test_padding_is_placed_inline_at_the_root_or_at_a_level_of_its_tiled_reader(where):
+    space = _space("conv2d NHWC+bias+relu")  # stages: data, pad (1), kernel, conv2d (3), bias, add, relu
+    assert space.located == [1]
+    positions = [0] * len(space.dims)
+    positions[1 + len(space.tiles)] = LOCATIONS.index(where)
+    positions[0] = 1  # fused into the epilogue at level 2: conv2d is the tiled reader, 4 spatial + 3 reduce loops
+    steps = space.get(space.index_of_knobs(positions))
+    placing = [step for step in steps if step[0] in ("CI", "CA") and step[1] == 1]
+    expected = {"inline": [["CI", 1]], "root": [], "S0": [["CA", 1, 3, 3]], "S1": [["CA", 1, 3, 7]],
+                "R0": [["CA", 1, 3, 10]]}[where]
+    assert placing == expected
+    assert space.index_of_steps(json.loads(json.dumps(steps))) == space.index_of_knobs(positions)
+    assert _check(_key("conv2d NHWC+bias+relu"), steps) < 1e-3
+
+
+def test_random_programs_keep_a_vector_wide_innermost_tile_on_the_vectorized_loop():
+    space = SketchSpace(registry.workload_dag(registry.make_workload_key(
+        "conv2d_nhwc_layer", [1, 8, 10, 10, 32, 3, 3, [1, 1], [1, 1], [1, 1], False, False, F32])))
+    rng = np.random.default_rng(0)
+    inner = []
+    for _ in range(50):
+        steps = space.get(space.sample(rng))
+        # the output-channel split (the last spatial loop, extent 32) of the tiled stage
+        (split,) = [step for step in steps if step[0] == "SP" and step[2] == 12 and step[3] == 32]
+        inner.append(split[4][-1])
+    assert min(inner) >= 8 and len(set(inner)) > 1
+    uniform = [space.get(int(rng.integers(len(space)))) for _ in range(50)]
+    assert any(step[4][-1] < 8 for steps in uniform for step in steps if step[0] == "SP" and step[2] == 12)
 
 
 def test_factorizations_are_ordered_products_with_a_bounded_innermost_factor():

@@ -12,7 +12,7 @@ from lorien.cli import main
 from lorien.errors import ConfigError
 from lorien.search.task_scheduler import SchedulerTask, TaskScheduler
 from lorien.tune.config import parse_tune_config
-from lorien.tune.network import format_network_summary, tune_network
+from lorien.tune.network import format_network_summary, round_spec, tune_network
 from lorien.warehouse import open_store
 
 
@@ -117,6 +117,14 @@ def _network(tmp_path, **changes):
 def _configs(store_uri: str) -> list[str]:
     with open_store(store_uri) as store:
         return store.scan(columns=["config"]).column("config").to_pylist()
+
+
+def test_each_round_of_a_task_gets_its_own_seed_and_leaves_the_weight_behind():
+    job = {"task_name": "dense_layer", "seed": 5, "weight": 3, "trials": 99}
+    first, second = round_spec(job, 16, 1), round_spec(job, 8, 2)
+    assert (first["seed"], second["seed"]) == (5, 6)
+    assert (first["trials"], second["trials"], second["round"]) == (16, 8, 2)
+    assert "weight" not in first and job["weight"] == 3
 
 
 def test_a_network_is_tuned_in_rounds_under_one_budget_and_reports_latency_over_time(tmp_path, store_uri):

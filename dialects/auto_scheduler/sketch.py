@@ -5,7 +5,11 @@ Stages are visited from the last to the first (outputs first). For each compute 
 
 * an input, or a stage already inlined or computed at another: skipped;
 * **inline**: an element-wise stage that is not an output and has no expensive op
-  (``exp``, ``sqrt``) is inlined into its readers (padding, bias adds);
+  (``exp``, ``sqrt``) and no branch is inlined into its readers (bias adds, activations);
+* **compute location**: an element-wise stage with a branch (padding: a select in every
+  element) is left for the completion to place (Ansor's random compute location):
+  inlined into its reader, at the root, or computed at the end of its tiled reader's
+  ``S0``, ``S1`` or ``R0`` level (:data:`LOCATIONS`);
 * **multi-level tiling**: a reduction with data reuse (an input that misses a spatial loop)
   is tiled ``SSRSRS``: each spatial loop split in four, each reduce loop in two, ordered
   ``S0 S1 R0 S2 R1 S3`` (split lengths are left open);
@@ -15,7 +19,8 @@ Stages are visited from the last to the first (outputs first). For each compute 
   - **cache write**: otherwise a local cache stage takes the computation (CHW) and is fused
     into the original stage as above; a third sketch tiles without it.
 
-A sketch is completed (:func:`render`) by filling the split lengths and annotating:
+A sketch is completed (:func:`render`) by filling the split lengths, placing the stages
+whose compute location is open, and annotating:
 the outer spatial loops of every root stage are fused and parallelized, as many as it takes
 for the parallel loop to reach :data:`PARALLEL_CHUNKS` (a knob) chunks per core, or every
 outer spatial loop up to the first one other stages are computed at (Ansor's rule),
@@ -45,6 +50,9 @@ AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 #: Iterations per core the fused parallel loop should reach (infinite: fuse every outer loop).
 PARALLEL_CHUNKS = (1, 4, 16, math.inf)
 MAX_VECTOR_LANES = 64
+#: Where a stage of open compute location goes: inlined, at the root, or computed at the end
+#: of a tiling level of its reader (S0, S1 or R0 of ``SSRSRS``).
+LOCATIONS = ("inline", "root", "S0", "S1", "R0")
 _EXPENSIVE_CALLS = ("exp", "sqrt")
 
 
@@ -56,6 +64,8 @@ class Sketch:
     description: str
     tile_steps: list[int] = field(default_factory=list)
     tiled_stages: list[str] = field(default_factory=list)
+    #: Stages (by id) whose compute location the completion chooses (see :data:`LOCATIONS`).
+    located: list[int] = field(default_factory=list)
 
 
 def _filled(steps: Sequence[Sequence[Any]]) -> list[list[Any]]:
@@ -64,7 +74,8 @@ def _filled(steps: Sequence[Sequence[Any]]) -> list[list[Any]]:
             for step in steps]
 
 
-def _state(dag: ComputeDAG, steps: Sequence[Sequence[Any]]) -> LoopState:
+def sketch_state(dag: ComputeDAG, steps: Sequence[Sequence[Any]]) -> LoopState:
+    """The loop state after a sketch's steps (open split lengths read as 1)."""
     state = LoopState(dag)
     for step in _filled(steps):
         state.apply(step)
@@ -95,6 +106,11 @@ def _inlinable(state: LoopState, stage: Stage) -> bool:
     """An element-wise stage that is not an output and computes nothing expensive."""
     return (not stage.op.reduce_axis and not _is_output(state, stage)
             and not any(isinstance(n, te.Call) and n.fn in _EXPENSIVE_CALLS for n in te.walk(stage.op.body)))
+
+
+def _has_branch(stage: Stage) -> bool:
+    """A stage whose every element takes a select (padding): where it is computed matters."""
+    return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
 
 
 def needs_multi_level_tiling(stage: Stage) -> bool:
@@ -174,7 +190,7 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
             sketch.description = sketch.description.strip("; ") or "as defined"
             done.append(sketch)
             continue
-        state = _state(dag, sketch.steps)
+        state = sketch_state(dag, sketch.steps)
         name = state.names[index]
         if name not in {st.name for st in state.schedule.stages}:
             frontier.append((sketch, index - 1))
@@ -182,6 +198,8 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
         stage = state.schedule[name]
         if stage.attach is not None:
             frontier.append((sketch, index - 1))
+        elif _inlinable(state, stage) and _has_branch(stage):
+            frontier.append((_extend(sketch, [], f"place {name}", located=[index]), index - 1))
         elif _inlinable(state, stage):
             frontier.append((_extend(sketch, [["CI", index]], f"inline {name}"), index - 1))
         elif needs_multi_level_tiling(stage):
@@ -192,9 +210,10 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
 
 
 def _extend(sketch: Sketch, steps: list[list[Any]], what: str, tile_steps: Sequence[int] = (),
-            tiled: Sequence[str] = ()) -> Sketch:
+            tiled: Sequence[str] = (), located: Sequence[int] = ()) -> Sketch:
     return Sketch(sketch.steps + steps, f"{sketch.description}; {what}",
-                  sketch.tile_steps + list(tile_steps), sketch.tiled_stages + list(tiled))
+                  sketch.tile_steps + list(tile_steps), sketch.tiled_stages + list(tiled),
+                  sketch.located + list(located))
 
 
 def _tiling_sketches(state: LoopState, sketch: Sketch, index: int) -> list[tuple[Sketch, int]]:
@@ -256,9 +275,28 @@ def parallel_candidates(state: LoopState, stage: Stage) -> int:
     return count
 
 
+def location_steps(state: LoopState, sketch: Sketch, locations: Sequence[str]) -> list[list[Any]]:
+    """The steps placing each stage of open compute location (one of :data:`LOCATIONS` per
+    stage of ``sketch.located``); a level of a reader that is not tiled means the root."""
+    steps: list[list[Any]] = []
+    for stage_id, where in zip(sketch.located, locations, strict=True):
+        if where == "inline":
+            steps.append(["CI", stage_id])
+            continue
+        readers = [st for st in _readers(state, state.names[stage_id]) if st.name in sketch.tiled_stages]
+        if where == "root" or len(readers) != 1:
+            continue
+        reader = readers[0]
+        n_spatial, n_reduce = len(reader.op.axis), len(reader.op.reduce_axis)
+        position = {"S0": n_spatial, "S1": 2 * n_spatial, "R0": 2 * n_spatial + n_reduce}[where] - 1
+        steps.append(["CA", stage_id, state.stage_id(reader.name), position])
+    return steps
+
+
 def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], parallel_chunks: float,
-           unroll: int) -> list[list[Any]]:
+           unroll: int, locations: Sequence[str] = ()) -> list[list[Any]]:
     """The complete steps of a sketch: split lengths (one list per tiling split, in order),
+    the compute location of each stage of ``sketch.located`` (one of :data:`LOCATIONS` each),
     then parallel (the outer loops of each root stage fused until the parallel loop has
     ``parallel_chunks`` iterations per core), vectorize, unroll."""
     steps = [list(step) for step in sketch.steps]
@@ -266,6 +304,8 @@ def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], pa
         steps[step_index] = [*steps[step_index][:4], list(values), steps[step_index][5]]
     state = LoopState(dag)
     for step in steps:
+        state.apply(step)
+    for step in location_steps(state, sketch, locations):
         state.apply(step)
     computed = [st for st in state.schedule.stages if st.attach != "inline"]
     for stage in computed:
@@ -290,8 +330,9 @@ def render(dag: ComputeDAG, sketch: Sketch, lengths: Sequence[Sequence[int]], pa
 
 
 def default_steps(dag: ComputeDAG) -> list[list[Any]]:
-    """A reasonable untuned program: the first sketch, innermost tiles near 8 lanes, outer
-    loops fused into a parallel loop of 16 iterations per core, unrolled up to 64 steps."""
+    """A reasonable untuned program: the first sketch, innermost tiles near 8 lanes, padding
+    computed at the reader's second spatial level, outer loops fused into a parallel loop of
+    16 iterations per core, unrolled up to 64 steps."""
     sketch = generate_sketches(dag)[0]
     lengths = []
     for index in sketch.tile_steps:
@@ -299,4 +340,4 @@ def default_steps(dag: ComputeDAG) -> list[list[Any]]:
         extent, parts = step[3], len(step[4])
         inner = max((f for f in range(1, min(extent, 8) + 1) if extent % f == 0), default=1)
         lengths.append([1] * (parts - 1) + [inner])
-    return render(dag, sketch, lengths, parallel_chunks=16, unroll=64)
+    return render(dag, sketch, lengths, parallel_chunks=16, unroll=64, locations=["S1"] * len(sketch.located))

@@ -1,7 +1,8 @@
 """The search space of a workload: its sketches and the choices that complete them.
 
 Knobs, as an indexed space (``lorien.search``): which sketch; for every tiling split the
-lengths (a factorization of the loop's extent, innermost at most ``max_innermost``); how
+lengths (a factorization of the loop's extent, innermost at most ``max_innermost``); for
+every stage of open compute location (padding) where it goes (``LOCATIONS``); how
 many iterations per core the parallel loop should reach (``PARALLEL_CHUNKS``); the
 ``auto_unroll_max_step`` value. A point
 renders to Ansor steps (:func:`sketch.render`), so tuners of :mod:`lorien.search` search it
@@ -10,8 +11,8 @@ as they search AutoTVM spaces, and records are Ansor records.
 Tiling splits are shared across sketches by their position among the sketch's tiling
 splits, extent and level count (the same anchor loop in the fused, cache-write and plain
 sketches). :meth:`SketchSpace.mutate` is Ansor's mutation: mostly a tile-size move (one prime
-factor of a split moves from one level to another), sometimes another unroll step, sketch or
-parallel depth.
+factor of a split moves from one level to another), sometimes another unroll step, compute
+location, sketch or parallel depth.
 
 A last knob with a single value carries the workload's shape (log2 of its arguments): it
 changes no point, but lets one cost model learn from records of other workloads of the same
@@ -20,6 +21,7 @@ function (:meth:`SketchSpace.features_of_steps` gives their features in this spa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,16 +32,23 @@ import numpy as np
 from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.auto_scheduler.sketch import (
     AUTO_UNROLL_STEPS,
+    LOCATIONS,
     PARALLEL_CHUNKS,
+    SPATIAL_LEVELS,
     generate_sketches,
+    location_steps,
     render,
+    sketch_state,
 )
 from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
 
 MAX_INNERMOST = 64
-#: Probability of each mutation kind (Ansor's CPU defaults; compute location is the sketch's).
-MUTATIONS = (("tile", 0.90), ("unroll", 0.04), ("sketch", 0.05), ("parallel", 0.01))
+#: Innermost tile the sampler wants on a vectorized loop (8 float32 lanes: one AVX2 vector).
+VECTOR_TILE = 8
+#: Probability of each mutation kind (Ansor's CPU defaults, its compute-location share split
+#: between the open compute locations and the sketch's fused or cached structure).
+MUTATIONS = (("tile", 0.90), ("unroll", 0.04), ("location", 0.03), ("sketch", 0.02), ("parallel", 0.01))
 
 
 def _divisors(value: int) -> list[int]:
@@ -96,8 +105,22 @@ class SketchSpace(MixedRadixSpace):
                     found = len(self.tiles) - 1
                 knobs.append(found)
             self._tile_of.append(knobs)
-        self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), len(PARALLEL_CHUNKS),
-                     len(AUTO_UNROLL_STEPS), 1]
+        #: Stages of open compute location, one knob each (shared by the sketches that place them).
+        self.located = sorted({stage_id for sketch in self.sketches for stage_id in sketch.located})
+        self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), *([len(LOCATIONS)] * len(self.located)),
+                     len(PARALLEL_CHUNKS), len(AUTO_UNROLL_STEPS), 1]
+        self._placements = [self._placement_steps(sketch) for sketch in self.sketches]
+        # the prior of sample(): the vectorized (last spatial) split of a tiled stage draws
+        # only factorizations whose innermost tile fills a vector where some can
+        self._prior: dict[int, list[int]] = {}
+        for sketch_id, sketch in enumerate(self.sketches):
+            state = sketch_state(dag, sketch.steps)
+            for knob, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
+                step = sketch.steps[step_index]
+                if step[2] == SPATIAL_LEVELS * (len(state.stage(step[1]).op.axis) - 1):
+                    entities = self.tiles[knob].entities
+                    lanes = max((f for f in _divisors(step[3]) if f <= VECTOR_TILE), default=1)
+                    self._prior[knob] = [i for i, e in enumerate(entities) if e[-1] >= lanes]
         if len(self) >= 1 << 62:
             raise DialectError(f"the search space of stages {dag.stage_names} has {len(self)} points, "
                                "more than an index can hold")
@@ -108,12 +131,42 @@ class SketchSpace(MixedRadixSpace):
         positions = self.knob_indices(index)
         sketch_id, chunks, unroll = positions[0], PARALLEL_CHUNKS[positions[-3]], AUTO_UNROLL_STEPS[positions[-2]]
         lengths = [self.tiles[k].entities[positions[1 + k]][1:] for k in self._tile_of[sketch_id]]
-        return render(self.dag, self.sketches[sketch_id], lengths, chunks, unroll)
+        return render(self.dag, self.sketches[sketch_id], lengths, chunks, unroll,
+                      self._locations(sketch_id, positions))
+
+    def _placement_steps(self, sketch: Any) -> dict[str, tuple[int, int]]:
+        """Per step that places an open stage in this sketch (keyed by its repr): (location knob, entity)."""
+        state = sketch_state(self.dag, sketch.steps)
+        found = {}
+        for stage_id in sketch.located:
+            for entity, where in enumerate(LOCATIONS):
+                for step in location_steps(state, dataclasses.replace(sketch, located=[stage_id]), [where]):
+                    found.setdefault(repr(step), (self.located.index(stage_id), entity))
+        return found
+
+    def _read_locations(self, sketch_id: int, tail: Sequence[Sequence[Any]]) -> list[int] | None:
+        """The location entity of each open stage from the steps after a sketch's own (root
+        where no step places it), or None when a placing step fits none of :data:`LOCATIONS`."""
+        entities = [LOCATIONS.index("root")] * len(self.located)
+        for step in tail:
+            if step[0] in ("CI", "CA") and step[1] in self.located:
+                placed = self._placements[sketch_id].get(repr(list(step)))
+                if placed is None:
+                    return None
+                entities[placed[0]] = placed[1]
+        return entities
+
+    def _locations(self, sketch_id: int, positions: Sequence[int]) -> list[str]:
+        """The compute location of each stage the sketch leaves open, from a point's knobs."""
+        first = 1 + len(self.tiles)
+        return [LOCATIONS[positions[first + self.located.index(stage_id)]]
+                for stage_id in self.sketches[sketch_id].located]
 
     def knob_feature_tables(self) -> list[np.ndarray]:
         """Per knob, features of each of its entities (log2 of tile factors, values)."""
         tables = [np.arange(len(self.sketches), dtype=float).reshape(-1, 1)]
         tables += [np.log2(np.array(t.entities, dtype=float)) for t in self.tiles]
+        tables += [np.eye(len(LOCATIONS)) for _ in self.located]
         tables.append(np.log2(np.minimum(PARALLEL_CHUNKS, 64.0)).reshape(-1, 1))
         tables.append(np.log2(1.0 + np.array(AUTO_UNROLL_STEPS, dtype=float)).reshape(-1, 1))
         tables.append(np.array([self.shape_features], dtype=float).reshape(1, -1))
@@ -139,6 +192,11 @@ class SketchSpace(MixedRadixSpace):
                     return None
                 row.extend(math.log2(v) for v in (step[3] // inner, *step[4]))
             tail = steps[len(sketch.steps):]
+            locations = self._read_locations(sketch_id, tail)
+            if locations is None:
+                return None
+            for entity in locations:
+                row.extend(np.eye(len(LOCATIONS))[entity])
             row.append(math.nan)  # the parallel knob depends on this workload's extents: unknown
             unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
             row.append(math.log2(1.0 + unroll))
@@ -147,6 +205,15 @@ class SketchSpace(MixedRadixSpace):
         return None
 
     # ------------------------------------------------------------ evolution
+    def sample(self, rng: np.random.Generator) -> int:
+        """A random point: every knob uniform, except that the vectorized split of each tiled
+        stage keeps an innermost tile of at least :data:`VECTOR_TILE` lanes (or the largest
+        its extent allows): programs with scalar inner loops are orders of magnitude slower."""
+        positions = [int(rng.integers(dim)) for dim in self.dims]
+        for knob, allowed in self._prior.items():
+            positions[1 + knob] = allowed[int(rng.integers(len(allowed)))]
+        return self.index_of_knobs(positions)
+
     def mutate(self, index: int, rng: np.random.Generator) -> int:
         """One of Ansor's mutations of a point (see the module docstring)."""
         positions = self.knob_indices(index)
@@ -156,6 +223,9 @@ class SketchSpace(MixedRadixSpace):
         if kind == "tile" and used:
             knob = used[int(rng.integers(len(used)))]
             positions[1 + knob] = self._move_factor(knob, positions[1 + knob], rng)
+        elif kind == "location" and self.located:
+            knob = 1 + len(self.tiles) + int(rng.integers(len(self.located)))
+            positions[knob] = _other(positions[knob], len(LOCATIONS), rng)
         elif kind == "sketch" and len(self.sketches) > 1:
             positions[0] = _other(positions[0], len(self.sketches), rng)
         elif kind == "parallel":
@@ -175,7 +245,10 @@ class SketchSpace(MixedRadixSpace):
             if len(steps) < len(sketch.steps) or any(
                     _shape(a) != _shape(b) for a, b in zip(steps, sketch.steps, strict=False)):
                 continue
-            positions = [sketch_id] + [0] * len(self.tiles) + [0, 0, 0]
+            locations = self._read_locations(sketch_id, steps[len(sketch.steps):])
+            if locations is None:
+                continue
+            positions = [sketch_id] + [0] * len(self.tiles) + locations + [0, 0, 0]
             try:
                 for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
                     step = steps[step_index]

@@ -19,6 +19,10 @@ from lorien.errors import ConfigError
 
 
 class IndexedSpace(Protocol):
+    """A search space of ``len(space)`` points addressed by index, one position per knob.
+    Optional: ``mutate(index, rng)`` (the evolution's move) and ``sample(rng)`` (a random
+    point from the space's prior; random search and evolution draw from it, else uniformly)."""
+
     dims: list[int]
 
     def __len__(self) -> int: ...

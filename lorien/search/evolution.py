@@ -1,6 +1,7 @@
 """Evolutionary search over a cost model (Ansor's optimizer): find the points a model scores highest.
 
-A population (the best measured points, topped up with random ones) is scored by the model;
+A population (the best measured points, topped up with random ones, drawn from the space's
+own prior ``sample(rng)`` when it has one) is scored by the model;
 each generation draws parents with probability proportional to their score and mutates each
 with probability ``mutation_prob`` (the space's own ``mutate(index, rng)`` when it has one,
 e.g. Ansor's tile-size moves; otherwise one knob set to another value). Every point scored on
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from lorien.search.base import IndexedSpace
+from lorien.search.random_search import draw
 
 
 def random_neighbor(space: IndexedSpace, index: int, rng: np.random.Generator) -> int:
@@ -35,7 +37,7 @@ def evolve(space: IndexedSpace, score: Callable[[np.ndarray], np.ndarray], num: 
     mutate: Callable[[int, np.random.Generator], int] = getattr(
         space, "mutate", lambda index, generator: random_neighbor(space, index, generator))
     pool = list(dict.fromkeys(int(i) for i in starts))[:population]
-    pool += [int(i) for i in rng.integers(len(space), size=population - len(pool))]
+    pool += [draw(space, rng) for _ in range(population - len(pool))]
     found: dict[int, float] = {}
     for generation in range(generations + 1):
         scores = np.asarray(score(np.array(pool, dtype=np.int64)), dtype=float)

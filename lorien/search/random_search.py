@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from lorien.search.base import IndexedSpace, Tuner
 
 
@@ -29,9 +31,19 @@ def sample_unvisited(tuner: Tuner, n: int) -> list[int]:
             return [int(i) for i in tuner.rng.choice(pool, size=n, replace=False)]
     chosen: list[int] = []
     seen = set(tuner.visited)
+    tries = 0
     while len(chosen) < n:
-        index = int(tuner.rng.integers(size))
+        tries += 1
+        # the space's prior first; uniform once the prior keeps landing on visited points
+        index = draw(tuner.space, tuner.rng) if tries <= 32 * n else int(tuner.rng.integers(size))
         if index not in seen:
             seen.add(index)
             chosen.append(index)
     return chosen
+
+
+def draw(space: IndexedSpace, rng: np.random.Generator) -> int:
+    """One random index: from the space's own prior (``space.sample(rng)``) where it has one,
+    else uniform."""
+    sample = getattr(space, "sample", None)
+    return int(sample(rng)) if sample is not None else int(rng.integers(len(space)))

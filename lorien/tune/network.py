@@ -216,6 +216,15 @@ def tune_network(config: TuneConfig, settings: dict[str, Any], store_uri: str, m
     return summary
 
 
+def round_spec(job: dict[str, Any], trials: int, round_: int) -> dict[str, Any]:
+    """The job of one round of a task: ``trials`` trials, numbered, with a seed of its own
+    (the job's seed, plus the round number less one), so that rounds draw fresh random
+    candidates instead of repeating the first round's draws."""
+    spec = {**job, "trials": trials, "round": round_, "seed": int(job.get("seed") or 0) + round_ - 1}
+    spec.pop("weight", None)
+    return spec
+
+
 def _drive(scheduler: TaskScheduler, jobs: list[dict[str, Any]], states: list[TaskState], summary: NetworkSummary,
            manager: JobManager, store_uri: str, budget: int, round_trials: int, started: float, progress: bool,
            log: Callable[[str], None]) -> None:
@@ -230,8 +239,7 @@ def _drive(scheduler: TaskScheduler, jobs: list[dict[str, Any]], states: list[Ta
             if task_id is None:
                 break
             trials = min(round_trials, budget - summary.trials - planned)
-            spec = {**jobs[task_id], "trials": trials, "round": scheduler.rounds[task_id] + 1}
-            spec.pop("weight", None)
+            spec = round_spec(jobs[task_id], trials, scheduler.rounds[task_id] + 1)
             job_id = job_id_of(spec)
             in_flight[job_id] = (task_id, trials)
             planned += trials
