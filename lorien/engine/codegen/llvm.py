@@ -372,8 +372,9 @@ def assembly(ir_text: str, target: cpu.CpuTarget | None = None) -> str:
 
 @functools.cache
 def _codegen_options() -> None:
-    """LLVM options of this process, set once: no post-RA list scheduling (on znver4 it took 10 to
-    25% of the compile time of tuning candidates, large unrolled kernels most, and the kernels ran as fast without it)."""
+    """LLVM options of this process, set once: no post-RA list scheduling (on znver4 it took
+    10 to 25% of the compile time of tuning candidates, large unrolled kernels most, and the
+    kernels ran as fast without it)."""
     llvm.set_option("lorien", "-post-RA-scheduler=false")
 
 
