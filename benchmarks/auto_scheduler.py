@@ -22,7 +22,7 @@ gradient latency: above 1 means the first wins. ``replay_ok`` = records of the s
 whose steps replay into a kernel matching NumPy / records whose workload is registered
 (DAG-hashed workloads of the resnet-50 log are reported, never guessed).
 
-    python benchmarks/auto_scheduler.py            # budget 12 x 48 = 576 trials per system (about 10 min on 2 cores)
+    python benchmarks/auto_scheduler.py            # budget 12 x 48 = 576 trials per system (about 6 min on 2 cores)
     python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials (about 4 min)
 
 Last line: ansor_vs_autotvm_net= gradient_vs_roundrobin= replay_ok=
