@@ -11,6 +11,17 @@ pytest_plugins = ["servers"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("LORIEN_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+F32 = "float32"
+#: Small layers of the template-free dialects' tests: (registered workload function, args).
+LAYER_OPS = {
+    "dense": ("dense_layer", [4, 32, 16, False, False, F32]),
+    "dense+bias+relu": ("dense_layer", [4, 32, 16, True, True, F32]),
+    "batch_matmul": ("batch_matmul_layer", [2, 8, 16, 12, False, False, F32]),
+    "conv2d NHWC+bias+relu": ("conv2d_nhwc_layer", [1, 8, 10, 10, 16, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]),
+    "conv2d NCHW stride 2": ("conv2d_nchw_layer", [1, 8, 9, 9, 16, 3, 3, [2, 2], [1, 1], [1, 1], False, False, F32]),
+    "depthwise+bias+relu": ("depthwise_conv2d_nchw_layer", [1, 8, 10, 10, 1, 3, 3, [1, 1], [1, 1], [1, 1], True,
+                                                            True, F32]),
+}
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from conftest import F32, LAYER_OPS
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
@@ -21,16 +22,7 @@ from lorien.errors import ConfigError
 from lorien.formats import read_log
 from lorien.warehouse import open_store
 
-F32 = "float32"
-OPS = {
-    "dense": ("dense_layer", [4, 32, 16, False, False, F32]),
-    "dense+bias+relu": ("dense_layer", [4, 32, 16, True, True, F32]),
-    "batch_matmul": ("batch_matmul_layer", [2, 8, 16, 12, False, False, F32]),
-    "conv2d NHWC+bias+relu": ("conv2d_nhwc_layer", [1, 8, 10, 10, 16, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]),
-    "conv2d NCHW stride 2": ("conv2d_nchw_layer", [1, 8, 9, 9, 16, 3, 3, [2, 2], [1, 1], [1, 1], False, False, F32]),
-    "depthwise+bias+relu": ("depthwise_conv2d_nchw_layer", [1, 8, 10, 10, 1, 3, 3, [1, 1], [1, 1], [1, 1], True,
-                                                            True, F32]),
-}
+OPS = LAYER_OPS
 
 
 def _key(op: str) -> str:

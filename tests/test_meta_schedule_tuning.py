@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 import yaml
+from conftest import F32, LAYER_OPS
 
 import lorien
 from dialects.auto_scheduler import registry
@@ -23,14 +24,7 @@ from lorien.dialect import get_dialect
 from lorien.engine.build import build
 from lorien.warehouse import open_store
 
-F32 = "float32"
-OPS = {
-    "dense": ("dense_layer", [4, 32, 16, False, False, F32]),
-    "dense+bias+relu": ("dense_layer", [4, 32, 16, True, True, F32]),
-    "batch_matmul": ("batch_matmul_layer", [2, 8, 16, 12, False, False, F32]),
-    "conv2d NHWC+bias+relu": ("conv2d_nhwc_layer", [1, 8, 10, 10, 16, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]),
-    "conv2d NCHW stride 2": ("conv2d_nchw_layer", [1, 8, 9, 9, 16, 3, 3, [2, 2], [1, 1], [1, 1], False, False, F32]),
-}
+OPS = {op: case for op, case in LAYER_OPS.items() if not op.startswith("depthwise")}  # what this dialect tunes
 MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
 
 
