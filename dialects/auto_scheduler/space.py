@@ -109,12 +109,13 @@ class SketchSpace(MixedRadixSpace):
         self.located = sorted({stage_id for sketch in self.sketches for stage_id in sketch.located})
         self.dims = [len(self.sketches), *(len(t.entities) for t in self.tiles), *([len(LOCATIONS)] * len(self.located)),
                      len(PARALLEL_CHUNKS), len(AUTO_UNROLL_STEPS), 1]
-        self._placements = [self._placement_steps(sketch) for sketch in self.sketches]
+        states = [sketch_state(dag, sketch.steps) for sketch in self.sketches]
+        self._placements = [self._placement_steps(sketch, state) for sketch, state in zip(self.sketches, states,
+                                                                                           strict=True)]
         # the prior of sample(): the vectorized (last spatial) split of a tiled stage draws
         # only factorizations whose innermost tile fills a vector where some can
         self._prior: dict[int, list[int]] = {}
-        for sketch_id, sketch in enumerate(self.sketches):
-            state = sketch_state(dag, sketch.steps)
+        for sketch_id, (sketch, state) in enumerate(zip(self.sketches, states, strict=True)):
             for knob, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
                 step = sketch.steps[step_index]
                 if step[2] == SPATIAL_LEVELS * (len(state.stage(step[1]).op.axis) - 1):
@@ -134,9 +135,9 @@ class SketchSpace(MixedRadixSpace):
         return render(self.dag, self.sketches[sketch_id], lengths, chunks, unroll,
                       self._locations(sketch_id, positions))
 
-    def _placement_steps(self, sketch: Any) -> dict[str, tuple[int, int]]:
-        """Per step that places an open stage in this sketch (keyed by its repr): (location knob, entity)."""
-        state = sketch_state(self.dag, sketch.steps)
+    def _placement_steps(self, sketch: Any, state: Any) -> dict[str, tuple[int, int]]:
+        """Per step that places an open stage in this sketch (keyed by its repr; ``state``:
+        the sketch's loop state): (location knob, entity)."""
         found = {}
         for stage_id in sketch.located:
             for entity, where in enumerate(LOCATIONS):
