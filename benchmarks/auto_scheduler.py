@@ -38,9 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from lorien.dialect import get_dialect
+from lorien.engine.arrays import argument_arrays
 from lorien.target import host_target
 from lorien.tune.config import parse_tune_config
 from lorien.warehouse import open_store
@@ -125,10 +124,7 @@ def best_kernels(dialect_name: str, layers: list, store_uri: str, target: str) -
                 kernels.append(None)
                 continue
             kernel = dialect.compile_record(best[0])
-            rng = np.random.default_rng(0)
-            arrays = [np.zeros(a.shape, a.dtype) if a.is_output else rng.uniform(-1, 1, a.shape).astype(a.dtype)
-                      for a in kernel.args]
-            kernels.append((kernel, arrays))
+            kernels.append((kernel, argument_arrays(kernel.args, 0)))  # 64-byte aligned, as while tuning
     return kernels
 
 
@@ -177,20 +173,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 layers, 16 trials per layer")
     parser.add_argument("--trials-per-task", type=int, help="budget per task (default 48, quick 16)")
+    parser.add_argument("--store-dir", help="keep the three systems' stores here (default: a temporary directory); "
+                        "with --retime-only, time the best kernels of stores written before")
+    parser.add_argument("--retime-only", action="store_true", help="skip tuning: time the stores of --store-dir again")
     args = parser.parse_args()
     layers = [layer for layer in LAYERS if not args.quick or layer[0] in QUICK_LAYERS]
     budget = len(layers) * (args.trials_per_task or (16 if args.quick else 48))
     target = host_target().canonical
     log(f"{len(layers)} tasks, budget {budget} trials per system, target {target}")
 
+    if args.retime_only and not args.store_dir:
+        parser.error("--retime-only needs --store-dir")
     log("replaying the shared Ansor logs:")
     replay_ok, replay_total = replay_shared_logs()
 
     with tempfile.TemporaryDirectory() as tmp:
-        stores = {name: f"parquet:{tmp}/{name}" for name in ("gradient", "round-robin", "autotvm")}
-        tune_auto_scheduler(layers, budget, "gradient", stores["gradient"], target)
-        tune_auto_scheduler(layers, budget, "round-robin", stores["round-robin"], target)
-        tune_autotvm(layers, budget, stores["autotvm"], target)
+        root = args.store_dir or tmp
+        stores = {name: f"parquet:{root}/{name}" for name in ("gradient", "round-robin", "autotvm")}
+        if not args.retime_only:
+            tune_auto_scheduler(layers, budget, "gradient", stores["gradient"], target)
+            tune_auto_scheduler(layers, budget, "round-robin", stores["round-robin"], target)
+            tune_autotvm(layers, budget, stores["autotvm"], target)
         log("best kernels timed again, taking turns:")
         systems = {name: best_kernels("autotvm" if name == "autotvm" else "auto_scheduler", layers, uri, target)
                    for name, uri in stores.items()}

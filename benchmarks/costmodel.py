@@ -167,6 +167,7 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
     given as None (failed in its first measurement) gets zeros."""
     from dialects.autotvm.tuning import ConfigBuilder
     from lorien.engine import build
+    from lorien.engine.arrays import argument_arrays
     from lorien.workload import compute_flop
 
     flop = compute_flop(task_name, args) or 0.0
@@ -179,8 +180,7 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
             continue
         schedule, tensors = ConfigBuilder(task_name, args_json, json.dumps(entity))()
         kernel = build(schedule, list(tensors))
-        arrays = [np.zeros(a.shape, a.dtype) if a.is_output else rng.uniform(-1, 1, a.shape).astype(a.dtype)
-                  for a in kernel.args]
+        arrays = argument_arrays(kernel.args, rng)
         kernel(*arrays)  # warm: first touch of the output, code paged in
         kernels.append((kernel, arrays))
     runs: list[list[float]] = [[] for _ in entities]

@@ -59,6 +59,13 @@ def wrong_reference(data, weight):
     return reference.dense(data, weight) + 1.0
 
 
+def reference_of_aligned_inputs(data, weight):
+    """The right answer only when the runner handed 64-byte aligned inputs (the arrays the
+    kernel ran on are the ones the reference sees)."""
+    misaligned = [a.ctypes.data % 64 for a in (data, weight) if a.ctypes.data % 64]
+    return reference.dense(data, weight) + float(len(misaligned))
+
+
 @pytest.fixture(scope="module")
 def measure_parts():
     builder, runner = Builder.create("local", n_parallel=2), Runner.create("local")
@@ -80,6 +87,12 @@ def test_valid_candidate_is_checked_and_timed(measure_parts):
     assert result.error_no == ErrorNo.NO_ERROR, result.error_msg
     assert len(result.costs) == 3 and all(0 < c < 1 for c in result.costs)
     assert result.all_cost > 0 and result.timestamp > 0
+
+
+def test_kernels_are_measured_on_64_byte_aligned_arrays(measure_parts):
+    inp = MeasureInput(functools.partial(dense_candidate, 20, 4), reference_of_aligned_inputs)
+    (result,) = _measure(measure_parts, [inp])
+    assert result.error_no == ErrorNo.NO_ERROR, result.error_msg
 
 
 def test_invalid_schedule_is_an_instantiation_error(measure_parts):

@@ -12,6 +12,7 @@ import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.steps import Replay, replay_steps
+from lorien.engine.arrays import argument_arrays
 from lorien.errors import LorienError, WorkloadError
 from lorien.record import TuningRecord
 
@@ -60,9 +61,7 @@ def _cpu(target: str | None) -> str | None:
 def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3) -> float:
     """Run a kernel on random inputs and compare every output with the NumPy reference;
     returns the largest absolute error, raises WorkloadError when an output differs."""
-    rng = np.random.default_rng(seed)
-    arrays = [np.zeros(a.shape, a.dtype) if a.is_output else rng.uniform(-1, 1, a.shape).astype(a.dtype)
-              for a in kernel.args]
+    arrays = argument_arrays(kernel.args, seed)
     kernel(*arrays)
     expected = registry.reference_of(workload_key)(*[a for a, spec in zip(arrays, kernel.args, strict=True)
                                                      if not spec.is_output])

@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from lorien.engine import cpu
+from lorien.engine.arrays import argument_arrays
 from lorien.errors import LorienError, TargetError
 from lorien.record import FAILED_COST_S, ErrorNo
 
@@ -138,12 +139,6 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}\n{''.join(frames)}".rstrip()
 
 
-def _random_array(spec, rng: np.random.Generator) -> np.ndarray:
-    if spec.dtype in ("float32", "float64"):
-        return rng.uniform(-1, 1, spec.shape).astype(spec.dtype)
-    return rng.integers(0, 4, spec.shape).astype(spec.dtype)
-
-
 _EXPECTED: dict = {}
 
 
@@ -170,8 +165,7 @@ def _task_run(payload: tuple) -> list[float]:
         raise MeasureError(ErrorNo.RUNTIME_DEVICE, str(err)) from err
     address = llvm_codegen.load_object(artifact["object"], artifact["fn_name"])
     kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
-    rng = np.random.default_rng(option.seed)
-    arrays = [np.zeros(a.shape, a.dtype) if a.is_output else _random_array(a, rng) for a in program.args]
+    arrays = argument_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
     kernel(*arrays)  # the untimed first run: it warms up the timing below and gives the output checked here
     if option.check_correctness and reference is not None:
         inputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if not spec.is_output]
