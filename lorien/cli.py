@@ -606,7 +606,10 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
                                         by_alternate_key=args.alternate_key)
     source = "best stored config" if kernel.from_warehouse else f"DEFAULT schedule ({kernel.fallback_reason})"
     arrays = ", ".join(f"{a.name}:{a.dtype}{list(a.shape)}" for a in kernel.args)
-    print(f"built kernel {kernel.name} from the {source}; call it with numpy arrays ({arrays})",
+    packed = [a for a in kernel.args if getattr(a, "packing", None) is not None]
+    note = ("; " + ", ".join(f"{a.name} packed from {list(a.packing.logical_shape)}" for a in packed)
+            + " (layout rewrite: kernel.pack_arguments(...) makes the arrays from logical ones)") if packed else ""
+    print(f"built kernel {kernel.name} from the {source}; call it with numpy arrays ({arrays}){note}",
           file=sys.stderr if not found else sys.stdout)
 
 # ---- run functions: ingest ---------------------------------------------------------------

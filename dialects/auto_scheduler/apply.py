@@ -17,9 +17,11 @@ from lorien.record import TuningRecord
 
 
 def apply_steps(workload_key: str, steps: Any, target: str | None = None, measure: dict[str, Any] | None = None,
-                store_uri: str | None = None, source: str = "lorien apply") -> AppliedConfig:
+                store_uri: str | None = None, source: str = "lorien apply",
+                layout_rewrite: bool = False) -> AppliedConfig:
     """Replay ``steps`` (a list, or its JSON) on the registered workload, then build, check and
     measure the kernel on this host; optionally commit the record to ``store_uri``.
+    ``layout_rewrite``: the weights packed as the loops read them, before the timing.
 
     A step that cannot be applied raises StepError before anything is measured.
     """
@@ -35,11 +37,12 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
             raise ConfigError(f"steps are not JSON: {steps[:200]!r}") from exc
     if not isinstance(steps, list) or not all(isinstance(step, list) and step for step in steps):
         raise ConfigError(f"an Ansor config is a list of steps, got {steps!r:.200}")
-    replay = replay_steps(registry.workload_dag(workload_key), steps)
+    replay = replay_steps(registry.workload_dag(workload_key), steps, layout_rewrite)
     target_text = parse_target(target).canonical if target else host_target().canonical
-    (result,) = measure_steps(workload_key, [steps], measure, engine_target(target_text))
+    (result,) = measure_steps(workload_key, [steps], measure, engine_target(target_text), layout_rewrite)
     record = make_record(target_text, workload_key, steps, list(result.costs), int(result.error_no),
-                         float(result.all_cost), float(result.timestamp), source=source)
+                         float(result.all_cost), float(result.timestamp), source=source,
+                         layout_rewrite=any(getattr(t.op, "packing", None) is not None for t in replay.args))
     if store_uri is not None:
         from lorien.warehouse import open_store
 
@@ -58,7 +61,10 @@ def read_log_line(path: str | Path, line_no: int) -> TuningRecord:
 
 
 def apply_log_line(path: str | Path, line_no: int, **options: Any) -> AppliedConfig:
-    """Apply the steps of one Ansor log line and measure them here; the log's own latency and
-    target are kept beside ours."""
+    """Apply the steps of one Ansor log line and measure them here, the weights' layout
+    rewritten when the log's task says so; the log's own latency and target are kept beside ours."""
+    from dialects.auto_scheduler.records import layout_rewritten
+
     logged = read_log_line(path, line_no)
+    options.setdefault("layout_rewrite", layout_rewritten(logged))
     return apply_logged(str(path), line_no, logged, lambda: apply_steps(logged.workload_key, orjson.loads(logged.config), **options))

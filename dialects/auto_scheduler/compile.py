@@ -12,14 +12,18 @@ import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.steps import Replay, replay_steps
-from lorien.engine.arrays import argument_arrays
+from lorien.engine.arrays import logical_arrays
 from lorien.errors import LorienError, WorkloadError
 from lorien.record import TuningRecord
 
 
 def replay_record(record: TuningRecord) -> Replay:
-    """The engine schedule of a record's steps on its registered workload."""
-    return replay_steps(registry.workload_dag(record.workload_key), orjson.loads(record.config))
+    """The engine schedule of a record's steps on its registered workload, the weights' layout
+    rewritten when the record was measured so (``layout_rewrite_option`` 2)."""
+    from dialects.auto_scheduler.records import layout_rewritten
+
+    return replay_steps(registry.workload_dag(record.workload_key), orjson.loads(record.config),
+                        layout_rewritten(record))
 
 
 def _kernel(replay: Replay, target: str | None, workload_key: str, steps: list[Any]):
@@ -34,7 +38,9 @@ def compile_record(record: TuningRecord, target: str | None = None):
     """The kernel of an auto-scheduler record (its steps replayed on the registered workload).
 
     The kernel carries ``workload_key``, ``steps``, ``notes`` (e.g. GPU bindings run as CPU
-    loops) and ``tensors`` (its arguments, inputs and outputs in order).
+    loops) and ``tensors`` (its arguments, inputs and outputs in order). A record measured with
+    the weights' layout rewritten gives a kernel that takes them packed:
+    ``kernel.pack_arguments(data, weight, out)`` makes its arrays from the logical ones.
     """
     return _kernel(replay_record(record), _cpu(target), record.workload_key, orjson.loads(record.config))
 
@@ -61,9 +67,10 @@ def _cpu(target: str | None) -> str | None:
 def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3) -> float:
     """Run a kernel on random inputs and compare every output with the NumPy reference;
     returns the largest absolute error, raises WorkloadError when an output differs."""
-    arrays = argument_arrays(kernel.args, seed)
+    logical = logical_arrays(kernel.args, seed)
+    arrays = kernel.pack_arguments(*logical)
     kernel(*arrays)
-    expected = registry.reference_of(workload_key)(*[a for a, spec in zip(arrays, kernel.args, strict=True)
+    expected = registry.reference_of(workload_key)(*[a for a, spec in zip(logical, kernel.args, strict=True)
                                                      if not spec.is_output])
     expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
     outputs = [(a, spec) for a, spec in zip(arrays, kernel.args, strict=True) if spec.is_output]
@@ -114,12 +121,12 @@ def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
             continue
         key, steps = record.workload_key, orjson.loads(record.config)
         try:
-            dag = registry.workload_dag(key)
+            registry.workload_dag(key)
         except registry.UnregisteredWorkloadError as exc:
             outcomes.append(ReplayOutcome(str(path), line, key, "unregistered", str(exc)))
             continue
         try:
-            replay = replay_steps(dag, steps)
+            replay = replay_record(record)
             kernel = _kernel(replay, None, key, steps)
             error = check_kernel(kernel, key, seed=number) if check else None
         except LorienError as exc:

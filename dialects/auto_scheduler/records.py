@@ -48,21 +48,33 @@ def hardware_params() -> list[int]:
 
 
 def native_line(target: str, workload_key: str, steps: list[list[Any]], costs: list[float], error_no: int,
-                all_cost: float, timestamp: float) -> dict[str, Any]:
+                all_cost: float, timestamp: float, layout_rewrite: bool = False) -> dict[str, Any]:
     """The Ansor (v0.6) line of one measurement, as data: the task is the workload key, the
-    target, hardware params, no target host, no layout rewrite (0) and no task inputs."""
+    target, hardware params, no target host, the layout rewrite option (TVM's 2,
+    ``REWRITE_FOR_PRE_TRANSFORMED``, when the weights were packed before the timing, else 0)
+    and no task inputs."""
     if error_no != 0 and not costs:
         costs = [FAILED_COST_S]
-    return {"i": [[workload_key, target, hardware_params(), "", 0, []], [[], steps]],
+    option = 2 if layout_rewrite else 0
+    return {"i": [[workload_key, target, hardware_params(), "", option, []], [[], steps]],
             "r": [list(costs), int(error_no), float(all_cost), float(timestamp)], "v": DEFAULT_VERSION}
 
 
 def make_record(target: str, workload_key: str, steps: list[list[Any]], costs: list[float], error_no: int,
-                all_cost: float, timestamp: float, source: str = "lorien tune") -> TuningRecord:
+                all_cost: float, timestamp: float, source: str = "lorien tune",
+                layout_rewrite: bool = False) -> TuningRecord:
     """A TuningRecord of one measurement, decoded from its Ansor line (so it exports unchanged)."""
     from lorien.engine.build import build_info
     from lorien.engine.cpu import engine_target
     from lorien.formats.ansor import decode_value
 
-    record = decode_value(native_line(target, workload_key, steps, costs, error_no, all_cost, timestamp), source)
+    line = native_line(target, workload_key, steps, costs, error_no, all_cost, timestamp, layout_rewrite)
+    record = decode_value(line, source)
     return record.with_changes(build=build_info(engine_target(target)), source=source)
+
+
+def layout_rewritten(record: TuningRecord) -> bool:
+    """Whether a record was measured with its weights' layout rewritten: its task's
+    ``layout_rewrite_option`` is TVM's ``REWRITE_FOR_PRE_TRANSFORMED`` (2)."""
+    extra = orjson.loads(record.extra) if record.extra else {}
+    return extra.get("layout_rewrite_option") == 2

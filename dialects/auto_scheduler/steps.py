@@ -146,8 +146,9 @@ class LoopState:
         except (TypeError, ValueError, IndexError) as exc:
             raise self.fail(f"malformed step ({exc})") from exc
 
-    def result(self) -> Replay:
-        """The schedule, with the auto-unroll pragmas applied now that every loop is known."""
+    def result(self, layout_rewrite: bool = False) -> Replay:
+        """The schedule, with the auto-unroll pragmas applied now that every loop is known;
+        with ``layout_rewrite``, weights laid out as the loops read them (:mod:`.layout`)."""
         for name, axis, max_step in self.unroll_pragmas:
             auto_unroll(self.schedule[name], axis, max_step)
         self.unroll_pragmas = []
@@ -155,7 +156,15 @@ class LoopState:
         if self.gpu:
             notes.append("GPU bindings run as CPU loops: " + ", ".join(
                 f"{name} -> {'parallel' if name.startswith('blockIdx') else 'serial'}" for name in sorted(self.gpu)))
-        return Replay(self.schedule, list(self.dag.io_tensors), list(self.names), notes)
+        args = list(self.dag.io_tensors)
+        if layout_rewrite:
+            from dialects.auto_scheduler.layout import rewrite_layouts
+
+            args = rewrite_layouts(self.schedule, args, self.dag)
+            packed = [t.name for t in args if getattr(t.op, "packing", None) is not None]
+            if packed:
+                notes.append(f"layout rewritten (weights packed before the kernel runs): {', '.join(packed)}")
+        return Replay(self.schedule, args, list(self.names), notes)
 
     # ------------------------------------------------------------ steps on one stage
     def _split(self, stage: Stage, axis: str, lengths: list[int | None], inner_to_outer: bool) -> None:
@@ -285,9 +294,10 @@ def auto_unroll(stage: Stage, axis: str, max_step: int) -> list[str]:
     return unrolled
 
 
-def replay_steps(dag: ComputeDAG, steps: Sequence[Sequence[Any]]) -> Replay:
-    """The engine schedule that a record's steps describe on ``dag``."""
+def replay_steps(dag: ComputeDAG, steps: Sequence[Sequence[Any]], layout_rewrite: bool = False) -> Replay:
+    """The engine schedule that a record's steps describe on ``dag``; ``layout_rewrite``: the
+    weights in the layout the loops read them (TVM's ``REWRITE_FOR_PRE_TRANSFORMED``)."""
     state = LoopState(dag)
     for step in steps:
         state.apply(step)
-    return state.result()
+    return state.result(layout_rewrite)

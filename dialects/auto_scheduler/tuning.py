@@ -61,10 +61,11 @@ class StepsBuilder:
     workload_key: str
     entry: tuple[str, Any]
     steps_json: str
+    layout_rewrite: bool = False
 
     def __call__(self) -> tuple[Any, list[Any]]:
         _ensure_registered(self.entry)
-        replay = replay_steps(cached_dag(self.workload_key), orjson.loads(self.steps_json))
+        replay = replay_steps(cached_dag(self.workload_key), orjson.loads(self.steps_json), self.layout_rewrite)
         return replay.schedule, replay.args
 
 
@@ -86,10 +87,12 @@ def _entry(workload_key: str) -> tuple[str, Any]:
 
 
 def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
-                  measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+                  measure: dict[str, Any] | None = None, target: str | None = None,
+                  layout_rewrite: bool = False) -> list[Any]:
     """Build and measure candidates (lists of Ansor steps) in isolated workers for the CPU
     ``target`` (default this host), each output checked against NumPy; one MeasureResult per
-    candidate."""
+    candidate. ``layout_rewrite``: weights packed as the loops read them, before the timing
+    (:mod:`dialects.auto_scheduler.layout`)."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -98,7 +101,7 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     entry = _entry(workload_key)
     reference = WorkloadReference(workload_key, entry)
-    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode()), reference,
+    inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode(), layout_rewrite), reference,
                            target=target) for steps in candidates]
     return measure_batch(inputs, option)
 
@@ -111,6 +114,15 @@ def job_workload_key(job: dict[str, Any]) -> str:
         if key not in job:
             raise ConfigError(f"auto_scheduler job needs 'task_name' and 'args' (or 'workload_key'): {job!r:.200}")
     return registry.make_workload_key(job["task_name"], list(job["args"]))
+
+
+def job_layout_rewrite(job: dict[str, Any], workload_key: str) -> bool:
+    """Whether a job measures its candidates with the weights' layout rewritten: the job's
+    ``layout_rewrite`` (default true, as TVM tunes a network's tasks) where the workload has
+    weights (a convolution's or dense layer's second input)."""
+    from dialects.auto_scheduler.layout import layout_free_placeholders
+
+    return bool(job.get("layout_rewrite", True)) and bool(layout_free_placeholders(cached_dag(workload_key)))
 
 
 def make_tuner(job: dict[str, Any], space: SketchSpace) -> Tuner:
@@ -225,12 +237,15 @@ def _tune(job, workload_key, target, space, tuner, progress, measured, batch_siz
           store, log_path, on_batch) -> None:
     from lorien.formats import encode_record
 
+    rewrite = job_layout_rewrite(job, workload_key)
+
     def to_records(candidates: list[Any], results: list[Any]) -> list[TuningRecord]:
         return [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
-                            float(r.timestamp), source=source)
+                            float(r.timestamp), source=source, layout_rewrite=rewrite)
                 for steps, r in zip(candidates, results, strict=True)]
 
     sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
     tune_batches(tuner, space, progress, measured, batch_size, early_stopping, sink,
-                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure"), engine_target(target)),
+                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure"), engine_target(target),
+                                                  rewrite),
                  to_records, on_batch)

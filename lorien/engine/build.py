@@ -61,11 +61,33 @@ class Kernel:
             if not isinstance(arr, np.ndarray):
                 raise KernelArgumentError(f"argument {spec.name!r}: expected a numpy array, got {type(arr).__name__}")
             if arr.shape != spec.shape or arr.dtype != np.dtype(spec.dtype):
+                packing = getattr(spec, "packing", None)
+                hint = (f" (the schedule rewrote its layout: pack the {list(packing.logical_shape)} array with "
+                        f"kernel.pack_arguments(...))" if packing is not None else "")
                 raise KernelArgumentError(f"argument {spec.name!r}: expected {spec.dtype}{list(spec.shape)}, "
-                                          f"got {arr.dtype}{list(arr.shape)}")
+                                          f"got {arr.dtype}{list(arr.shape)}{hint}")
             if not arr.flags.c_contiguous or (spec.is_output and not arr.flags.writeable):
                 raise KernelArgumentError(f"argument {spec.name!r}: array must be C-contiguous and writeable")
         return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+
+    def pack_arguments(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The arrays this kernel takes, from arrays in their logical layouts: inputs whose
+        layout the schedule rewrote (``spec.packing``) are packed, the others passed as given.
+        Pack constant weights once and reuse them across calls."""
+        from lorien.engine.arrays import pack_arguments
+
+        if len(arrays) != len(self.args):
+            raise KernelArgumentError(f"kernel {self.name} takes {len(self.args)} arrays "
+                                      f"({[a.name for a in self.args]}), got {len(arrays)}")
+        try:
+            return pack_arguments(self.args, arrays)
+        except ValueError as exc:
+            raise KernelArgumentError(f"kernel {self.name}: {exc}") from exc
+
+    @property
+    def packed_args(self) -> list[str]:
+        """Names of the inputs this kernel takes in a rewritten layout."""
+        return [spec.name for spec in self.args if getattr(spec, "packing", None) is not None]
 
     def __call__(self, *arrays: np.ndarray) -> None:
         pointers = self._pointers(arrays)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from lorien.engine import te
 from lorien.engine.schedule import Schedule, ScheduleError, Stage, derived_extents
@@ -39,6 +40,7 @@ class ArgSpec:
     shape: tuple[int, ...]
     dtype: str
     is_output: bool
+    packing: Any = None  # lorien.engine.arrays.Packing of an input whose layout the schedule rewrote
 
 
 @dataclass
@@ -318,7 +320,8 @@ class _Lowering:
                 self.emit_stage(st, [(te.const(0), n) for n in st.tensor.shape])
         for t in temps:
             self.emit("FREE", self.uops[t].dtype, 1, (t,))
-        specs = [ArgSpec(t.name, t.shape, t.dtype, isinstance(t.op, te.ComputeOp)) for t in self.args]
+        specs = [ArgSpec(t.name, t.shape, t.dtype, isinstance(t.op, te.ComputeOp), getattr(t.op, "packing", None))
+                 for t in self.args]
         return Program(self.name, self.uops, specs)
 
     def setup(self, st: Stage, region: list[tuple[te.Expr, int]]) -> _Nest:

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from lorien.engine import cpu
-from lorien.engine.arrays import argument_arrays
+from lorien.engine.arrays import logical_arrays, pack_arguments
 from lorien.errors import LorienError, TargetError
 from lorien.record import FAILED_COST_S, ErrorNo
 
@@ -143,9 +143,11 @@ _EXPECTED: dict = {}
 
 
 def _expected_outputs(reference: Callable, inputs: list[np.ndarray], specs, seed: int) -> list[np.ndarray]:
-    """``reference(*inputs)`` as a list, memoized: inputs are a function of (specs, seed), so
-    every candidate of one workload shares one reference computation."""
-    key = (pickle.dumps(reference), tuple((a.name, a.shape, a.dtype, a.is_output) for a in specs), seed)
+    """``reference(*inputs)`` as a list, memoized: inputs (in their logical layouts) are a
+    function of (specs, seed), so every candidate of one workload shares one reference
+    computation, whatever layout its schedule takes the inputs in."""
+    key = (pickle.dumps(reference), tuple((a.name, a.packing.logical_shape if a.packing else a.shape, a.dtype,
+                                           a.is_output) for a in specs), seed)
     if key not in _EXPECTED:
         expected = reference(*inputs)
         _EXPECTED.clear()
@@ -165,10 +167,11 @@ def _task_run(payload: tuple) -> list[float]:
         raise MeasureError(ErrorNo.RUNTIME_DEVICE, str(err)) from err
     address = llvm_codegen.load_object(artifact["object"], artifact["fn_name"])
     kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
-    arrays = argument_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
+    logical = logical_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
+    arrays = pack_arguments(program.args, logical)  # inputs whose layout the schedule rewrote, packed
     kernel(*arrays)  # the untimed first run: it warms up the timing below and gives the output checked here
     if option.check_correctness and reference is not None:
-        inputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if not spec.is_output]
+        inputs = [arr for arr, spec in zip(logical, program.args, strict=True) if not spec.is_output]
         outputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if spec.is_output]
         expected = _expected_outputs(reference, inputs, program.args, option.seed)
         if len(expected) != len(outputs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from lorien.errors import LorienError
 
@@ -174,8 +175,9 @@ class Reduce(Expr):
 
 
 class PlaceholderOp:
-    def __init__(self, name: str):
+    def __init__(self, name: str, packing: Any = None):
         self.name = name
+        self.packing = packing  # lorien.engine.arrays.Packing: an input the schedule takes in a rewritten layout
         self.axis: list[IterVar] = []
         self.reduce_axis: list[IterVar] = []
         self.body = None

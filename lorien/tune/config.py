@@ -45,10 +45,11 @@ import yaml
 from lorien.errors import ConfigError, DialectError
 
 TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
-                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model", "task_scheduler"}
+                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model", "task_scheduler",
+                  "layout_rewrite"}
 #: Keys a workload entry may override.
 JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer", "warm_start_model", "weight", "models", "epilogue"}
+            "name", "dialect", "transfer", "warm_start_model", "weight", "models", "epilogue", "layout_rewrite"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
@@ -158,6 +159,11 @@ def _check_job(job: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
     if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
         raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
+    if job.get("layout_rewrite") is not None:
+        if not isinstance(job["layout_rewrite"], bool):
+            raise ConfigError(f"{where}: 'layout_rewrite' must be true or false, got {job['layout_rewrite']!r}")
+        if job.get("dialect") != "auto_scheduler":
+            raise ConfigError(f"{where}: 'layout_rewrite' is an auto_scheduler option (dialect {job.get('dialect')!r})")
     model = job.get("warm_start_model")
     if model is not None:
         if not isinstance(model, str) or not model:
