@@ -12,8 +12,10 @@ Each system tunes the same twelve layers (eleven conv2d, one dense with bias), b
   (as AutoTVM's tutorials tune networks), the budget split evenly over the tasks (AutoTVM has
   no task scheduler). The auto_scheduler's model likewise learns from the other layers.
 
-Kernels take their layout's tensors (layout transforms are outside the kernels for both).
-Every measurement uses the same options. The estimated network latency is the sum over
+Kernels take their layout's tensors (layout transforms are outside the kernels for both:
+autotvm's packed NCHWc weights, the auto_scheduler's weights packed by its layout rewrite, as
+TVM does for a network's constant weights). Every measurement uses the same options and
+64-byte aligned arrays. The estimated network latency is the sum over
 tasks of weight (occurrences) x best latency; the best kernel of every task of every system is
 built again and timed at the end, the systems taking turns (fastest of interleaved runs; the
 2 cores are shared with other work). Ratios: ``ansor_vs_autotvm_net`` = autotvm latency /
@@ -24,6 +26,8 @@ whose steps replay into a kernel matching NumPy / records whose workload is regi
 
     python benchmarks/auto_scheduler.py            # budget 12 x 48 = 576 trials per system (about 6 min on 2 cores)
     python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials (about 4 min)
+    python benchmarks/auto_scheduler.py --store-dir runs/a                  # keep the three stores
+    python benchmarks/auto_scheduler.py --store-dir runs/a --retime-only    # time them again, no tuning
 
 Last line: ansor_vs_autotvm_net= gradient_vs_roundrobin= replay_ok=
 """

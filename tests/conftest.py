@@ -24,6 +24,16 @@ LAYER_OPS = {
 }
 
 
+
+def auto_scheduler_job(**changes) -> dict:
+    """A small auto_scheduler tuning job (a fused dense layer, 8 random trials); ``changes`` override."""
+    job = {"dialect": "auto_scheduler", "task_name": "dense_layer", "args": [8, 16, 16, True, True, F32],
+           "tuner": "random", "trials": 8, "batch_size": 4, "target": "llvm -keys=cpu", "seed": 1,
+           "measure": {"repeat": 1}}
+    job.update(changes)
+    return job
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

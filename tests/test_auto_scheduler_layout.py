@@ -8,7 +8,7 @@ import json
 import numpy as np
 import orjson
 import pytest
-from conftest import F32, LAYER_OPS
+from conftest import F32, LAYER_OPS, auto_scheduler_job
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_record
@@ -114,11 +114,8 @@ def test_packing_is_a_reshape_and_transpose_that_unpacks_back():
 
 
 def _job(**changes):
-    job = {"dialect": "auto_scheduler", "task_name": "dense_layer", "args": [8, 32, 16, False, False, F32],
-           "tuner": "random", "trials": 12, "batch_size": 12, "target": "llvm -keys=cpu", "seed": 3,
-           "measure": {"repeat": 1}}
-    job.update(changes)
-    return job
+    return auto_scheduler_job(**{"args": [8, 32, 16, False, False, F32], "trials": 12, "batch_size": 12, "seed": 3,
+                                 **changes})
 
 
 def test_tuning_measures_with_packed_weights_and_its_records_say_so(store_uri, tmp_path):

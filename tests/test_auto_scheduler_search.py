@@ -10,6 +10,7 @@ import orjson
 import pytest
 import yaml
 from conftest import F32, LAYER_OPS
+from conftest import auto_scheduler_job as _job
 
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
@@ -142,14 +143,6 @@ def test_a_record_made_elsewhere_is_not_a_point_of_the_space(shared_data):
 def test_default_schedule_of_a_workload_builds_and_matches_numpy():
     kernel = compile_default(_key("conv2d NCHW stride 2"))
     assert check_kernel(kernel, kernel.workload_key) < 1e-3
-
-
-def _job(**changes):
-    job = {"dialect": "auto_scheduler", "task_name": "dense_layer", "args": [8, 16, 16, True, True, F32],
-           "tuner": "random", "trials": 8, "batch_size": 4, "target": "llvm -keys=cpu", "seed": 1,
-           "measure": {"repeat": 1}}
-    job.update(changes)
-    return job
 
 
 def test_tune_job_commits_each_batch_and_a_second_run_measures_only_new_programs(store_uri, tmp_path):
