@@ -55,7 +55,9 @@ def native_line(target: str, workload_key: str, steps: list[list[Any]], costs: l
     and no task inputs."""
     if error_no != 0 and not costs:
         costs = [FAILED_COST_S]
-    option = 2 if layout_rewrite else 0
+    from dialects.auto_scheduler.layout import REWRITE_FOR_PRE_TRANSFORMED
+
+    option = REWRITE_FOR_PRE_TRANSFORMED if layout_rewrite else 0
     return {"i": [[workload_key, target, hardware_params(), "", option, []], [[], steps]],
             "r": [list(costs), int(error_no), float(all_cost), float(timestamp)], "v": DEFAULT_VERSION}
 
@@ -76,5 +78,7 @@ def make_record(target: str, workload_key: str, steps: list[list[Any]], costs: l
 def layout_rewritten(record: TuningRecord) -> bool:
     """Whether a record was measured with its weights' layout rewritten: its task's
     ``layout_rewrite_option`` is TVM's ``REWRITE_FOR_PRE_TRANSFORMED`` (2)."""
+    from dialects.auto_scheduler.layout import REWRITE_FOR_PRE_TRANSFORMED
+
     extra = orjson.loads(record.extra) if record.extra else {}
-    return extra.get("layout_rewrite_option") == 2
+    return extra.get("layout_rewrite_option") == REWRITE_FOR_PRE_TRANSFORMED

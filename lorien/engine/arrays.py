@@ -100,7 +100,10 @@ def pack_arguments(specs: Sequence[Any], arrays: Sequence[np.ndarray]) -> list[n
     packed = []
     for spec, array in zip(specs, arrays, strict=True):
         packing = getattr(spec, "packing", None)
-        packed.append(packing.pack(array) if packing is not None else array)
+        try:
+            packed.append(packing.pack(array) if packing is not None else array)
+        except ValueError as exc:
+            raise ValueError(f"argument {spec.name!r}: {exc}") from exc
     return packed
 
 
