@@ -42,7 +42,7 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
     (result,) = measure_steps(workload_key, [steps], measure, engine_target(target_text), layout_rewrite)
     record = make_record(target_text, workload_key, steps, list(result.costs), int(result.error_no),
                          float(result.all_cost), float(result.timestamp), source=source,
-                         layout_rewrite=any(getattr(t.op, "packing", None) is not None for t in replay.args))
+                         layout_rewrite=bool(replay.packed))
     if store_uri is not None:
         from lorien.warehouse import open_store
 

@@ -17,13 +17,14 @@ from lorien.errors import LorienError, WorkloadError
 from lorien.record import TuningRecord
 
 
-def replay_record(record: TuningRecord) -> Replay:
-    """The engine schedule of a record's steps on its registered workload, the weights' layout
-    rewritten when the record was measured so (``layout_rewrite_option`` 2)."""
+def replay_record(record: TuningRecord, dag: Any = None) -> Replay:
+    """The engine schedule of a record's steps on its registered workload (``dag``, when the
+    caller has built it), the weights' layout rewritten when the record was measured so
+    (``layout_rewrite_option`` 2)."""
     from dialects.auto_scheduler.records import layout_rewritten
 
-    return replay_steps(registry.workload_dag(record.workload_key), orjson.loads(record.config),
-                        layout_rewritten(record))
+    dag = dag if dag is not None else registry.workload_dag(record.workload_key)
+    return replay_steps(dag, orjson.loads(record.config), layout_rewritten(record))
 
 
 def _kernel(replay: Replay, target: str | None, workload_key: str, steps: list[Any]):
@@ -121,12 +122,12 @@ def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
             continue
         key, steps = record.workload_key, orjson.loads(record.config)
         try:
-            registry.workload_dag(key)
+            dag = registry.workload_dag(key)
         except registry.UnregisteredWorkloadError as exc:
             outcomes.append(ReplayOutcome(str(path), line, key, "unregistered", str(exc)))
             continue
         try:
-            replay = replay_record(record)
+            replay = replay_record(record, dag)
             kernel = _kernel(replay, None, key, steps)
             error = check_kernel(kernel, key, seed=number) if check else None
         except LorienError as exc:

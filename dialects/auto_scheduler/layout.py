@@ -20,7 +20,7 @@ from __future__ import annotations
 from dialects.auto_scheduler.dag import ComputeDAG, input_tensors
 from lorien.engine import te
 from lorien.engine.arrays import Packing
-from lorien.engine.schedule import Schedule, Stage
+from lorien.engine.schedule import Schedule, Stage, derived_extents
 
 #: TVM's value of ``layout_rewrite_option`` for weights transformed before the kernel runs.
 REWRITE_FOR_PRE_TRANSFORMED = 2
@@ -59,11 +59,10 @@ def _loads_of(stage: Stage, tensor: te.Tensor) -> list[te.Load]:
 
 
 def _rewrite(schedule: Schedule, weight: te.Tensor) -> te.Tensor | None:
-    readers = [st for st in schedule.stages if st.attach != "inline" and _loads_of(st, weight)]
+    readers = [(st, loads) for st in schedule.stages if st.attach != "inline" and (loads := _loads_of(st, weight))]
     if len(readers) != 1:
         return None
-    stage = readers[0]
-    loads = _loads_of(stage, weight)
+    ((stage, loads),) = readers
     indices = loads[0].indices
     roots = {iv.name: iv for iv in stage.root_axes}
     if (any(tuple(load.indices) != tuple(indices) for load in loads)
@@ -118,22 +117,8 @@ def _rewrite(schedule: Schedule, weight: te.Tensor) -> te.Tensor | None:
 
 def _exact_extents(stage: Stage) -> dict[str, int] | None:
     """Static extents of a stage's loops when every split divides its loop, else None."""
-    extents = {iv.name: iv.extent for iv in stage.root_axes}
-    for relation in stage.relations:
-        if relation[0] == "split":
-            _, parent, outer, inner, factor, nparts = relation
-            total = extents.get(parent)
-            if total is None:
-                return None
-            part = factor if factor is not None else nparts
-            if total % part:
-                return None
-            extents[outer], extents[inner] = (total // factor, factor) if factor is not None else (nparts, total // nparts)
-        elif relation[0] == "fuse":
-            _, a, b, fused = relation
-            if extents.get(a) is None or extents.get(b) is None:
-                return None
-            extents[fused] = extents[a] * extents[b]
-        else:
+    extents = derived_extents(stage.relations, {iv.name: iv.extent for iv in stage.root_axes})
+    for _, parent, _, _, factor, nparts in (rel for rel in stage.relations if rel[0] == "split"):
+        if extents[parent] % (factor if factor is not None else nparts):
             return None
-    return extents if all(isinstance(v, int) for v in extents.values()) else None
+    return extents

@@ -64,6 +64,11 @@ class Replay:
     stage_names: list[str]
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def packed(self) -> list[str]:
+        """Arguments whose layout was rewritten (placeholders carrying a ``packing``)."""
+        return [t.name for t in self.args if getattr(t.op, "packing", None) is not None]
+
 
 def split_lengths(steps: Sequence[Sequence[Any]], index: int) -> tuple[list[int | None], bool]:
     """(lengths, inner_to_outer) of the split made by step ``index`` (SP, FSP or FFSP)."""
@@ -161,10 +166,10 @@ class LoopState:
             from dialects.auto_scheduler.layout import rewrite_layouts
 
             args = rewrite_layouts(self.schedule, args, self.dag)
-            packed = [t.name for t in args if getattr(t.op, "packing", None) is not None]
-            if packed:
-                notes.append(f"layout rewritten (weights packed before the kernel runs): {', '.join(packed)}")
-        return Replay(self.schedule, args, list(self.names), notes)
+        replay = Replay(self.schedule, args, list(self.names), notes)
+        if replay.packed:
+            replay.notes.append(f"layout rewritten (weights packed before the kernel runs): {', '.join(replay.packed)}")
+        return replay
 
     # ------------------------------------------------------------ steps on one stage
     def _split(self, stage: Stage, axis: str, lengths: list[int | None], inner_to_outer: bool) -> None:

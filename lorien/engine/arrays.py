@@ -82,6 +82,13 @@ class Packing:
         return np.ascontiguousarray(packed.reshape(self.shape).transpose(inverse)).reshape(self.logical_shape)
 
 
+def logical_shape(spec: Any) -> tuple[int, ...]:
+    """The shape of a kernel argument in the computation: its packing's logical shape where
+    the schedule rewrote its layout, else its own."""
+    packing = getattr(spec, "packing", None)
+    return tuple(packing.logical_shape if packing is not None else spec.shape)
+
+
 def logical_arrays(specs: Sequence[Any], seed: int | np.random.Generator = 0) -> list[np.ndarray]:
     """Aligned arrays for a kernel's arguments (objects with ``shape``, ``dtype``, ``is_output``
     and optionally ``packing``) in their logical layouts: outputs zeroed, inputs random from
@@ -89,8 +96,7 @@ def logical_arrays(specs: Sequence[Any], seed: int | np.random.Generator = 0) ->
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     arrays = []
     for spec in specs:
-        packing = getattr(spec, "packing", None)
-        shape = packing.logical_shape if packing is not None else spec.shape
+        shape = logical_shape(spec)
         arrays.append(aligned_zeros(shape, spec.dtype) if spec.is_output else random_array(shape, spec.dtype, rng))
     return arrays
 

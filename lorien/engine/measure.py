@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from lorien.engine import cpu
-from lorien.engine.arrays import logical_arrays, pack_arguments
+from lorien.engine.arrays import logical_arrays, logical_shape, pack_arguments
 from lorien.errors import LorienError, TargetError
 from lorien.record import FAILED_COST_S, ErrorNo
 
@@ -146,8 +146,7 @@ def _expected_outputs(reference: Callable, inputs: list[np.ndarray], specs, seed
     """``reference(*inputs)`` as a list, memoized: inputs (in their logical layouts) are a
     function of (specs, seed), so every candidate of one workload shares one reference
     computation, whatever layout its schedule takes the inputs in."""
-    key = (pickle.dumps(reference), tuple((a.name, a.packing.logical_shape if a.packing else a.shape, a.dtype,
-                                           a.is_output) for a in specs), seed)
+    key = (pickle.dumps(reference), tuple((a.name, logical_shape(a), a.dtype, a.is_output) for a in specs), seed)
     if key not in _EXPECTED:
         expected = reference(*inputs)
         _EXPECTED.clear()
