@@ -340,7 +340,7 @@ def dense_cost_model(tmp_path_factory) -> Path:
     return root / "model"
 
 
-def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cost_model):
+def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cost_model, store_uri):
     from dialects.autotvm.templates import instantiate
     from dialects.autotvm.tuning import tune_job
     from lorien.costmodel import load_cost_model
@@ -350,7 +350,7 @@ def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cos
     job = {"dialect": "autotvm", "task_name": "dense_pack.x86", "target": "llvm", "tuner": "xgb", "args": args,
            "trials": 8, "batch_size": 8, "measure": MEASURE, "warm_start_model": str(dense_cost_model)}
     first_batches = []
-    tune_job(job, None, on_batch=lambda progress, records: first_batches.append(records))
+    tune_job(job, store_uri, on_batch=lambda progress, records: first_batches.append(records))
     assert len(first_batches) == 1 and len(first_batches[0]) == 8
     model = load_cost_model(dense_cost_model)
     warm = model.score_configs("dense_pack.x86", args, [__import__("orjson").loads(r.config)["entity"]

@@ -204,7 +204,7 @@ def test_xgb_itervar_features_are_computed_only_for_reranked_candidates():
 
 
 @pytest.mark.slow
-def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct():
+def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct(store_uri):
     """On the engine (real JIT kernels checked against NumPy) the model-based tuner measures
     distinct configs, all valid, and its best is the fastest record it measured. Whether it
     beats random search is asserted on the noise-free landscape above: timings on a shared
@@ -215,7 +215,7 @@ def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct():
            "args": [["TENSOR", [64, 128], "float32"], ["TENSOR", [128, 128], "float32"], None, "float32"],
            "measure": {"repeat": 2, "min_repeat_ms": 1, "build_timeout_s": 60},
            "tuner": "xgb", "tuner_options": {"plan_size": 8}, "seed": 0}
-    progress = tune_job(job, None)
+    progress = tune_job(job, store_uri)
     configs = [record.config for record in progress.records]
     assert len(configs) == 24
     assert len(set(configs)) == 24
