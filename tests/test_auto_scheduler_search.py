@@ -15,7 +15,7 @@ from conftest import auto_scheduler_job as _job
 from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
 from dialects.auto_scheduler.sketch import LOCATIONS
-from dialects.auto_scheduler.space import SketchSpace, factorizations
+from dialects.auto_scheduler.space import DERIVED_FEATURES, SketchSpace, factorizations
 from dialects.auto_scheduler.steps import replay_steps
 from dialects.auto_scheduler.tuning import tune_job
 from lorien.engine import build
@@ -179,9 +179,10 @@ def test_records_of_another_shape_give_features_in_this_spaces_layout():
     rng = np.random.default_rng(5)
     for index in rng.integers(len(space), size=10).tolist():
         index = space.index_of_steps(space.get(index))  # the canonical point of its program
-        row = space.features_of_steps(space.get(index), args)
+        row = features.extend(space.features_of_steps(space.get(index), args).reshape(1, -1))[0]
         known = ~np.isnan(row)  # the parallel knob depends on a workload's extents: left unknown
         assert known.sum() == len(row) - 1
+        assert len(row) == features.knob_width + len(DERIVED_FEATURES)
         np.testing.assert_allclose(row[known], features(np.array([index]))[0][known])
     other_args = [1, 8, 12, 12, 32, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]
     other = SketchSpace(registry.workload_dag(registry.make_workload_key("conv2d_nhwc_layer", other_args)), other_args)
@@ -226,3 +227,24 @@ def test_lorien_tune_writes_ansor_logs_that_export_unchanged_and_build(tmp_path,
     key = logged[0]["i"][0][0]
     assert main(["query", "--workload-key", key, "--target", "llvm", "--build", "--store", store_uri]) == 0
     assert "from the best stored config" in capsys.readouterr().out
+
+
+def test_derived_features_are_the_tile_volumes_of_a_program():
+    from lorien.search.xgb import KnobFeatures
+
+    key = _key("conv2d NHWC+bias+relu")
+    space = SketchSpace(registry.workload_dag(key), registry.parse_workload_key(key)[1])
+    index = int(np.random.default_rng(2).integers(len(space)))
+    steps = space.get(index)
+    splits = [step for step in steps if step[0] == "SP"]
+    spatial = [[step[3] // math.prod(step[4]), *step[4]] for step in splits if len(step[4]) == 3]
+    reduce = [[step[3] // math.prod(step[4]), *step[4]] for step in splits if len(step[4]) == 1]
+    assert len(spatial) == 4 and len(reduce) == 3  # n, h, w, co; rh, rw, rc
+    tile = [math.prod(f[level] for f in spatial) for level in range(4)]
+    red = [math.prod(f[level] for f in reduce) for level in range(2)]
+    expected = [*tile, *red, tile[1] * tile[2] * tile[3], tile[2] * tile[3], tile[3] * red[1]]
+    derived = dict(zip(DERIVED_FEATURES, KnobFeatures(space)(np.array([index]))[0][-len(DERIVED_FEATURES):],
+                       strict=True))
+    np.testing.assert_allclose(list(derived.values()), np.log2(expected))
+    assert derived["tile_s0"] + derived["tile_below_s0"] == pytest.approx(math.log2(math.prod(  # the whole output
+        step[3] for step in splits if len(step[4]) == 3)))

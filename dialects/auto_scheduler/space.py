@@ -34,6 +34,7 @@ from dialects.auto_scheduler.sketch import (
     AUTO_UNROLL_STEPS,
     LOCATIONS,
     PARALLEL_CHUNKS,
+    REDUCE_LEVELS,
     SPATIAL_LEVELS,
     generate_sketches,
     location_steps,
@@ -44,6 +45,10 @@ from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
 
 MAX_INNERMOST = 64
+#: Names of :meth:`SketchSpace.derived_features` (log2 of tile volumes: spatial levels
+#: S0..S3, reduce levels R0..R1, output tiles below S0 and S1, the innermost block's work).
+DERIVED_FEATURES = ("tile_s0", "tile_s1", "tile_s2", "tile_s3", "tile_r0", "tile_r1",
+                    "tile_below_s0", "tile_below_s1", "block_s3_r1")
 #: Innermost tile the sampler wants on a vectorized loop (8 float32 lanes: one AVX2 vector).
 VECTOR_TILE = 8
 #: Probability of each mutation kind (Ansor's CPU defaults, its compute-location share split
@@ -126,6 +131,14 @@ class SketchSpace(MixedRadixSpace):
             raise DialectError(f"the search space of stages {dag.stage_names} has {len(self)} points, "
                                "more than an index can hold")
         self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
+        # columns of the knob features (log2 of each level's tile factor) per tiling level
+        self._level_columns: dict[tuple[str, int], list[int]] = {}
+        column = 1
+        for tile in self.tiles:
+            kind = "S" if tile.key[2] == SPATIAL_LEVELS else "R"
+            for level in range(tile.key[2]):
+                self._level_columns.setdefault((kind, level), []).append(column + level)
+            column += tile.key[2]
 
     def get(self, index: int) -> list[list[Any]]:
         """The Ansor steps of point ``index``."""
@@ -172,6 +185,23 @@ class SketchSpace(MixedRadixSpace):
         tables.append(np.log2(1.0 + np.array(AUTO_UNROLL_STEPS, dtype=float)).reshape(-1, 1))
         tables.append(np.array([self.shape_features], dtype=float).reshape(1, -1))
         return tables
+
+    def derived_features(self, rows: np.ndarray) -> np.ndarray:
+        """Columns combining the tile knobs of feature rows (:meth:`knob_feature_tables`
+        layout), see :data:`DERIVED_FEATURES`: log2 of the tile volume at each spatial and
+        reduce level (the product over loops), of the output tile below levels 1 and 2, and
+        of the work of the innermost block (``S3`` x ``R1``). A register tile or a cache
+        block that suits the machine has the same volume in any shape, so records of other
+        workloads teach it; trees learn such products poorly from the parts."""
+        rows = np.asarray(rows, dtype=float)
+
+        def level(kind: str, index: int) -> np.ndarray:
+            columns = self._level_columns.get((kind, index), [])
+            return rows[:, columns].sum(axis=1) if columns else np.zeros(len(rows))
+
+        s = [level("S", i) for i in range(SPATIAL_LEVELS)]
+        r = [level("R", i) for i in range(REDUCE_LEVELS)]
+        return np.stack([*s, *r, s[1] + s[2] + s[3], s[2] + s[3], s[3] + r[-1]], axis=1)
 
     def features_of_steps(self, steps: Sequence[Sequence[Any]], args: Sequence[Any]) -> np.ndarray | None:
         """The feature row (as :meth:`knob_feature_tables` gives for a point) of a record of

@@ -46,7 +46,9 @@ def history_by_workload(per_workload: dict[str, list[tuple[Sequence[float], floa
 
 
 class KnobFeatures:
-    """Vectorized features of config indices from per-knob tables."""
+    """Vectorized features of config indices from per-knob tables, followed by the columns a
+    space derives from them (``space.derived_features(knob_rows)``, when it has one: features
+    that combine knobs, such as a tile's volume, which trees learn poorly from the parts)."""
 
     def __init__(self, space: IndexedSpace):
         tables = space.knob_feature_tables() if hasattr(space, "knob_feature_tables") else None
@@ -54,6 +56,9 @@ class KnobFeatures:
             tables = [np.arange(dim, dtype=float).reshape(-1, 1) for dim in space.dims]
         self.tables = [np.asarray(t, dtype=float) for t in tables]
         self.dims = np.array(space.dims, dtype=np.int64)
+        self.derive: Callable[[np.ndarray], np.ndarray] | None = getattr(space, "derived_features", None)
+        #: Width of the knob-table columns alone.
+        self.knob_width = sum(table.shape[1] for table in self.tables)
 
     def __call__(self, indices: np.ndarray) -> np.ndarray:
         indices = np.asarray(indices, dtype=np.int64)
@@ -61,7 +66,16 @@ class KnobFeatures:
         for dim, table in zip(self.dims, self.tables, strict=True):
             columns.append(table[indices % dim])
             indices = indices // dim
-        return np.concatenate(columns, axis=1) if columns else np.zeros((len(indices), 0))
+        return self.extend(np.concatenate(columns, axis=1) if columns else np.zeros((len(indices), 0)))
+
+    def extend(self, rows: np.ndarray) -> np.ndarray:
+        """Knob-table rows (e.g. of another workload's records) with the derived columns appended;
+        rows that have them already (as this object returns them) pass unchanged."""
+        rows = np.asarray(rows, dtype=float)
+        if self.derive is None or rows.shape[1] != self.knob_width or self.knob_width == 0:
+            return rows
+        derived = np.asarray(self.derive(rows), dtype=float)
+        return np.concatenate([rows, derived.reshape(len(rows), -1) if derived.ndim != 2 else derived], axis=1)
 
 
 class XGBTuner(Tuner):
@@ -99,8 +113,9 @@ class XGBTuner(Tuner):
         self._since_fit = 0
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
-        """Transfer: prior (features, normalized throughput in [0, 1]) from similar workloads."""
-        features = np.asarray(features, dtype=float)
+        """Transfer: prior (features in the layout of the space's knob tables, normalized
+        throughput in [0, 1]) from similar workloads; derived columns are added here."""
+        features = self.feature_fn.extend(np.asarray(features, dtype=float))
         scores = np.asarray(scores, dtype=float)
         if len(features) == 0:
             return
