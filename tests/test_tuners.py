@@ -111,6 +111,23 @@ def test_xgb_with_evolutionary_search_finds_better_configs_than_random_at_equal_
     assert np.mean(best["evolution"]) < np.mean(best["random"])
 
 
+def test_weighted_xgb_trains_on_throughput_weights_and_beats_random():
+    from lorien.search.xgb import MIN_WEIGHT
+
+    space = small_space()
+    best = {"random": [], "weighted": []}
+    for seed in range(5):
+        weighted = create("xgb", space, seed=seed, plan_size=16, optimizer="evolution", population=64, weighted=True)
+        for kind, tuner in (("random", create("random", space, seed=seed)), ("weighted", weighted)):
+            run(tuner, space, 48)
+            best[kind].append(tuner.best_cost_s)
+    assert np.mean(best["weighted"]) < np.mean(best["random"])
+    y = np.array([1.0, 0.5, 0.0])
+    np.testing.assert_allclose(weighted._matrix(np.zeros((3, 2)), y).get_weight(), [1.0, 0.5, MIN_WEIGHT], rtol=1e-6)
+    unweighted = create("xgb", space, seed=0)
+    assert unweighted._matrix(np.zeros((3, 2)), y).get_weight().size == 0
+
+
 def test_evolution_returns_the_best_scored_points_not_excluded():
     from lorien.search.evolution import evolve
 

@@ -17,6 +17,8 @@ location, sketch or parallel depth.
 A last knob with a single value carries the workload's shape (log2 of its arguments): it
 changes no point, but lets one cost model learn from records of other workloads of the same
 function (:meth:`SketchSpace.features_of_steps` gives their features in this space's layout).
+:meth:`SketchSpace.derived_features` adds the tile volumes per tiling level, which carry
+across shapes better than the per-loop factors.
 """
 
 from __future__ import annotations

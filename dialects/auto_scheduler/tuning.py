@@ -35,7 +35,7 @@ from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_ba
 from lorien.tune.resume import job_source
 
 #: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
-XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16}
+XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16, "weighted": True}
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,7 +6,8 @@ similar workloads (transfer). The optimizer over the model picks the next plan:
 ``optimizer="sa"`` (simulated annealing, AutoTVM's) or ``"evolution"`` (Ansor's evolutionary
 search, :mod:`lorien.search.evolution`: ``population`` points, ``generations`` rounds of
 score-proportional selection and mutation). A small fraction ``epsilon`` of each plan is
-random for exploration.
+random for exploration. ``weighted=True`` weights each training sample by its normalized
+throughput, as Ansor's and MetaSchedule's cost models do.
 
 Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
 values, ...) or plain knob positions. ``feature_type="itervar"`` adds the features a
@@ -29,6 +30,8 @@ from lorien.search.random_search import sample_unvisited
 from lorien.search.sa import anneal
 
 OPTIMIZERS = ("sa", "evolution")
+#: Smallest sample weight of a ``weighted`` model.
+MIN_WEIGHT = 0.01
 
 
 def history_by_workload(per_workload: dict[str, list[tuple[Sequence[float], float]]],
@@ -85,7 +88,7 @@ class XGBTuner(Tuner):
                  feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
                  num_boost_round: int = 80, rerank_factor: int = 2, optimizer: str = "sa",
-                 population: int = 256, generations: int = 4):
+                 population: int = 256, generations: int = 4, weighted: bool = False):
         super().__init__(space, seed)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r} ({' or '.join(OPTIMIZERS)})")
@@ -105,6 +108,9 @@ class XGBTuner(Tuner):
         self.optimizer = optimizer
         self.population = population
         self.generations = generations
+        #: Weight every training sample by its normalized throughput (Ansor's and MetaSchedule's
+        #: cost models do): the model fits the fast programs, the ones a plan is drawn from, best.
+        self.weighted = bool(weighted)
         self.measured: dict[int, float] = {}
         self.history_x: np.ndarray | None = None
         self.history_y: np.ndarray | None = None
@@ -189,6 +195,14 @@ class XGBTuner(Tuner):
 
         return self.rerank_booster_.predict(xgb.DMatrix(self._full_features(indices)))
 
+    def _matrix(self, x: np.ndarray, y: np.ndarray):
+        """Training data; with ``weighted``, sample weights are the normalized throughputs (at
+        least :data:`MIN_WEIGHT`, so failed programs still count a little)."""
+        import xgboost as xgb
+
+        weight = np.maximum(y, MIN_WEIGHT) if self.weighted else None
+        return xgb.DMatrix(x, label=y, weight=weight)
+
     def _fit(self) -> None:
         import xgboost as xgb
 
@@ -212,9 +226,9 @@ class XGBTuner(Tuner):
         params = {"max_depth": 6, "eta": 0.3, "subsample": 1.0, "min_child_weight": 1,
                   "objective": "reg:squarederror", "nthread": 1, "verbosity": 0,
                   "seed": int(self.rng.integers(1 << 30))}
-        self.booster_ = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=self.num_boost_round)
+        self.booster_ = xgb.train(params, self._matrix(x, y), num_boost_round=self.num_boost_round)
         if self.loop_feature_fn is not None and self.measured:
             measured_x = self._full_features(indices)
-            self.rerank_booster_ = xgb.train(params, xgb.DMatrix(measured_x, label=ys[0]),
+            self.rerank_booster_ = xgb.train(params, self._matrix(measured_x, ys[0]),
                                              num_boost_round=self.num_boost_round)
         self._since_fit = 0
