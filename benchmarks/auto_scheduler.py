@@ -28,6 +28,10 @@ whose steps replay into a kernel matching NumPy / records whose workload is regi
     python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials (about 4 min)
     python benchmarks/auto_scheduler.py --store-dir runs/a                  # keep the three stores
     python benchmarks/auto_scheduler.py --store-dir runs/a --retime-only    # time them again, no tuning
+    python benchmarks/auto_scheduler.py --runs 3     # three runs (seeds 0, 1000, 2000), median ratios
+
+Single runs on a shared 2-core machine move the ratios by a few per cent (the same kernel can
+time 20 % apart minutes later); ``--runs`` gives the median of several.
 
 Last line: ansor_vs_autotvm_net= gradient_vs_roundrobin= replay_ok=
 """
@@ -41,6 +45,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from lorien.dialect import get_dialect
 from lorien.engine.arrays import argument_arrays
@@ -83,10 +89,11 @@ def workloads(dialect: str, layers: list) -> list[dict]:
     return entries
 
 
-def tune_auto_scheduler(layers: list, budget: int, strategy: str, store_uri: str, target: str) -> float:
+def tune_auto_scheduler(layers: list, budget: int, strategy: str, store_uri: str, target: str, seed: int = 0) -> float:
     from lorien.tune.network import tune_network
 
     config = parse_tune_config({"dialect": "auto_scheduler", "tuner": "xgb", "batch_size": 16, "target": target,
+                                "seed": seed,
                                 "measure": MEASURE, "workloads": workloads("auto_scheduler", layers),
                                 "task_scheduler": {"strategy": strategy, "trials": budget, "round_trials": 16}})
     started = time.monotonic()
@@ -97,12 +104,12 @@ def tune_auto_scheduler(layers: list, budget: int, strategy: str, store_uri: str
     return summary.latency_s
 
 
-def tune_autotvm(layers: list, budget: int, store_uri: str, target: str) -> float:
+def tune_autotvm(layers: list, budget: int, store_uri: str, target: str, seed: int = 0) -> float:
     from lorien.tune.local import tune_config
 
     per_task = budget // len(layers)
     config = parse_tune_config({"dialect": "autotvm", "tuner": "xgb", "transfer": True, "batch_size": 8,
-                                "trials": per_task, "target": target, "measure": MEASURE,
+                                "trials": per_task, "target": target, "measure": MEASURE, "seed": seed,
                                 "workloads": workloads("autotvm", layers)})
     started = time.monotonic()
     summaries = tune_config(config, progress=False, store_uri=store_uri)
@@ -173,12 +180,33 @@ def replay_shared_logs() -> tuple[int, int]:
     return ok, registered
 
 
+def one_run(layers: list, budget: int, root: str, target: str, tune: bool, seed: int, quick: bool) -> tuple[float, float]:
+    """Tune (unless ``tune`` is false) and time the three systems' stores under ``root``:
+    (ansor_vs_autotvm, gradient_vs_roundrobin)."""
+    stores = {name: f"parquet:{root}/{name}" for name in ("gradient", "round-robin", "autotvm")}
+    if tune:
+        tune_auto_scheduler(layers, budget, "gradient", stores["gradient"], target, seed)
+        tune_auto_scheduler(layers, budget, "round-robin", stores["round-robin"], target, seed)
+        tune_autotvm(layers, budget, stores["autotvm"], target, seed)
+    log("best kernels timed again, taking turns:")
+    systems = {name: best_kernels("autotvm" if name == "autotvm" else "auto_scheduler", layers, uri, target)
+               for name, uri in stores.items()}
+    latency = interleaved_latencies(systems, layers, seconds_per_task=1.0 if quick else 3.0)
+    for system, value in latency.items():
+        log(f"network latency, {system}: {value * 1e3:.3f} ms")
+    return latency["autotvm"] / latency["gradient"], latency["round-robin"] / latency["gradient"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 layers, 16 trials per layer")
     parser.add_argument("--trials-per-task", type=int, help="budget per task (default 48, quick 16)")
-    parser.add_argument("--store-dir", help="keep the three systems' stores here (default: a temporary directory); "
-                        "with --retime-only, time the best kernels of stores written before")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="tune and time everything this many times (seeds 0, 1000, ...); the last line gives "
+                             "the median ratios (default 1)")
+    parser.add_argument("--store-dir", help="keep the three systems' stores here (default: a temporary directory; "
+                        "with --runs, one folder run<i> per run); with --retime-only, time the best kernels of "
+                        "stores written before")
     parser.add_argument("--retime-only", action="store_true", help="skip tuning: time the stores of --store-dir again")
     args = parser.parse_args()
     layers = [layer for layer in LAYERS if not args.quick or layer[0] in QUICK_LAYERS]
@@ -188,24 +216,25 @@ def main() -> None:
 
     if args.retime_only and not args.store_dir:
         parser.error("--retime-only needs --store-dir")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     log("replaying the shared Ansor logs:")
     replay_ok, replay_total = replay_shared_logs()
 
+    ratios = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.store_dir or tmp
-        stores = {name: f"parquet:{root}/{name}" for name in ("gradient", "round-robin", "autotvm")}
-        if not args.retime_only:
-            tune_auto_scheduler(layers, budget, "gradient", stores["gradient"], target)
-            tune_auto_scheduler(layers, budget, "round-robin", stores["round-robin"], target)
-            tune_autotvm(layers, budget, stores["autotvm"], target)
-        log("best kernels timed again, taking turns:")
-        systems = {name: best_kernels("autotvm" if name == "autotvm" else "auto_scheduler", layers, uri, target)
-                   for name, uri in stores.items()}
-        latency = interleaved_latencies(systems, layers, seconds_per_task=1.0 if args.quick else 3.0)
-    for system, value in latency.items():
-        log(f"network latency, {system}: {value * 1e3:.3f} ms")
-    ansor_vs_autotvm = latency["autotvm"] / latency["gradient"]
-    gradient_vs_roundrobin = latency["round-robin"] / latency["gradient"]
+        for run in range(args.runs):
+            root = args.store_dir or tmp
+            if args.runs > 1:
+                root = f"{root}/run{run}"
+                log(f"run {run + 1} of {args.runs} (seed {1000 * run}):")
+            ratios.append(one_run(layers, budget, root, target, not args.retime_only, 1000 * run, args.quick))
+            if args.runs > 1:
+                log(f"run {run + 1}: ansor_vs_autotvm_net={ratios[-1][0]:.3f} "
+                    f"gradient_vs_roundrobin={ratios[-1][1]:.3f}")
+    ansor_vs_autotvm, gradient_vs_roundrobin = (float(np.median([r[i] for r in ratios])) for i in range(2))
+    if args.runs > 1:
+        log(f"medians of {args.runs} runs:")
     print(f"ansor_vs_autotvm_net={ansor_vs_autotvm:.3f} gradient_vs_roundrobin={gradient_vs_roundrobin:.3f} "
           f"replay_ok={replay_ok}/{replay_total}")
 

@@ -248,3 +248,60 @@ def test_derived_features_are_the_tile_volumes_of_a_program():
     np.testing.assert_allclose(list(derived.values()), np.log2(expected))
     assert derived["tile_s0"] + derived["tile_below_s0"] == pytest.approx(math.log2(math.prod(  # the whole output
         step[3] for step in splits if len(step[4]) == 3)))
+
+
+def test_the_nearest_point_of_another_shapes_program_keeps_its_tiles_where_this_extent_allows():
+    key = _key("conv2d NHWC+bias+relu")
+    space = SketchSpace(registry.workload_dag(key), registry.parse_workload_key(key)[1])
+    for index in np.random.default_rng(3).integers(len(space), size=5).tolist():
+        steps = space.get(index)
+        assert space.get(space.nearest_point(steps)) == steps  # its own programs map to themselves
+    other_args = [1, 24, 20, 20, 32, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]
+    other = SketchSpace(registry.workload_dag(registry.make_workload_key("conv2d_nhwc_layer", other_args)), other_args)
+    positions = [0] * len(other.dims)
+    positions[0] = 1  # another sketch than the first
+    for k, tile in enumerate(other.tiles):  # inner tiles (1, 1, 2) on spatial loops (n = 1: none), 3 on reduce loops
+        wanted = ((1, 1, 2) if tile.key[1] > 1 else (1, 1, 1)) if tile.key[2] == 4 else (3,)
+        positions[1 + k] = next(i for i, e in enumerate(tile.entities) if e[1:] == wanted)
+    program = other.get(other.index_of_knobs(positions))
+    adapted = space.get(space.nearest_point(program))
+    assert _check(key, adapted) < 1e-3
+    assert [s[0] for s in adapted[:len(space.sketches[1].steps)]] == [s[0] for s in space.sketches[1].steps]
+    # n, h, w, co; rh, rw, rc: rc = 8 here cannot take 3, the nearest in log2 is 4
+    assert [step[4] for step in adapted if step[0] == "SP"] == [[1, 1, 1], [1, 1, 2], [1, 1, 2], [1, 1, 2], [3], [3], [4]]
+    assert space.nearest_point([["SP", 0, 0, 4, [4], 1]]) is None
+
+
+def test_seeds_are_measured_first_a_few_per_plan():
+    from types import SimpleNamespace
+
+    from lorien.search.xgb import XGBTuner
+
+    space = _space("dense")
+    tuner = XGBTuner(space, seed=0, plan_size=8, optimizer="evolution", population=32, seed_quota=2)
+    tuner.add_seeds([5, 7, 9])
+    first = tuner.next_batch(8)
+    assert first[:2] == [5, 7] and 9 not in first  # no model yet: in the given order, two per plan
+    tuner.update(first, [SimpleNamespace(costs=[1e-3 * (1 + i)], error_no=0) for i in range(len(first))])
+    assert tuner.booster_ is not None  # refit after a plan's measurements
+    assert tuner.next_batch(8)[0] == 9  # the one seed left, first in the next plan
+    tuner.add_seeds([7])  # measured already: never again
+    assert 7 not in tuner.next_batch(8)
+
+
+def test_a_job_measures_the_adapted_best_programs_of_other_shapes_early(store_uri):
+    from dialects.auto_scheduler.tuning import cached_space, transfer_seeds
+
+    tune_job(_job(trials=8), store_uri)  # dense_layer 8x16x16
+    other = _job(args=[4, 16, 32, True, True, F32], tuner="xgb", trials=4, batch_size=4)
+    key = registry.make_workload_key("dense_layer", other["args"])
+    with open_store(store_uri) as store:
+        seeds = transfer_seeds(store, cached_space(key), key, "llvm -keys=cpu")
+        rows = store.scan(filters={"workload_key": registry.make_workload_key("dense_layer", _job()["args"])}).to_pylist()
+    fastest = min(np.mean(r["costs"]) for r in rows)
+    assert len(seeds) == 1 and seeds[0] in {cached_space(key).nearest_point(json.loads(r["config"]))
+                                            for r in rows if np.mean(r["costs"]) == fastest}
+    tune_job(other, store_uri)
+    with open_store(store_uri) as store:
+        measured = [json.loads(r["config"]) for r in store.scan(filters={"workload_key": key}).to_pylist()]
+    assert cached_space(key).get(seeds[0]) in measured

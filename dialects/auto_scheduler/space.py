@@ -133,6 +133,7 @@ class SketchSpace(MixedRadixSpace):
             raise DialectError(f"the search space of stages {dag.stage_names} has {len(self)} points, "
                                "more than an index can hold")
         self._entity_index = [{entity: i for i, entity in enumerate(t.entities)} for t in self.tiles]
+        self._log_entities = [np.log2(np.array(t.entities, dtype=float)) for t in self.tiles]
         # columns of the knob features (log2 of each level's tile factor) per tiling level
         self._level_columns: dict[tuple[str, int], list[int]] = {}
         column = 1
@@ -235,6 +236,39 @@ class SketchSpace(MixedRadixSpace):
             row.append(math.log2(1.0 + unroll))
             row.extend(shape_features(args))
             return np.array(row, dtype=float)
+        return None
+
+    def nearest_point(self, steps: Sequence[Sequence[Any]]) -> int | None:
+        """The point of this space closest to a program of another workload of the same
+        function (a transfer seed): its sketch (matched by step skeleton), every tiling split
+        the factorization of this extent whose inner tile lengths are nearest in log2 to the
+        program's, its compute locations, unroll step and parallel depth (the depth whose
+        rendering fuses as many outer loops of each stage, else 16 iterations per core). None when its
+        steps fit no sketch here."""
+        steps = [list(step) for step in steps]
+        for sketch_id, sketch in enumerate(self.sketches):
+            if len(steps) < len(sketch.steps) or any(
+                    _skeleton(a) != _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False)):
+                continue
+            tail = steps[len(sketch.steps):]
+            locations = self._read_locations(sketch_id, tail) or [LOCATIONS.index("root")] * len(self.located)
+            positions = [sketch_id] + [0] * len(self.tiles) + locations + [0, 0, 0]
+            for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
+                wanted = np.log2(np.maximum(np.array(steps[step_index][4], dtype=float), 1.0))
+                table = self._log_entities[k][:, 1:]
+                positions[1 + k] = int(np.argmin(np.abs(table - wanted).sum(axis=1)))
+            unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
+            positions[-2] = int(np.argmin([abs(math.log2(1 + u) - math.log2(1 + unroll)) for u in AUTO_UNROLL_STEPS]))
+            fused = [(s[1], len(s[2])) for s in tail if s[0] == "FU"]
+            positions[-3] = PARALLEL_CHUNKS.index(16)
+            for parallel in range(len(PARALLEL_CHUNKS)):
+                positions[-3] = parallel
+                rendered = self.get(self.index_of_knobs(positions))[len(sketch.steps):]
+                if [(s[1], len(s[2])) for s in rendered if s[0] == "FU"] == fused:
+                    break
+            else:
+                positions[-3] = PARALLEL_CHUNKS.index(16)
+            return self.index_of_knobs(positions)
         return None
 
     # ------------------------------------------------------------ evolution

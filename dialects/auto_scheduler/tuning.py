@@ -24,7 +24,7 @@ import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.records import make_record
-from dialects.auto_scheduler.space import SketchSpace
+from dialects.auto_scheduler.space import SketchSpace, shape_features
 from dialects.auto_scheduler.steps import replay_steps
 from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
@@ -164,6 +164,37 @@ def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: 
     return history_by_workload(per_workload, sum(table_.shape[1] for table_ in space.knob_feature_tables()))
 
 
+def transfer_seeds(store: Any, space: SketchSpace, workload_key: str, target: str, limit: int = 4000) -> list[int]:
+    """Points of this workload's space nearest to the best valid program of every other
+    workload of the same function on the target's family (:meth:`SketchSpace.nearest_point`),
+    the workloads of the closest shapes first; a program that fits no sketch here is skipped."""
+    from lorien.target import parse_target
+
+    name, _ = registry.parse_workload_key(workload_key)
+    table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
+                                "target_key": parse_target(target).alternate_key},
+                       columns=["workload_key", "args", "config", "costs", "error_no"])
+    best: dict[str, tuple[float, str, str]] = {}
+    for row in table.to_pylist()[-limit:]:
+        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
+            continue
+        cost = float(np.mean(row["costs"]))
+        if row["workload_key"] not in best or cost < best[row["workload_key"]][0]:
+            best[row["workload_key"]] = (cost, row["args"], row["config"])
+    here = np.array(space.shape_features, dtype=float)
+
+    def distance(args: str) -> float:
+        there = np.array(shape_features(orjson.loads(args)), dtype=float)
+        return float(np.abs(there - here).sum()) if there.shape == here.shape else math.inf
+
+    seeds = []
+    for *_, config in sorted(best.values(), key=lambda item: distance(item[1])):
+        index = space.nearest_point(orjson.loads(config))
+        if index is not None:
+            seeds.append(index)
+    return list(dict.fromkeys(seeds))
+
+
 def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
              on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
              history: Sequence[TuningRecord] | None = None,
@@ -200,6 +231,8 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
             features, scores = transfer_history(store, space, workload_key, target)
             tuner.load_history(features, scores)
+            if hasattr(tuner, "add_seeds"):
+                tuner.add_seeds(transfer_seeds(store, space, workload_key, target))
         history = [*history, *resume]
         measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
         resumed = _resume(tuner, space, history)

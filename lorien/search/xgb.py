@@ -7,7 +7,9 @@ similar workloads (transfer). The optimizer over the model picks the next plan:
 search, :mod:`lorien.search.evolution`: ``population`` points, ``generations`` rounds of
 score-proportional selection and mutation). A small fraction ``epsilon`` of each plan is
 random for exploration. ``weighted=True`` weights each training sample by its normalized
-throughput, as Ansor's and MetaSchedule's cost models do.
+throughput, as Ansor's and MetaSchedule's cost models do. :meth:`XGBTuner.add_seeds` hands
+the tuner points expected to be good (a dialect's adaptation of similar workloads' best
+programs): each plan measures up to ``seed_quota`` of them, the rest start the search.
 
 Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
 values, ...) or plain knob positions. ``feature_type="itervar"`` adds the features a
@@ -88,7 +90,7 @@ class XGBTuner(Tuner):
                  feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
                  num_boost_round: int = 80, rerank_factor: int = 2, optimizer: str = "sa",
-                 population: int = 256, generations: int = 4, weighted: bool = False):
+                 population: int = 256, generations: int = 4, weighted: bool = False, seed_quota: int = 2):
         super().__init__(space, seed)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r} ({' or '.join(OPTIMIZERS)})")
@@ -111,6 +113,9 @@ class XGBTuner(Tuner):
         #: Weight every training sample by its normalized throughput (Ansor's and MetaSchedule's
         #: cost models do): the model fits the fast programs, the ones a plan is drawn from, best.
         self.weighted = bool(weighted)
+        #: Seeds (:meth:`add_seeds`) measured per plan at most.
+        self.seed_quota = int(seed_quota)
+        self.seeds: list[int] = []
         self.measured: dict[int, float] = {}
         self.history_x: np.ndarray | None = None
         self.history_y: np.ndarray | None = None
@@ -159,13 +164,31 @@ class XGBTuner(Tuner):
             self._fit()
             self._plan = []
 
+    def add_seeds(self, indices: Sequence[int]) -> None:
+        """Seeds: points expected to be good (e.g. the best programs of similar workloads,
+        adapted to this space). Each plan measures up to ``seed_quota`` of the unmeasured ones,
+        those the model scores highest first, and the rest join the search's starting points."""
+        self.seeds = list(dict.fromkeys([*self.seeds, *(int(i) for i in indices)]))
+        self._plan = []
+
+    def _seeded(self) -> list[int]:
+        """This plan's seeds, best scored first (all of them when no model is trained yet)."""
+        seeds = [i for i in self.seeds if i not in self.visited]
+        if seeds and self.booster_ is not None:
+            scores = self.predict(np.array(seeds, dtype=np.int64))
+            seeds = [seeds[i] for i in np.argsort(-scores, kind="stable")]
+        return seeds
+
     def _make_plan(self) -> list[int]:
+        seeds = self._seeded()
         if self.booster_ is None:
-            return sample_unvisited(self, self.plan_size)
+            return (seeds[: self.seed_quota] + [i for i in sample_unvisited(self, self.plan_size)
+                                                if i not in seeds])[: self.plan_size]
         n_random = int(math.ceil(self.epsilon * self.plan_size))
         best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                                key=self.measured.__getitem__)[:16]
-        wanted = self.plan_size - n_random
+        best_measured += seeds[self.seed_quota:]
+        wanted = self.plan_size - n_random - min(self.seed_quota, len(seeds))
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
         if self.optimizer == "evolution":
             chosen = evolve(self.space, self.predict, pool, self.rng, exclude=self.visited, starts=best_measured,
@@ -177,6 +200,7 @@ class XGBTuner(Tuner):
         if self.rerank_booster_ is not None and chosen:
             scores = self._predict_full(np.array(chosen, dtype=np.int64))
             chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]
+        chosen = seeds[: self.seed_quota] + [i for i in chosen if i not in seeds[: self.seed_quota]]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
