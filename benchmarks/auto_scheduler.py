@@ -24,14 +24,16 @@ gradient latency: above 1 means the first wins. ``replay_ok`` = records of the s
 whose steps replay into a kernel matching NumPy / records whose workload is registered
 (DAG-hashed workloads of the resnet-50 log are reported, never guessed).
 
-    python benchmarks/auto_scheduler.py            # budget 12 x 48 = 576 trials per system (about 6 min on 2 cores)
-    python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials (about 4 min)
-    python benchmarks/auto_scheduler.py --store-dir runs/a                  # keep the three stores
+    python benchmarks/auto_scheduler.py            # 3 runs of 12 x 48 = 576 trials per system (about 20 min on 2 cores)
+    python benchmarks/auto_scheduler.py --runs 1   # one run (about 6.5 min)
+    python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials, one run (about 4 min)
+    python benchmarks/auto_scheduler.py --store-dir runs/a                  # keep the stores (runs/a/run<i>/...)
     python benchmarks/auto_scheduler.py --store-dir runs/a --retime-only    # time them again, no tuning
-    python benchmarks/auto_scheduler.py --runs 3     # three runs (seeds 0, 1000, 2000), median ratios
 
-Single runs on a shared 2-core machine move the ratios by a few per cent (the same kernel can
-time 20 % apart minutes later); ``--runs`` gives the median of several.
+Single runs on a shared 2-core machine move the ratios by a few per cent (the same kernel timed
+0.58 ms while tuning and 0.72 ms minutes later), so the full benchmark tunes and times
+everything three times (seeds 0, 1000, 2000) and its last line gives the median ratios; each
+run's ratios are printed before it.
 
 Last line: ansor_vs_autotvm_net= gradient_vs_roundrobin= replay_ok=
 """
@@ -201,9 +203,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="4 layers, 16 trials per layer")
     parser.add_argument("--trials-per-task", type=int, help="budget per task (default 48, quick 16)")
-    parser.add_argument("--runs", type=int, default=1,
+    parser.add_argument("--runs", type=int,
                         help="tune and time everything this many times (seeds 0, 1000, ...); the last line gives "
-                             "the median ratios (default 1)")
+                             "the median ratios (default 3, quick 1)")
     parser.add_argument("--store-dir", help="keep the three systems' stores here (default: a temporary directory; "
                         "with --runs, one folder run<i> per run); with --retime-only, time the best kernels of "
                         "stores written before")
@@ -216,6 +218,7 @@ def main() -> None:
 
     if args.retime_only and not args.store_dir:
         parser.error("--retime-only needs --store-dir")
+    args.runs = args.runs or (1 if args.quick else 3)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     log("replaying the shared Ansor logs:")

@@ -243,8 +243,8 @@ class SketchSpace(MixedRadixSpace):
         function (a transfer seed): its sketch (matched by step skeleton), every tiling split
         the factorization of this extent whose inner tile lengths are nearest in log2 to the
         program's, its compute locations, unroll step and parallel depth (the depth whose
-        rendering fuses as many outer loops of each stage, else 16 iterations per core). None when its
-        steps fit no sketch here."""
+        rendering fuses as many outer loops of each stage, else 16 iterations per core).
+        None when its steps fit no sketch here."""
         steps = [list(step) for step in steps]
         for sketch_id, sketch in enumerate(self.sketches):
             if len(steps) < len(sketch.steps) or any(
@@ -260,7 +260,6 @@ class SketchSpace(MixedRadixSpace):
             unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
             positions[-2] = int(np.argmin([abs(math.log2(1 + u) - math.log2(1 + unroll)) for u in AUTO_UNROLL_STEPS]))
             fused = [(s[1], len(s[2])) for s in tail if s[0] == "FU"]
-            positions[-3] = PARALLEL_CHUNKS.index(16)
             for parallel in range(len(PARALLEL_CHUNKS)):
                 positions[-3] = parallel
                 rendered = self.get(self.index_of_knobs(positions))[len(sketch.steps):]

@@ -80,7 +80,7 @@ class KnobFeatures:
         if self.derive is None or rows.shape[1] != self.knob_width or self.knob_width == 0:
             return rows
         derived = np.asarray(self.derive(rows), dtype=float)
-        return np.concatenate([rows, derived.reshape(len(rows), -1) if derived.ndim != 2 else derived], axis=1)
+        return np.concatenate([rows, derived if derived.ndim == 2 else derived[:, None]], axis=1)
 
 
 class XGBTuner(Tuner):
