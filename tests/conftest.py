@@ -24,7 +24,6 @@ LAYER_OPS = {
 }
 
 
-
 def auto_scheduler_job(**changes) -> dict:
     """A small auto_scheduler tuning job (a fused dense layer, 8 random trials); ``changes`` override."""
     job = {"dialect": "auto_scheduler", "task_name": "dense_layer", "args": [8, 16, 16, True, True, F32],

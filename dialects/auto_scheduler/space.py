@@ -206,37 +206,42 @@ class SketchSpace(MixedRadixSpace):
         r = [level("R", i) for i in range(REDUCE_LEVELS)]
         return np.stack([*s, *r, s[1] + s[2] + s[3], s[2] + s[3], s[3] + r[-1]], axis=1)
 
+    def _sketch_of(self, steps: Sequence[Sequence[Any]]) -> int | None:
+        """The first sketch whose steps a program (of any workload of this function) starts
+        with, extents and split lengths aside; None when none fits."""
+        return next((sketch_id for sketch_id, sketch in enumerate(self.sketches)
+                     if len(steps) >= len(sketch.steps)
+                     and all(_skeleton(a) == _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False))), None)
+
     def features_of_steps(self, steps: Sequence[Sequence[Any]], args: Sequence[Any]) -> np.ndarray | None:
         """The feature row (as :meth:`knob_feature_tables` gives for a point) of a record of
         another workload of the same function, or None when its steps fit no sketch here."""
         steps = [list(step) for step in steps]
-        for sketch_id, sketch in enumerate(self.sketches):
-            if len(steps) < len(sketch.steps) or any(
-                    _skeleton(a) != _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False)):
+        sketch_id = self._sketch_of(steps)
+        if sketch_id is None:
+            return None
+        sketch = self.sketches[sketch_id]
+        row = [float(sketch_id)]
+        used = dict(zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True))
+        for k, tile in enumerate(self.tiles):
+            if k not in used:
+                row.extend([0.0] * tile.key[2])
                 continue
-            row = [float(sketch_id)]
-            used = dict(zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True))
-            for k, tile in enumerate(self.tiles):
-                if k not in used:
-                    row.extend([0.0] * tile.key[2])
-                    continue
-                step = steps[used[k]]
-                inner = math.prod(step[4])
-                if step[3] % inner:
-                    return None
-                row.extend(math.log2(v) for v in (step[3] // inner, *step[4]))
-            tail = steps[len(sketch.steps):]
-            locations = self._read_locations(sketch_id, tail)
-            if locations is None:
+            step = steps[used[k]]
+            inner = math.prod(step[4])
+            if step[3] % inner:
                 return None
-            for entity in locations:
-                row.extend(np.eye(len(LOCATIONS))[entity])
-            row.append(math.nan)  # the parallel knob depends on this workload's extents: unknown
-            unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
-            row.append(math.log2(1.0 + unroll))
-            row.extend(shape_features(args))
-            return np.array(row, dtype=float)
-        return None
+            row.extend(math.log2(v) for v in (step[3] // inner, *step[4]))
+        tail = steps[len(sketch.steps):]
+        locations = self._read_locations(sketch_id, tail)
+        if locations is None:
+            return None
+        for entity in locations:
+            row.extend(np.eye(len(LOCATIONS))[entity])
+        row.append(math.nan)  # the parallel knob depends on this workload's extents: unknown
+        row.append(math.log2(1.0 + _unroll_step(tail)))
+        row.extend(shape_features(args))
+        return np.array(row, dtype=float)
 
     def nearest_point(self, steps: Sequence[Sequence[Any]]) -> int | None:
         """The point of this space closest to a program of another workload of the same
@@ -246,29 +251,28 @@ class SketchSpace(MixedRadixSpace):
         rendering fuses as many outer loops of each stage, else 16 iterations per core).
         None when its steps fit no sketch here."""
         steps = [list(step) for step in steps]
-        for sketch_id, sketch in enumerate(self.sketches):
-            if len(steps) < len(sketch.steps) or any(
-                    _skeleton(a) != _skeleton(b) for a, b in zip(steps, sketch.steps, strict=False)):
-                continue
-            tail = steps[len(sketch.steps):]
-            locations = self._read_locations(sketch_id, tail) or [LOCATIONS.index("root")] * len(self.located)
-            positions = [sketch_id] + [0] * len(self.tiles) + locations + [0, 0, 0]
-            for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
-                wanted = np.log2(np.maximum(np.array(steps[step_index][4], dtype=float), 1.0))
-                table = self._log_entities[k][:, 1:]
-                positions[1 + k] = int(np.argmin(np.abs(table - wanted).sum(axis=1)))
-            unroll = next((int(str(s[3]).split("$")[1]) for s in tail if s[0] == "PR"), 0)
-            positions[-2] = int(np.argmin([abs(math.log2(1 + u) - math.log2(1 + unroll)) for u in AUTO_UNROLL_STEPS]))
-            fused = [(s[1], len(s[2])) for s in tail if s[0] == "FU"]
-            for parallel in range(len(PARALLEL_CHUNKS)):
-                positions[-3] = parallel
-                rendered = self.get(self.index_of_knobs(positions))[len(sketch.steps):]
-                if [(s[1], len(s[2])) for s in rendered if s[0] == "FU"] == fused:
-                    break
-            else:
-                positions[-3] = PARALLEL_CHUNKS.index(16)
-            return self.index_of_knobs(positions)
-        return None
+        sketch_id = self._sketch_of(steps)
+        if sketch_id is None:
+            return None
+        sketch = self.sketches[sketch_id]
+        tail = steps[len(sketch.steps):]
+        locations = self._read_locations(sketch_id, tail) or [LOCATIONS.index("root")] * len(self.located)
+        positions = [sketch_id] + [0] * len(self.tiles) + locations + [0, 0, 0]
+        for k, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
+            wanted = np.log2(np.maximum(np.array(steps[step_index][4], dtype=float), 1.0))
+            table = self._log_entities[k][:, 1:]
+            positions[1 + k] = int(np.argmin(np.abs(table - wanted).sum(axis=1)))
+        unroll = math.log2(1 + _unroll_step(tail))
+        positions[-2] = int(np.argmin([abs(math.log2(1 + u) - unroll) for u in AUTO_UNROLL_STEPS]))
+        fused = [(s[1], len(s[2])) for s in tail if s[0] == "FU"]
+        for parallel in range(len(PARALLEL_CHUNKS)):
+            positions[-3] = parallel
+            rendered = self.get(self.index_of_knobs(positions))[len(sketch.steps):]
+            if [(s[1], len(s[2])) for s in rendered if s[0] == "FU"] == fused:
+                break
+        else:
+            positions[-3] = PARALLEL_CHUNKS.index(16)
+        return self.index_of_knobs(positions)
 
     # ------------------------------------------------------------ evolution
     def sample(self, rng: np.random.Generator) -> int:
@@ -322,7 +326,7 @@ class SketchSpace(MixedRadixSpace):
                     positions[1 + k] = self._entity_index[k][(outer, *step[4])]
             except (KeyError, TypeError, ZeroDivisionError):
                 continue
-            unroll = next((int(str(s[3]).split("$")[1]) for s in steps[len(sketch.steps):] if s[0] == "PR"), 0)
+            unroll = _unroll_step(steps[len(sketch.steps):])
             if unroll not in AUTO_UNROLL_STEPS:
                 continue
             positions[-2] = AUTO_UNROLL_STEPS.index(unroll)
@@ -353,6 +357,11 @@ def move_factor(entities: Sequence[tuple[int, ...]], entity_index: dict[tuple[in
         if found is not None:
             return found
     return _other(position, len(entities), rng)
+
+
+def _unroll_step(steps: Sequence[Sequence[Any]]) -> int:
+    """The ``auto_unroll_max_step`` value of a program's first unroll pragma (0 without one)."""
+    return next((int(str(step[3]).split("$")[1]) for step in steps if step[0] == "PR"), 0)
 
 
 def _shape(step: Sequence[Any]) -> list[Any]:

@@ -144,40 +144,42 @@ def history_from_store(store: Any, workload_key: str, target: str) -> list[Tunin
     return [TuningRecord.from_row(row) for row in table.to_pylist()]
 
 
-def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: str,
-                     limit: int = 4000) -> tuple[np.ndarray, np.ndarray]:
-    """(features, normalized throughput) of valid records of other workloads of the same
-    function on the target's family; throughput is normalized per workload (best = 1)."""
+def transfer_rows(store: Any, workload_key: str, target: str, limit: int = 4000) -> list[dict[str, Any]]:
+    """Valid records (as rows: workload_key, args, config, costs) of other workloads of the
+    same function on the target's family, the newest ``limit`` records scanned."""
     from lorien.target import parse_target
 
     name, _ = registry.parse_workload_key(workload_key)
     table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
                                 "target_key": parse_target(target).alternate_key},
                        columns=["workload_key", "args", "config", "costs", "error_no"])
+    return [row for row in table.to_pylist()[-limit:]
+            if row["workload_key"] != workload_key and row["error_no"] == 0 and row["costs"]]
+
+
+def transfer_history(store: Any, space: SketchSpace, workload_key: str, target: str, limit: int = 4000,
+                     rows: Sequence[dict[str, Any]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(features, normalized throughput) of valid records of other workloads of the same
+    function on the target's family (``rows``: :func:`transfer_rows`, read from ``store`` when
+    not given); throughput is normalized per workload (best = 1)."""
+    rows = transfer_rows(store, workload_key, target, limit) if rows is None else rows
     per_workload: dict[str, list[tuple[np.ndarray, float]]] = {}
-    for row in table.to_pylist()[-limit:]:
-        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
-            continue
+    for row in rows:
         features = space.features_of_steps(orjson.loads(row["config"]), orjson.loads(row["args"]))
         if features is not None:
             per_workload.setdefault(row["workload_key"], []).append((features, 1.0 / float(np.mean(row["costs"]))))
     return history_by_workload(per_workload, sum(table_.shape[1] for table_ in space.knob_feature_tables()))
 
 
-def transfer_seeds(store: Any, space: SketchSpace, workload_key: str, target: str, limit: int = 4000) -> list[int]:
+def transfer_seeds(store: Any, space: SketchSpace, workload_key: str, target: str, limit: int = 4000,
+                   rows: Sequence[dict[str, Any]] | None = None) -> list[int]:
     """Points of this workload's space nearest to the best valid program of every other
-    workload of the same function on the target's family (:meth:`SketchSpace.nearest_point`),
-    the workloads of the closest shapes first; a program that fits no sketch here is skipped."""
-    from lorien.target import parse_target
-
-    name, _ = registry.parse_workload_key(workload_key)
-    table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
-                                "target_key": parse_target(target).alternate_key},
-                       columns=["workload_key", "args", "config", "costs", "error_no"])
+    workload of the same function on the target's family (:meth:`SketchSpace.nearest_point`;
+    ``rows`` as for :func:`transfer_history`), the workloads of the closest shapes first; a
+    program that fits no sketch here is skipped."""
+    rows = transfer_rows(store, workload_key, target, limit) if rows is None else rows
     best: dict[str, tuple[float, str, str]] = {}
-    for row in table.to_pylist()[-limit:]:
-        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
-            continue
+    for row in rows:
         cost = float(np.mean(row["costs"]))
         if row["workload_key"] not in best or cost < best[row["workload_key"]][0]:
             best[row["workload_key"]] = (cost, row["args"], row["config"])
@@ -229,10 +231,10 @@ def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | 
         if history is None:
             history = history_from_store(store, workload_key, target) if store is not None else []
         if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
-            features, scores = transfer_history(store, space, workload_key, target)
-            tuner.load_history(features, scores)
+            rows = transfer_rows(store, workload_key, target)  # one scan for the model and the seeds
+            tuner.load_history(*transfer_history(store, space, workload_key, target, rows=rows))
             if hasattr(tuner, "add_seeds"):
-                tuner.add_seeds(transfer_seeds(store, space, workload_key, target))
+                tuner.add_seeds(transfer_seeds(store, space, workload_key, target, rows=rows))
         history = [*history, *resume]
         measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
         resumed = _resume(tuner, space, history)

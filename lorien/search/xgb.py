@@ -181,14 +181,14 @@ class XGBTuner(Tuner):
 
     def _make_plan(self) -> list[int]:
         seeds = self._seeded()
+        first, rest = seeds[: self.seed_quota], seeds[self.seed_quota:]  # measured in this plan; search starts
         if self.booster_ is None:
-            return (seeds[: self.seed_quota] + [i for i in sample_unvisited(self, self.plan_size)
-                                                if i not in seeds])[: self.plan_size]
+            return (first + [i for i in sample_unvisited(self, self.plan_size) if i not in seeds])[: self.plan_size]
         n_random = int(math.ceil(self.epsilon * self.plan_size))
         best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                                key=self.measured.__getitem__)[:16]
-        best_measured += seeds[self.seed_quota:]
-        wanted = self.plan_size - n_random - min(self.seed_quota, len(seeds))
+        best_measured += rest
+        wanted = self.plan_size - n_random - len(first)
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
         if self.optimizer == "evolution":
             chosen = evolve(self.space, self.predict, pool, self.rng, exclude=self.visited, starts=best_measured,
@@ -200,7 +200,7 @@ class XGBTuner(Tuner):
         if self.rerank_booster_ is not None and chosen:
             scores = self._predict_full(np.array(chosen, dtype=np.int64))
             chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]
-        chosen = seeds[: self.seed_quota] + [i for i in chosen if i not in seeds[: self.seed_quota]]
+        chosen = first + [i for i in chosen if i not in first]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
