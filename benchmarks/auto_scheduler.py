@@ -26,7 +26,7 @@ whose steps replay into a kernel matching NumPy / records whose workload is regi
 
     python benchmarks/auto_scheduler.py            # 3 runs of 12 x 48 = 576 trials per system (about 20 min on 2 cores)
     python benchmarks/auto_scheduler.py --runs 1   # one run (about 6.5 min)
-    python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials, one run (about 4 min)
+    python benchmarks/auto_scheduler.py --quick    # 4 layers, 4 x 16 = 64 trials, one run (about 1 min; a smoke run, too few trials for the goals)
     python benchmarks/auto_scheduler.py --store-dir runs/a                  # keep the stores (runs/a/run<i>/...)
     python benchmarks/auto_scheduler.py --store-dir runs/a --retime-only    # time them again, no tuning
 
