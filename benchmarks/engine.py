@@ -284,8 +284,8 @@ CONV_JOB = {"dialect": "autotvm", "task_name": "conv2d_NCHWc.x86",
 
 def bench_tuner(job: dict, trials: int) -> float:
     """Candidates per second through the autotvm tuner, committing to a fresh store."""
-    from dialects.autotvm.tuning import tune_job
     from lorien.target import host_target
+    from lorien.tune.loop import tune_job
 
     base = {**job, "target": host_target().canonical, "tuner": "random", "batch_size": 8,
             "measure": {"number": 1, "repeat": 3, "min_repeat_ms": 0}}

@@ -69,7 +69,7 @@ def make_jobs(count: int, real: bool, log_dir: Path, trials: int, sleep_s: float
                  "args": [["TENSOR", [16, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
                  "target": "llvm", "tuner": "random", "trials": 2, "seed": index} for index in range(count)]
     return [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 16, 16], "target": "llvm",
-             "trials": trials, "measure": {"sleep_s": sleep_s, "log_dir": str(log_dir)}}
+             "trials": trials, "batch_size": 1, "measure": {"sleep_s": sleep_s, "log_dir": str(log_dir)}}
             for index in range(count)]
 
 
@@ -230,7 +230,7 @@ def run_midjob_kills(count: int, workdir: Path, sleep_s: float) -> dict[str, Any
     log_dir.mkdir()
     crash_dir.mkdir()
     jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 16, 16], "target": "llvm", "trials": 8,
-             "measure": {"sleep_s": sleep_s, "log_dir": str(log_dir), "crash_once_dir": str(crash_dir)}}
+             "batch_size": 1, "measure": {"sleep_s": sleep_s, "log_dir": str(log_dir), "crash_once_dir": str(crash_dir)}}
             for index in range(count)]
     summary = run_jobs(jobs, store_uri=store_uri, runner=synthetic_runner, workers=2, measure_slots=2,
                        log=lambda message: None)

@@ -11,7 +11,6 @@ import logging
 import warnings
 from typing import Any
 
-from lorien.errors import DialectError
 from lorien.record import TuningRecord
 from lorien.warehouse import Store, open_store
 
@@ -54,13 +53,8 @@ def compile_from_warehouse(workload_key: str, target: str, store: Store | str | 
     try:
         record = best_record(workload_key, target, opened, exact=exact, by_alternate_key=by_alternate_key)
         name = record.dialect if record is not None else dialect or dialect_of_workload_key(workload_key)
-        builder = getattr(get_dialect(name), "compile_record", None)
-        if builder is None:
-            raise DialectError(f"dialect {name!r} cannot compile kernels from records")
         if record is not None:
-            # A dialect whose records name their workload by hash reads the entry from the store.
-            extra = {"store": opened} if getattr(get_dialect(name), "compile_reads_store", False) else {}
-            kernel = builder(record, target=target, **extra)
+            kernel = get_dialect(name).compile_record(record, target=target, store=opened)
             kernel.from_warehouse, kernel.record, kernel.fallback_reason = True, record, ""
             return kernel
     finally:

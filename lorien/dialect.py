@@ -9,17 +9,31 @@ a dialect package by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorien.errors import DialectError, WorkloadError
 from lorien.record import TuningRecord
 
+if TYPE_CHECKING:
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import TuneContext
+
 ENTRY_POINT_GROUP = "lorien.dialects"
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One option a dialect declares for its jobs: its default, the types it accepts, and what
+    it does (shown in errors)."""
+
+    default: Any
+    types: type | tuple[type, ...]
+    help: str = ""
 
 
 class Dialect(ABC):
@@ -27,9 +41,9 @@ class Dialect(ABC):
 
     #: Short name stored in every record's ``dialect`` field.
     name: str = ""
-    #: Whether ``tune`` continues from the store's records of the job's workload without
-    #: measuring them again (what the task scheduler's rounds need).
-    resumes_from_store: bool = False
+    #: Options this dialect's jobs may set besides the common ones (:mod:`lorien.tune.job`),
+    #: with their defaults; the tuning YAML and job files accept them, and no other dialect's.
+    job_options: Mapping[str, JobOption] = {}
 
     @abstractmethod
     def record_formats(self) -> list[str]:
@@ -51,26 +65,30 @@ class Dialect(ABC):
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name
 
-    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-        """Tune one job (a workload, tuner and ``trials`` budget); return the records measured.
+    def check_job(self, job: TuneJob) -> None:
+        """Check a job's workload and options beyond their types (DialectError names what is
+        wrong); called when the job is read, before anything is measured."""
+        return None
 
-        Options the core passes (docs/orchestration.md, "Resume: the dialect contract"):
-
-        - ``resume``: the job's measurements committed before (by a killed attempt, or by an
-          earlier run into the same store), one record per config, oldest first. Replay them
-          into the tuner -- it never proposes them again, a model-based tuner is trained on them
-          before its first proposal -- count them as trials of the budget, and measure only the
-          rest; return only what was measured now. Where they do not fit the job's search
-          space, raise a DialectError naming the record.
-        - ``on_batch(progress, records)``: called after each measured batch, before the next is
-          proposed, with a :class:`lorien.tune.progress.TuneProgress` (``trials`` counting the
-          ``resumed`` ones) and that batch's records -- and once with no records after replaying
-          ``resume``, if anything was. The orchestration layer commits there.
-        - ``commit``: commit each batch to ``store_uri`` as it is measured (default True);
-          False under a job manager, which commits in ``on_batch``.
-        - ``source``: the ``source`` of the records (the job's ``lorien-job:<id>`` tag).
-        """
+    def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
+        """What the one tuning loop (:mod:`lorien.tune.loop`) needs to tune ``job``: the space, a
+        tuner over it, how candidates are measured and become records. ``store`` (an open store,
+        or None) is where transfer history and seeds may be read from; the loop itself replays
+        the workload's own records."""
         raise DialectError(f"dialect {self.name!r} cannot tune")
+
+    def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+        """(task_name, args) of a tuning-YAML op shorthand (``dense: {M: .., N: .., K: ..}``)."""
+        raise DialectError(f"dialect {self.name!r} has no op shorthands; give task_name and args")
+
+    def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None) -> Any:
+        """A kernel (:class:`lorien.engine.Kernel`) built with a stored record's config; ``store``
+        is where a record that names its workload by reference finds it."""
+        raise DialectError(f"dialect {self.name!r} cannot compile records")
+
+    def compile_default(self, workload_key: str, target: str | None = None) -> Any:
+        """A kernel of a workload built with a default (untuned) schedule."""
+        raise DialectError(f"dialect {self.name!r} has no default schedule for {workload_key}")
 
     def write_log(self, records: list[TuningRecord], log_format: str, path: str | Path,
                   workloads: Mapping[str, str] | None = None, **options: Any) -> int:

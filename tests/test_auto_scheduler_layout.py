@@ -16,12 +16,12 @@ from dialects.auto_scheduler.layout import layout_free_placeholders
 from dialects.auto_scheduler.records import layout_rewritten
 from dialects.auto_scheduler.space import SketchSpace
 from dialects.auto_scheduler.steps import replay_steps
-from dialects.auto_scheduler.tuning import tune_job
 from lorien.engine import build
 from lorien.engine.arrays import Packing
 from lorien.engine.build import KernelArgumentError
 from lorien.errors import ConfigError
 from lorien.tune.config import parse_tune_config
+from lorien.tune.loop import tune_job
 from lorien.warehouse import open_store
 
 #: SSRSRS tiling of the conv's accumulator (n, y, x, k | ry, rx, rc), fused into the epilogue:
@@ -144,7 +144,7 @@ def test_layout_rewrite_can_be_turned_off_and_is_an_auto_scheduler_option(store_
     workloads = [{"dense": {"M": 4, "N": 8, "K": 8}}]
     with pytest.raises(ConfigError, match="'layout_rewrite' must be true or false"):
         parse_tune_config({"dialect": "auto_scheduler", "layout_rewrite": "yes", "workloads": workloads})
-    with pytest.raises(ConfigError, match="'layout_rewrite' is an auto_scheduler option"):
+    with pytest.raises(ConfigError, match="'layout_rewrite' is an option of auto_scheduler"):
         parse_tune_config({"dialect": "autotvm", "layout_rewrite": True, "workloads": workloads})
 
 

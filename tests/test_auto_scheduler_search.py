@@ -17,10 +17,10 @@ from dialects.auto_scheduler.compile import check_kernel, compile_default
 from dialects.auto_scheduler.sketch import LOCATIONS
 from dialects.auto_scheduler.space import DERIVED_FEATURES, SketchSpace, factorizations
 from dialects.auto_scheduler.steps import replay_steps
-from dialects.auto_scheduler.tuning import tune_job
 from lorien.engine import build
 from lorien.errors import ConfigError
 from lorien.formats import read_log
+from lorien.tune.loop import tune_job
 from lorien.warehouse import open_store
 
 OPS = LAYER_OPS
@@ -201,7 +201,7 @@ def test_the_model_learns_from_other_workloads_of_the_same_function(store_uri):
 
 
 def test_autotvm_only_options_are_refused():
-    with pytest.raises(ConfigError, match="'warm_start_model' is an autotvm option"):
+    with pytest.raises(ConfigError, match="'warm_start_model' is an option of autotvm"):
         tune_job(_job(warm_start_model="models/dense"), None)
 
 

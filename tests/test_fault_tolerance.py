@@ -46,7 +46,7 @@ def _sleepy_jobs(tmp_path, sleep_s: float) -> list[dict]:
     """Eight small synthetic jobs that log each execution under tmp_path/logs; written to jobs.json."""
     (tmp_path / "logs").mkdir()
     jobs = [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 8, 8], "target": "llvm",
-             "trials": 3, "measure": {"sleep_s": sleep_s, "log_dir": str(tmp_path / "logs")}}
+             "trials": 3, "batch_size": 1, "measure": {"sleep_s": sleep_s, "log_dir": str(tmp_path / "logs")}}
             for index in range(8)]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     return jobs

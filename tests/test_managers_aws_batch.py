@@ -22,7 +22,7 @@ from lorien.tune.trace import read_trace
 from lorien.warehouse import open_store
 from lorien.warehouse.archive import read_text_uri
 
-JOB = {"dialect": "autotvm", "task_name": "dense", "args": [4, 8, 8], "target": "llvm", "trials": 2}
+JOB = {"dialect": "autotvm", "task_name": "dense", "args": [4, 8, 8], "target": "llvm", "trials": 2, "batch_size": 1}
 REAL_JOB = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
             "args": [["TENSOR", [16, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
             "target": "llvm", "tuner": "random", "trials": 2}

@@ -26,7 +26,7 @@ DENSE_JOB = {"dialect": "autotvm", "task_name": "dense.x86",
 def synthetic_jobs(count: int, tmp_path: Path, **measure: object) -> list[dict]:
     (tmp_path / "logs").mkdir(exist_ok=True)
     return [{"dialect": "autotvm", "task_name": "dense", "args": [index + 1, 16, 16], "target": "llvm",
-             "trials": 3, "measure": {"log_dir": str(tmp_path / "logs"), **measure}}
+             "trials": 3, "batch_size": 1, "measure": {"log_dir": str(tmp_path / "logs"), **measure}}
             for index in range(count)]
 
 

@@ -18,10 +18,11 @@ from dialects.auto_scheduler import registry
 from dialects.meta_schedule.compile import check_kernel, replay_database
 from dialects.meta_schedule.space import TraceSpace
 from dialects.meta_schedule.trace import replay_trace
-from dialects.meta_schedule.tuning import tune_dag, tune_job
+from dialects.meta_schedule.tuning import tune_dag
 from lorien.cli import main
 from lorien.dialect import get_dialect
 from lorien.engine.build import build
+from lorien.tune.loop import tune_job
 from lorien.warehouse import open_store
 
 OPS = {op: case for op, case in LAYER_OPS.items() if not op.startswith("depthwise")}  # what this dialect tunes
@@ -101,7 +102,7 @@ def test_any_computation_in_the_dsl_tunes(store_uri):
     c = te.compute((16, 24), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
     progress = tune_dag(ComputeDAG([a, b, c]), {"trials": 4, "batch_size": 4, "measure": MEASURE}, store_uri)
     assert progress.trials == 4 and math.isfinite(progress.best_cost_s)
-    assert progress.records[0].task_name == "C" and progress.records[0].source == "lorien meta_schedule"
+    assert progress.records[0].task_name == "C" and progress.records[0].source.startswith("lorien-job:")
 
 
 def test_tuning_again_measures_no_trace_twice(store_uri):
@@ -134,7 +135,7 @@ def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, stor
 
 def test_exporting_workloads_tuned_here_without_tvm_names_them_and_writes_nothing(tmp_path, store_uri, shared_data,
                                                                                   monkeypatch, capsys):
-    job = {"task_name": "dense_layer", "args": [4, 8, 16, False, False, F32], "target": "llvm", "trials": 2,
+    job = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [4, 8, 16, False, False, F32], "target": "llvm", "trials": 2,
            "batch_size": 2, "measure": MEASURE, "tuner": "random"}
     key = tune_job(job, store_uri).records[0].workload_key
     assert main(["ingest", str(shared_data / "meta_schedule" / "matmul_128"), "--store", store_uri]) == 0

@@ -52,16 +52,16 @@ def test_records_tuned_here_become_a_json_database_tvm_loads_and_compiles(tmp_pa
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
 
     from dialects.meta_schedule.compile import workload_dag
-    from dialects.meta_schedule.tuning import tune_job
     from dialects.meta_schedule.tvm_database import tvm_module_of, write_tvm_database
     from lorien.formats.meta_schedule import pair_paths
+    from lorien.tune.loop import tune_job
 
     measure = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
     records = []
     for task_name, args in (("dense_layer", [8, 16, 16, True, True, "float32"]),
                             ("conv2d_nhwc_layer", [1, 4, 6, 6, 8, 3, 3, [1, 1], [1, 1], [1, 1], False, False,
                                                    "float32"])):
-        job = {"task_name": task_name, "args": args, "target": "llvm", "trials": 6, "batch_size": 6,
+        job = {"dialect": "meta_schedule", "task_name": task_name, "args": args, "target": "llvm", "trials": 6, "batch_size": 6,
                "measure": measure, "tuner": "random"}
         records += tune_job(job, store_uri).records
     assert write_tvm_database(records, tmp_path / "db") == 12

@@ -179,11 +179,17 @@ def test_a_network_runs_on_the_dask_manager(tmp_path, store_uri):
     assert summary.trials == 8 and not summary.failures and math.isfinite(summary.latency_s)
 
 
-def test_the_task_scheduler_needs_a_dialect_that_resumes_from_the_warehouse(tmp_path, store_uri):
-    path = _network(tmp_path, dialect="autotvm", workloads=[{"dense": {"M": 2, "N": 8, "K": 8}}])
+@pytest.mark.parametrize("dialect", ["autotvm", "meta_schedule"])
+def test_the_task_scheduler_tunes_every_dialect_in_rounds_without_measuring_a_config_twice(tmp_path, store_uri,
+                                                                                          dialect):
+    path = _network(tmp_path, dialect=dialect, task_scheduler={"strategy": "round-robin", "trials": 8,
+                                                                "round_trials": 4},
+                    workloads=[{"name": "fc", "dense": {"M": 2, "N": 16, "K": 16}}])
     config = parse_tune_config(yaml.safe_load(path.read_text()))
-    with pytest.raises(ConfigError, match="dialect 'autotvm' cannot"):
-        tune_network(config, config.task_scheduler, store_uri, progress=False)
+    summary = tune_network(config, config.task_scheduler, store_uri, log_dir=tmp_path / "logs", progress=False)
+    configs = _configs(store_uri)
+    assert summary.trials == 8 and len(configs) == 8  # two rounds of one task
+    assert len(set(configs)) == 8  # the second round resumed from the first one's records
 
 
 @pytest.mark.parametrize(("changes", "message"), [

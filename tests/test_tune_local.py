@@ -17,6 +17,7 @@ import yaml
 from lorien.errors import ConfigError
 from lorien.formats import read_log
 from lorien.tune.config import load_tune_config, parse_tune_config
+from lorien.tune.loop import tune_job
 from lorien.warehouse import open_store
 
 TINY_DENSE = {"dense": {"M": 16, "N": 16, "K": 16}}
@@ -79,15 +80,13 @@ def test_interrupted_tune_keeps_every_record_it_measured(tmp_path, store_uri):
     assert len(stored) < 400
 
 
-def test_dialect_tune_runs_a_team_job_dict_and_commits_each_batch(store_uri):
-    from lorien.dialect import get_dialect
-
+def test_the_tuning_loop_runs_a_team_job_dict_and_commits_each_batch(store_uri):
     job = {"dialect": "autotvm", "task_name": "dense_pack.x86",
            "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
            "target": "llvm", "tuner": "ga", "trials": 6, "measure": MEASURE, "commit_nbest": 2, "seed": 1,
            "batch_size": 3}
     batches = []
-    records = list(get_dialect("autotvm").tune(job, store_uri, on_batch=lambda p, r: batches.append(len(r))))
+    records = tune_job(job, store_uri, on_batch=lambda p, r: batches.append(len(r))).records
     assert batches == [3, 3]
     assert len(records) == 6 and all(r.target_key == "llvm_cpu" for r in records)
     with open_store(store_uri) as store:
@@ -102,14 +101,11 @@ RESUME_JOB = {"dialect": "autotvm", "task_name": "dense_pack.x86",
 
 
 def test_a_resumed_job_measures_only_the_rest_of_its_budget_and_no_config_twice(store_uri):
-    from lorien.dialect import get_dialect
-
-    dialect = get_dialect("autotvm")
-    first = list(dialect.tune(RESUME_JOB, None, commit=False))
+    first = tune_job(RESUME_JOB, None, commit=False).records
     seen = []
-    rest = list(dialect.tune(RESUME_JOB, store_uri, resume=first[:4],
-                             on_batch=lambda progress, records: seen.append((progress.trials, progress.resumed,
-                                                                             len(records)))))
+    rest = tune_job(RESUME_JOB, store_uri, resume=first[:4],
+                    on_batch=lambda progress, records: seen.append((progress.trials, progress.resumed,
+                                                                    len(records)))).records
     assert seen == [(4, 4, 0), (6, 4, 2)]
     assert len(rest) == 2
     assert {r.config for r in rest}.isdisjoint(r.config for r in first[:4])
@@ -118,7 +114,6 @@ def test_a_resumed_job_measures_only_the_rest_of_its_budget_and_no_config_twice(
 
 
 def test_a_job_resumed_with_its_whole_budget_measures_nothing(store_uri):
-    from dialects.autotvm.tuning import tune_job
 
     first = tune_job(RESUME_JOB, None, commit=False).records
     again = tune_job(RESUME_JOB, store_uri, resume=first)
@@ -127,11 +122,10 @@ def test_a_job_resumed_with_its_whole_budget_measures_nothing(store_uri):
 
 
 def test_records_that_do_not_fit_the_jobs_space_are_refused_naming_them(shared_data):
-    from dialects.autotvm.tuning import tune_job
     from lorien.errors import DialectError
 
     foreign = read_log(shared_data / "tophub" / "llvm_v0.04.log").records[0]
-    with pytest.raises(DialectError, match=f"record {foreign.record_id} of this job does not fit the space"):
+    with pytest.raises(DialectError, match=f"record {foreign.record_id} of dense_pack.x86 does not fit its search"):
         tune_job(RESUME_JOB, None, commit=False, resume=[foreign])
 
 
@@ -209,12 +203,11 @@ def test_sample_configs_parse():
 
 def test_compile_from_warehouse_uses_the_best_record(store_uri):
     import lorien
-    from lorien.dialect import get_dialect
 
     job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
            "args": [["TENSOR", [8, 16], "float32"], ["TENSOR", [12, 16], "float32"], None, "float32"],
            "target": "llvm", "tuner": "random", "trials": 4, "measure": MEASURE, "batch_size": 4}
-    records = list(get_dialect("autotvm").tune(job, store_uri))
+    records = tune_job(job, store_uri).records
     best = min((r for r in records if r.is_valid), key=lambda r: r.cost_s)
     kernel = lorien.compile(best.workload_key, "llvm", store=store_uri)
     assert kernel.from_warehouse and kernel.record.record_id == best.record_id
@@ -228,13 +221,12 @@ def test_compile_from_warehouse_uses_the_best_record(store_uri):
 def test_compile_follows_the_query_target_rule(store_uri):
     import lorien
     from lorien.build import FallbackScheduleWarning
-    from lorien.dialect import get_dialect
     from lorien.target import host_target
 
     job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
            "args": [["TENSOR", [4, 8], "float32"], ["TENSOR", [4, 8], "float32"], None, "float32"],
            "target": host_target().canonical, "tuner": "random", "trials": 2, "measure": MEASURE, "batch_size": 2}
-    records = list(get_dialect("autotvm").tune(job, store_uri))
+    records = tune_job(job, store_uri).records
     key = records[0].workload_key
     assert lorien.compile(key, "llvm", store=store_uri).record.target == host_target().canonical
     with pytest.warns(FallbackScheduleWarning):
@@ -247,12 +239,11 @@ def test_compile_follows_the_query_target_rule(store_uri):
 def test_tuning_for_another_cpu_measures_its_code_and_records_its_build(store_uri):
     import json
 
-    from lorien.dialect import get_dialect
 
     job = {"dialect": "autotvm", "task_name": "dense_nopack.x86",
            "args": [["TENSOR", [4, 16], "float32"], ["TENSOR", [16, 16], "float32"], None, "float32"],
            "target": "llvm -mcpu=haswell -num-cores=1", "tuner": "random", "trials": 2, "measure": MEASURE}
-    records = list(get_dialect("autotvm").tune(job, store_uri))
+    records = tune_job(job, store_uri).records
     assert {r.error_no for r in records} == {0}
     assert {r.target for r in records} == {"llvm -keys=cpu -mcpu=haswell -num-cores=1"}
     build = json.loads(records[0].build)
@@ -283,7 +274,7 @@ def test_query_build_flag_builds_the_default_schedule_when_the_store_is_empty(st
 
 def test_xgb_transfer_reads_same_template_records_normalized_per_workload(store_uri):
     from dialects.autotvm.templates import instantiate
-    from dialects.autotvm.tuning import transfer_history, tune_job
+    from dialects.autotvm.tuning import transfer_history
 
     def dense_job(m):
         return {"dialect": "autotvm", "task_name": "dense_pack.x86", "target": "llvm", "tuner": "random",
@@ -342,7 +333,6 @@ def dense_cost_model(tmp_path_factory) -> Path:
 
 def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cost_model, store_uri):
     from dialects.autotvm.templates import instantiate
-    from dialects.autotvm.tuning import tune_job
     from lorien.costmodel import load_cost_model
     from lorien.search import create
 
@@ -362,13 +352,12 @@ def test_warm_started_xgb_job_measures_what_the_model_ranks_high_first(dense_cos
 
 
 def test_warm_start_model_needs_the_xgb_tuner(dense_cost_model):
-    from dialects.autotvm.tuning import tune_job
 
     job = {"task_name": "dense_pack.x86", "args": dense_args(16, 96, 64), "tuner": "random", "trials": 2,
            "warm_start_model": str(dense_cost_model)}
     with pytest.raises(ConfigError, match="warm_start_model needs tuner 'xgb'"):
         tune_job(job, None)
-    with pytest.raises(ConfigError, match="'warm_start_model' needs tuner 'xgb'"):
+    with pytest.raises(ConfigError, match=r"workloads\[0\]: warm_start_model needs tuner 'xgb'"):
         parse_tune_config({"tuner": "ga", "warm_start_model": "m", "workloads": [TINY_DENSE]})
     assert parse_tune_config({"tuner": "xgb", "warm_start_model": "m",
                               "workloads": [TINY_DENSE]}).jobs[0]["warm_start_model"] == "m"

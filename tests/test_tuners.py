@@ -226,7 +226,7 @@ def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct(st
     distinct configs, all valid, and its best is the fastest record it measured. Whether it
     beats random search is asserted on the noise-free landscape above: timings on a shared
     machine are too noisy for a comparison of tuners."""
-    from dialects.autotvm.tuning import tune_job
+    from lorien.tune.loop import tune_job
 
     job = {"task_name": "dense_pack.x86", "target": "llvm", "trials": 24, "batch_size": 8,
            "args": [["TENSOR", [64, 128], "float32"], ["TENSOR", [128, 128], "float32"], None, "float32"],

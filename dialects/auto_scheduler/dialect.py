@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dialects.auto_scheduler import features
-from lorien.dialect import AppliedConfig, Dialect
+from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.errors import WorkloadError
 from lorien.record import TuningRecord
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
+
+if TYPE_CHECKING:
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import TuneContext
 
 
 class AutoSchedulerDialect(Dialect):
     """Auto-scheduler (Ansor): template-free schedules as transform steps, JSON-line records."""
 
     name = "auto_scheduler"
-    resumes_from_store = True
+    job_options = {
+        "transfer": JobOption(True, bool, "xgb tuner: learn from and seed with the store's records of the "
+                                          "same function's other workloads"),
+        "layout_rewrite": JobOption(True, bool, "measure with the weights packed as the loops read them"),
+    }
 
     def record_formats(self) -> list[str]:
         return ["ansor"]
@@ -62,7 +68,7 @@ class AutoSchedulerDialect(Dialect):
 
         return expand_workload(op, params)
 
-    def compile_record(self, record: TuningRecord, target: str | None = None):
+    def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built by replaying a stored record's steps."""
         from dialects.auto_scheduler.compile import compile_record
 
@@ -86,17 +92,8 @@ class AutoSchedulerDialect(Dialect):
 
         return apply_steps(workload_key, config, **options)
 
-    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-        """Tune one job template-free; each measured batch is committed to ``store_uri``.
+    def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
+        """The sketch space of the workload's DAG and the job's tuner (:mod:`dialects.auto_scheduler.tuning`)."""
+        from dialects.auto_scheduler.tuning import tuning_context
 
-        Options: ``log_path`` (Ansor log to append to), ``on_batch(progress, records)``,
-        ``source`` (tag of the records), ``commit`` (default True), ``resume`` (the job's
-        earlier measurements, counted against its budget).
-        """
-        from dialects.auto_scheduler.tuning import tune_job
-
-        log_path = options.get("log_path")
-        progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
-                            on_batch=options.get("on_batch"), source=options.get("source"),
-                            commit=options.get("commit", True), resume=options.get("resume") or ())
-        return progress.records
+        return tuning_context(job, store)

@@ -1,13 +1,11 @@
-"""Tune one auto-scheduler job: sketches of the workload's DAG, a tuner over their space,
-candidates built and measured by the engine, records streamed out batch by batch.
+"""What the tuning loop (:mod:`lorien.tune.loop`) needs of an auto-scheduler job: sketches of
+the workload's DAG, a tuner over their space, candidates built and measured by the engine,
+records as Ansor log lines.
 
-A job resumes from what was measured before: records of the same workload and target (from
-the store, or passed as ``history``) are never measured again, and teach the tuner's model
-first. With the ``xgb`` tuner the model also learns from the store's records of other
-workloads of the same function on the same target family (``transfer``, on by default): one
-cost model for a network's similar layers, as Ansor shares one model across tasks. Each
-measured batch is committed to the store (and appended to the Ansor log) before the next
-batch starts.
+With the ``xgb`` tuner the model also learns from the store's records of other workloads of
+the same function on the same target family (``transfer``, on by default): one cost model for
+a network's similar layers, as Ansor shares one model across tasks. The loop replays the
+workload's own records (never measured again) and commits batch by batch.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +26,10 @@ from dialects.auto_scheduler.steps import replay_steps
 from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
-from lorien.search import Tuner, create, result_cost
+from lorien.search import Tuner, create
 from lorien.search.xgb import history_by_workload
-from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_batches
-from lorien.tune.resume import job_source
+from lorien.tune.job import TuneJob
+from lorien.tune.loop import TuneContext
 
 #: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
 XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16, "weighted": True}
@@ -106,42 +103,26 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
     return measure_batch(inputs, option)
 
 
-def job_workload_key(job: dict[str, Any]) -> str:
+def job_workload_key(job: TuneJob) -> str:
     """The workload key of a job (``workload_key``, or ``task_name`` + ``args``)."""
-    if job.get("workload_key"):
-        return str(job["workload_key"])
-    for key in ("task_name", "args"):
-        if key not in job:
-            raise ConfigError(f"auto_scheduler job needs 'task_name' and 'args' (or 'workload_key'): {job!r:.200}")
-    return registry.make_workload_key(job["task_name"], list(job["args"]))
+    if job.workload_key:
+        return job.workload_key
+    return registry.make_workload_key(job.task_name, list(job.args))
 
 
-def job_layout_rewrite(job: dict[str, Any], workload_key: str) -> bool:
+def job_layout_rewrite(job: TuneJob, workload_key: str) -> bool:
     """Whether a job measures its candidates with the weights' layout rewritten: the job's
     ``layout_rewrite`` (default true, as TVM tunes a network's tasks) where the workload has
     weights (a convolution's or dense layer's second input)."""
     from dialects.auto_scheduler.layout import layout_free_placeholders
 
-    return bool(job.get("layout_rewrite", True)) and bool(layout_free_placeholders(cached_dag(workload_key)))
+    return bool(job.option("layout_rewrite")) and bool(layout_free_placeholders(cached_dag(workload_key)))
 
 
-def make_tuner(job: dict[str, Any], space: SketchSpace) -> Tuner:
-    """The job's tuner over the sketch space; ``xgb`` searches the model by evolution."""
-    kind = job.get("tuner", "xgb")
-    options = dict(job.get("tuner_options") or {})
-    if kind == "xgb":
-        options = {**XGB_DEFAULTS, **options}
-    return create(kind, space, seed=job.get("seed", 0), **options)
-
-
-def history_from_store(store: Any, workload_key: str, target: str) -> list[TuningRecord]:
-    """Auto-scheduler records of a workload on a target already in the store."""
-    from lorien.record import TuningRecord
-    from lorien.target import parse_target
-
-    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": "auto_scheduler",
-                                "target_key": parse_target(target).alternate_key})
-    return [TuningRecord.from_row(row) for row in table.to_pylist()]
+def make_tuner(job: TuneJob, space: Any) -> Tuner:
+    """The job's tuner over a sketch or trace space; ``xgb`` searches the model by evolution."""
+    options = {**XGB_DEFAULTS, **job.tuner_options} if job.tuner == "xgb" else dict(job.tuner_options)
+    return create(job.tuner, space, seed=job.seed, **options)
 
 
 def transfer_rows(store: Any, workload_key: str, target: str, limit: int = 4000) -> list[dict[str, Any]]:
@@ -197,90 +178,32 @@ def transfer_seeds(store: Any, space: SketchSpace, workload_key: str, target: st
     return list(dict.fromkeys(seeds))
 
 
-def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
-             on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
-             history: Sequence[TuningRecord] | None = None,
-             resume: Sequence[TuningRecord] = ()) -> TuneProgress:
-    """Tune one job dict: ``trials`` new candidates, committing each batch to ``store_uri``
-    (None: the default store; with ``commit=False`` the store is only read).
-
-    ``history``: records measured before (default: the store's records of the workload and
-    target); they are never measured again and train the tuner first. ``resume``: this job's
-    own earlier measurements (a retried attempt's, from the orchestration layer); they are
-    history too and also count against ``trials``, so only the rest is measured.
-    """
+def tuning_context(job: TuneJob, store: Any) -> TuneContext:
+    """The loop's view of one auto-scheduler job: the sketch space of its DAG, the job's tuner
+    (with ``transfer``, taught by the store's records of other workloads of the same function
+    and seeded with their best programs), candidates measured in isolated workers."""
+    from lorien.formats import encode_record
     from lorien.target import parse_target
 
-    if job.get("warm_start_model"):
-        raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
     workload_key = job_workload_key(job)
-    target = parse_target(job.get("target") or "llvm").canonical
+    target = parse_target(job.target).canonical
     space = cached_space(workload_key)
     tuner = make_tuner(job, space)
-    batch_size = int(job.get("batch_size", 16))
-    early_stopping = job.get("early_stopping")
-    nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or job_source(job, "auto_scheduler")
-
-    store = None
-    if commit or store_uri is not None:
-        from lorien.warehouse import open_store
-
-        store = open_store(store_uri)  # None: the default store
-    try:
-        if history is None:
-            history = history_from_store(store, workload_key, target) if store is not None else []
-        if store is not None and job.get("transfer", True) and hasattr(tuner, "load_history"):
-            rows = transfer_rows(store, workload_key, target)  # one scan for the model and the seeds
-            tuner.load_history(*transfer_history(store, space, workload_key, target, rows=rows))
-            if hasattr(tuner, "add_seeds"):
-                tuner.add_seeds(transfer_seeds(store, space, workload_key, target, rows=rows))
-        history = [*history, *resume]
-        measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
-        resumed = _resume(tuner, space, history)
-        trials = min(max(0, int(job.get("trials", 16)) - len(resume)), len(space) - len(tuner.visited))
-        progress = TuneProgress(total=trials + len(resume), trials=len(resume), resumed=len(resume))
-        if resumed:
-            best = min(resumed, key=lambda r: result_cost(r))
-            if math.isfinite(result_cost(best)):
-                progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
-        if resume and on_batch is not None:
-            on_batch(progress, [])
-        _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest,
-              source, store if commit else None, log_path, on_batch)
-    finally:
-        if store is not None:
-            store.close()
-    return progress
-
-
-def _resume(tuner: Tuner, space: SketchSpace, history: Sequence[TuningRecord]) -> list[TuningRecord]:
-    """Mark the points of earlier records measured and teach the tuner their results."""
-    indices, records = [], []
-    for record in history:
-        index = space.index_of_steps(orjson.loads(record.config))
-        if index is not None and index not in tuner.visited:
-            tuner.visited.add(index)
-            indices.append(index)
-            records.append(record)
-    if indices:
-        tuner.update(indices, records)
-    return records
-
-
-def _tune(job, workload_key, target, space, tuner, progress, measured, batch_size, early_stopping, nbest, source,
-          store, log_path, on_batch) -> None:
-    from lorien.formats import encode_record
-
+    if store is not None and job.option("transfer") and hasattr(tuner, "load_history"):
+        rows = transfer_rows(store, workload_key, target)  # one scan for the model and the seeds
+        tuner.load_history(*transfer_history(store, space, workload_key, target, rows=rows))
+        if hasattr(tuner, "add_seeds"):
+            tuner.add_seeds(transfer_seeds(store, space, workload_key, target, rows=rows))
     rewrite = job_layout_rewrite(job, workload_key)
 
-    def to_records(candidates: list[Any], results: list[Any]) -> list[TuningRecord]:
+    def to_records(candidates: list[Any], results: list[Any], source: str) -> list[TuningRecord]:
         return [make_record(target, workload_key, steps, list(r.costs), int(r.error_no), float(r.all_cost),
                             float(r.timestamp), source=source, layout_rewrite=rewrite)
                 for steps, r in zip(candidates, results, strict=True)]
 
-    sink = BatchSink(store, nbest, log_path, lambda record: encode_record(record, "ansor"))
-    tune_batches(tuner, space, progress, measured, batch_size, early_stopping, sink,
-                 lambda candidates: measure_steps(workload_key, candidates, job.get("measure"), engine_target(target),
-                                                  rewrite),
-                 to_records, on_batch)
+    return TuneContext(
+        workload_key=workload_key, task_name=registry.parse_workload_key(workload_key)[0], space=space, tuner=tuner,
+        measure=lambda candidates: measure_steps(workload_key, candidates, job.measure, engine_target(target),
+                                                 rewrite),
+        to_records=to_records, index_of=lambda record: space.index_of_steps(orjson.loads(record.config)),
+        encode_log=lambda record: encode_record(record, "ansor"))

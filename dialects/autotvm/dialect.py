@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dialects.autotvm import features, workloads
-from lorien.dialect import AppliedConfig, Dialect
+from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.record import TuningRecord
+
+if TYPE_CHECKING:
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import TuneContext
 
 
 class AutoTVMDialect(Dialect):
     """AutoTVM: knob config spaces, templates by task name, AutoTVM JSON-line records."""
 
     name = "autotvm"
+    job_options = {
+        "transfer": JobOption(False, bool, "xgb tuner: learn first from the store's records of the template"),
+        "warm_start_model": JobOption(None, str, "xgb tuner: a cost model directory (lorien train) to start from"),
+        "warm_start_samples": JobOption(512, int, "configs the warm-start model scores"),
+    }
 
     def record_formats(self) -> list[str]:
         return ["autotvm"]
@@ -41,7 +48,7 @@ class AutoTVMDialect(Dialect):
         """(task_name, args) of a tuning-YAML op shorthand (``dense: {M:.., N:.., K:..}``)."""
         return workloads.expand_workload(op, params)
 
-    def compile_record(self, record: TuningRecord, target: str | None = None):
+    def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built with the config of a stored record."""
         from dialects.autotvm.compile import compile_record
 
@@ -65,20 +72,16 @@ class AutoTVMDialect(Dialect):
         task_name, task_args = parse_autotvm_workload_key(workload_key)
         return _generic(apply_config(task_name, task_args, config, **options))
 
-    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-        """Tune one job; each measured batch is committed to ``store_uri`` as it completes.
+    def check_job(self, job: TuneJob) -> None:
+        from dialects.autotvm.tuning import check_job
 
-        Options (the contract of :meth:`lorien.dialect.Dialect.tune`): ``resume`` (earlier
-        measurements, replayed into the tuner by config index), ``on_batch(progress, records)``,
-        ``source``, ``commit`` (default True), and ``log_path`` (AutoTVM log to append to).
-        """
-        from dialects.autotvm.tuning import tune_job
+        check_job(job)
 
-        log_path = options.get("log_path")
-        progress = tune_job(job, store_uri, log_path=Path(log_path) if log_path else None,
-                            on_batch=options.get("on_batch"), source=options.get("source"),
-                            commit=options.get("commit", True), resume=options.get("resume") or ())
-        return progress.records
+    def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
+        """The template's config space and the job's tuner (:mod:`dialects.autotvm.tuning`)."""
+        from dialects.autotvm.tuning import tuning_context
+
+        return tuning_context(job, store)
 
 
 def _generic(applied: Any) -> AppliedConfig:

@@ -1,9 +1,6 @@
-"""Tune one AutoTVM job: propose configs, build and measure them, stream records out.
-
-Every batch of measured candidates becomes TuningRecords that are committed to the store
-(and appended to the AutoTVM log) before the next batch starts, so an interrupted run keeps
-everything it measured. A resumed job replays what it measured before into its tuner (see
-:func:`replay`) and measures only the rest of its budget.
+"""What the tuning loop (:mod:`lorien.tune.loop`) needs of an AutoTVM job: the template's
+config space, the job's tuner, configs built and measured in isolated workers, records in
+AutoTVM's form. The loop resumes, commits, logs and reports.
 """
 
 from __future__ import annotations
@@ -11,7 +8,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +20,8 @@ from lorien.errors import ConfigError, DialectError
 from lorien.record import TuningRecord
 from lorien.search import Tuner, create
 from lorien.search.xgb import history_by_workload
-from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, finish_batch
-from lorien.tune.resume import job_source
+from lorien.tune.job import TuneJob
+from lorien.tune.loop import TuneContext
 
 
 @functools.lru_cache(maxsize=32)
@@ -129,101 +125,69 @@ def _knob_feature(task: Task, name: str, kind: str, value: Any) -> list[float]:
     return entity_features(entity)
 
 
-def make_tuner(job: dict[str, Any], task: Task) -> Tuner:
+def make_tuner(job: TuneJob, task: Task) -> Tuner:
     """The job's tuner over the task's space; ``feature_type: itervar`` adds loop features."""
-    options = dict(job.get("tuner_options") or {})
+    options = dict(job.tuner_options)
     if options.get("feature_type") == "itervar":
         from dialects.autotvm.loop_features import LoopFeatureFn
 
         options["feature_fn"] = LoopFeatureFn(task)
-    return create(job.get("tuner", "random"), task.space, seed=job.get("seed", 0), **options)
+    return create(job.tuner, task.space, seed=job.seed, **options)
 
 
-def replay(task: Task, tuner: Tuner, progress: TuneProgress, records: Sequence[TuningRecord],
-           batch_size: int) -> None:
-    """Replay a job's earlier measurements (oldest first) into a fresh tuner, in batches as they
-    were measured: the tuner never proposes them again and learns from them (the xgb tuner is
-    trained on them before its first plan); they count as trials of the budget (and for early
-    stopping)."""
-    measured: dict[int, tuple[ConfigEntity, TuningRecord]] = {}
-    for record in records:
-        try:
-            config = task.space.from_json_entity(orjson.loads(record.config)["entity"])
-        except (DialectError, KeyError, TypeError, ValueError) as exc:
-            raise DialectError(f"record {record.record_id} of this job does not fit the space of "
-                               f"{task.name} ({exc}); was the template changed since it was measured?") from None
-        measured.setdefault(config.index, (config, record))
-    pairs = list(measured.values())
-    for start in range(0, len(pairs), batch_size):
-        configs = [config for config, _ in pairs[start:start + batch_size]]
-        results = [record for _, record in pairs[start:start + batch_size]]
-        tuner.replay([config.index for config in configs], results)
-        progress.count(configs, results, [])
-    progress.resumed = progress.trials
+def check_job(job: TuneJob) -> None:
+    """A warm start needs the model-based tuner."""
+    if job.option("warm_start_model") and job.tuner != "xgb":
+        raise DialectError(f"warm_start_model needs tuner 'xgb', got tuner {job.tuner!r} for {job.task_name} "
+                           f"with model {job.option('warm_start_model')!r}")
 
 
-def tune_job(job: dict[str, Any], store_uri: str | None = None, log_path: str | Path | None = None,
-             on_batch: BatchCallback | None = None, source: str | None = None,
-             commit: bool = True, resume: Sequence[TuningRecord] = ()) -> TuneProgress:
-    """Tune one job dict (team schema); with ``commit``, each measured batch is committed to
-    ``store_uri`` (None: the default store). ``resume``: the job's earlier measurements, replayed
-    (:func:`replay`) and counted against ``trials``; only the rest is measured."""
+def tuning_context(job: TuneJob, store: Any) -> TuneContext:
+    """The loop's view of one AutoTVM job: the template's config space, the job's tuner over it
+    (primed with the store's records of other workloads of the template under ``transfer``, or
+    with a trained model under ``warm_start_model``), configs measured in isolated workers."""
     from lorien.engine.cpu import cpu_target
     from lorien.target import parse_target
+    from lorien.workload import autotvm_workload_key
 
-    for key in ("task_name", "args"):
-        if key not in job:
-            raise ConfigError(f"autotvm job needs {key!r}: {job!r:.200}")
-    task_name, args = job["task_name"], list(job["args"])
-    target = parse_target(job.get("target") or "llvm")
+    if not job.task_name:
+        raise ConfigError(f"autotvm job needs 'task_name' and 'args': {job.spec!r:.200}")
+    task_name, args = job.task_name, list(job.args)
+    target = parse_target(job.target)
     cpu_target(target).check_runnable()
     task = cached_task(task_name, orjson.dumps(args).decode())
     tuner = make_tuner(job, task)
-    trials = min(int(job.get("trials", 16)), len(task.space))
-    batch_size = int(job.get("batch_size", 8))
-    early_stopping = job.get("early_stopping")
-    nbest = job.get("commit_nbest", 20)
-    source = source or job.get("source") or job_source(job, "autotvm")
-
-    store = None
-    if commit:
-        from lorien.warehouse import open_store
-
-        store = open_store(store_uri)
-    if job.get("transfer") and store is not None and job.get("tuner") == "xgb":
+    if job.option("transfer") and store is not None and job.tuner == "xgb":
         features, scores = transfer_history(task, store, target.alternate_key)
         tuner.load_history(features, scores)  # type: ignore[attr-defined]
-    if job.get("warm_start_model"):
-        if job.get("tuner") != "xgb":
-            raise ConfigError(f"warm_start_model needs tuner 'xgb', got tuner {job.get('tuner')!r} "
-                              f"for {task_name} with model {job['warm_start_model']!r}")
+    if job.option("warm_start_model"):
         from lorien.costmodel import warm_start_tuner
 
-        warm_start_tuner(tuner, str(job["warm_start_model"]), task_name, args,
-                         samples=int(job.get("warm_start_samples", 512)), seed=int(job.get("seed", 0)),
-                         target=target.canonical)
+        warm_start_tuner(tuner, str(job.option("warm_start_model")), task_name, args,
+                         samples=int(job.option("warm_start_samples")), seed=job.seed, target=target.canonical)
 
-    progress = TuneProgress(total=trials)
-    replay(task, tuner, progress, resume, batch_size)
-    if progress.resumed and on_batch is not None:
-        on_batch(progress, [])
-    sink = BatchSink(store, nbest, log_path, encode)
+    def to_records(configs: list[ConfigEntity], results: list[Any], source: str) -> list[TuningRecord]:
+        return [make_record(target.canonical, task_name, args, config, list(result.costs), int(result.error_no),
+                            float(result.all_cost), float(result.timestamp), source=source)
+                for config, result in zip(configs, results, strict=True)]
+
+    def index_of(record: TuningRecord) -> int:
+        try:
+            return task.space.from_json_entity(orjson.loads(record.config)["entity"]).index
+        except (DialectError, KeyError, TypeError, ValueError) as exc:
+            raise DialectError(f"its config is not a point of {task.name}'s space: {exc}") from None
+
+    return TuneContext(
+        workload_key=autotvm_workload_key(task_name, args), task_name=task_name, space=task.space, tuner=tuner,
+        measure=lambda configs: measure_configs(task_name, args, configs, job.measure, target.canonical),
+        to_records=to_records, index_of=index_of,
+        config_key=lambda config: orjson.dumps(config.to_json_entity()), record_key=_entity_key,
+        encode_log=encode, config_summary=lambda config: config.to_json_entity())
+
+
+def _entity_key(record: TuningRecord) -> bytes:
+    """A stored record's config entity, comparable with a proposed config's."""
     try:
-        while progress.trials < trials and tuner.has_next() and not progress.stalled(early_stopping):
-            indices = tuner.next_batch(min(batch_size, trials - progress.trials))
-            if not indices:
-                break
-            configs = [task.config(i) for i in indices]
-            results = measure_configs(task_name, args, configs, job.get("measure"), target.canonical)
-            records = [make_record(target.canonical, task_name, args, config, list(result.costs),
-                                   int(result.error_no), float(result.all_cost), float(result.timestamp),
-                                   source=source)
-                       for config, result in zip(configs, results, strict=True)]
-            if not finish_batch(tuner, indices, configs, results, records, progress, sink, on_batch, early_stopping):
-                break
-    finally:
-        sink.close()
-        if store is not None:
-            store.close()
-    return progress
-
+        return orjson.dumps(orjson.loads(record.config)["entity"])
+    except (KeyError, TypeError, ValueError):
+        return record.config.encode()

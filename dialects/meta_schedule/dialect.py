@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dialects.meta_schedule import features
 from lorien.dialect import AppliedConfig, Dialect
@@ -12,13 +12,15 @@ from lorien.errors import DialectError
 from lorien.record import TuningRecord
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
 
+if TYPE_CHECKING:
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import TuneContext
+
 
 class MetaScheduleDialect(Dialect):
     """MetaSchedule: schedules as traces of instructions with sampling decisions."""
 
     name = "meta_schedule"
-    #: Records name their workload by hash; compiling reads the workload entry from the store.
-    compile_reads_store = True
 
     def record_formats(self) -> list[str]:
         return ["meta_schedule"]
@@ -53,15 +55,11 @@ class MetaScheduleDialect(Dialect):
 
         return expand_workload(op, params)
 
-    def tune(self, job: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-        """Tune one job by evolutionary search over its design space; each measured batch is
-        committed to ``store_uri``. Options: ``on_batch(progress, records)``, ``source``,
-        ``commit`` (default True); ``log_path`` is ignored (export a JSONDatabase instead)."""
-        from dialects.meta_schedule.tuning import tune_job
+    def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
+        """The design space of the workload's DAG and the job's tuner (:mod:`dialects.meta_schedule.tuning`)."""
+        from dialects.meta_schedule.tuning import tuning_context
 
-        progress = tune_job(job, store_uri, on_batch=options.get("on_batch"), source=options.get("source"),
-                            commit=options.get("commit", True))
-        return progress.records
+        return tuning_context(job, store)
 
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built by replaying a stored record's trace on its workload."""

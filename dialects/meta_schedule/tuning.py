@@ -7,17 +7,14 @@ A job names a workload as the other dialects do (an op shorthand, or ``task_name
 ``args`` of one of the auto-scheduler's registered layer functions: dense, batch_matmul,
 conv2d NHWC/NCHW, depthwise); its MetaSchedule workload key is the structural hash of the
 DAG. Every record carries its workload entry (``[hash, {"lorien_dag": ...}]``), so it compiles
-and exports with nothing else at hand. Traces measured before for the same workload and
-target (in the store) are not measured again.
+and exports with nothing else at hand. The one tuning loop (:mod:`lorien.tune.loop`) resumes
+from the store's traces of the workload and commits batch by batch.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
-
-import orjson
 
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.dag import ComputeDAG
@@ -25,12 +22,12 @@ from dialects.auto_scheduler.tuning import job_workload_key, make_tuner
 from dialects.meta_schedule.compile import lorien_entry, measure_traces
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.space import TraceSpace
+from dialects.meta_schedule.workload import workload_key_of
 from lorien.engine.cpu import engine_target
-from lorien.errors import ConfigError
 from lorien.record import TuningRecord
-from lorien.search import result_cost
-from lorien.tune.progress import BatchCallback, BatchSink, TuneProgress, tune_batches
-from lorien.tune.resume import job_source
+from lorien.tune.job import TuneJob
+from lorien.tune.loop import TuneContext
+from lorien.tune.progress import TuneProgress
 
 DIALECT = "meta_schedule"
 
@@ -46,63 +43,47 @@ def cached_space(registry_key: str) -> TraceSpace:
     return TraceSpace(job_dag(registry_key))
 
 
-def history_from_store(store: Any, workload_key: str, target: str) -> list[TuningRecord]:
-    """MetaSchedule records of a workload on a target already in the store."""
-    from lorien.target import parse_target
-
-    table = store.scan(filters={"workload_key": workload_key, "target": target, "dialect": DIALECT,
-                                "target_key": parse_target(target).alternate_key})
-    return [TuningRecord.from_row(row) for row in table.to_pylist()]
-
-
-def tune_job(job: dict[str, Any], store_uri: str | None = None, on_batch: BatchCallback | None = None,
-             source: str | None = None, commit: bool = True) -> TuneProgress:
-    """Tune one job dict: ``trials`` new traces, committing each batch to ``store_uri``
-    (None: the default store; with ``commit=False`` the store is only read)."""
-    if job.get("warm_start_model"):
-        raise ConfigError("'warm_start_model' is an autotvm option: its cost models are trained on template knobs")
+def tuning_context(job: TuneJob, store: Any) -> TuneContext:
+    """The loop's view of one meta_schedule job on a registered workload function."""
     registry_key = job_workload_key(job)
-    source = source or job.get("source") or job_source(job, DIALECT)
-    return tune_dag(job_dag(registry_key), job, store_uri, on_batch, source, commit,
-                    space=cached_space(registry_key), task_name=str(job.get("task_name", registry_key)))
+    return dag_context(job_dag(registry_key), job, space=cached_space(registry_key),
+                       task_name=job.task_name or registry_key)
 
 
-def tune_dag(dag: ComputeDAG, job: dict[str, Any], store_uri: str | None = None,
-             on_batch: BatchCallback | None = None, source: str | None = None, commit: bool = True,
-             space: TraceSpace | None = None, task_name: str | None = None) -> TuneProgress:
-    """Tune any computation defined with Lorien's compute DSL (a DAG of its I/O tensors) with a
-    job's options (``trials``, ``batch_size``, ``tuner``, ``measure``, ``target``, ...)."""
+def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
+                task_name: str | None = None) -> TuneContext:
+    """The loop's view of tuning any computation defined with Lorien's compute DSL (a DAG of its
+    I/O tensors): its design space, the job's tuner, traces measured by the engine, records
+    that carry their workload entry."""
     from lorien.target import parse_target
-    from lorien.warehouse import open_store
 
     space = space or TraceSpace(dag)
-    tuner = make_tuner(job, space)
     entry = lorien_entry(dag)
     workload_key = str(entry[0])
-    target = parse_target(job.get("target") or "llvm").canonical
-    source = source or job.get("source") or "lorien meta_schedule"
+    target = parse_target(job.target).canonical
     extra = {"workload": entry}
     info, flop, layout = args_info(dag), dag.flop(), dag.layout()
     task_name = task_name or next(t.name for t in reversed(dag.ops))
-    store = open_store(store_uri) if commit or store_uri is not None else None
-    try:
-        history = history_from_store(store, workload_key, target) if store is not None else []
-        measured: dict[bytes, Any] = {orjson.dumps(orjson.loads(r.config)): r for r in history}
-        progress = TuneProgress(total=int(job.get("trials", 16)))
-        if history:
-            best = min(history, key=result_cost)
-            if math.isfinite(result_cost(best)):
-                progress.best_cost_s, progress.best_config = result_cost(best), orjson.loads(best.config)
 
-        def to_records(traces: list[Any], results: list[Any]) -> list[TuningRecord]:
-            return [make_record(target, workload_key, trace, list(r.costs), int(r.error_no), float(r.all_cost),
-                                float(r.timestamp), info, flop, task_name, extra, source, layout)
-                    for trace, r in zip(traces, results, strict=True)]
+    def to_records(traces: list[Any], results: list[Any], source: str) -> list[TuningRecord]:
+        return [make_record(target, workload_key, trace, list(r.costs), int(r.error_no), float(r.all_cost),
+                            float(r.timestamp), info, flop, task_name, extra, source, layout)
+                for trace, r in zip(traces, results, strict=True)]
 
-        sink = BatchSink(store if commit else None, job.get("commit_nbest", 20), None, lambda record: "")
-        tune_batches(tuner, space, progress, measured, int(job.get("batch_size", 16)), job.get("early_stopping"),
-                     sink, lambda traces: measure_traces(dag, traces, job.get("measure"), engine_target(target)), to_records, on_batch)
-    finally:
-        if store is not None:
-            store.close()
-    return progress
+    return TuneContext(
+        workload_key=workload_key, task_name=task_name, space=space, tuner=make_tuner(job, space),
+        measure=lambda traces: measure_traces(dag, traces, job.measure, engine_target(target)),
+        to_records=to_records, index_of=lambda record: None)
+
+
+def tune_dag(dag: ComputeDAG, job: dict[str, Any], store: Any = None, **options: Any) -> TuneProgress:
+    """Tune any computation defined with Lorien's compute DSL with a job's options (``trials``,
+    ``batch_size``, ``tuner``, ``measure``, ``target``, ...) in the one tuning loop; ``store``
+    and ``options`` as for :func:`lorien.tune.loop.tune_job`."""
+    from lorien.tune.loop import tune_job
+
+    key = workload_key_of(dag)
+    spec = {"task_name": next(t.name for t in reversed(dag.ops)), "args": [], **job, "workload_key": key,
+            "dialect": DIALECT, "target": job.get("target") or "llvm"}
+    parsed = TuneJob.from_spec(spec)
+    return tune_job(parsed, store, context=dag_context(dag, parsed), **options)

@@ -122,7 +122,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
             continue
         jobs.append({"dialect": dialect, "task_name": task_name, "args": args, "target": target,
                      "tuner": tuner, "trials": trials, "seed": seed + len(jobs), "commit_nbest": 20,
-                     "measure": dict(measure or {}), "source": "lorien generate"})
+                     "measure": dict(measure or {})})
     if not jobs:
         raise ConfigError("no workloads to tune (size none and no --workload, or every one excluded)")
     return jobs

@@ -43,17 +43,19 @@ from typing import Any
 import yaml
 
 from lorien.errors import ConfigError, DialectError
+from lorien.tune.job import COMMON_KEYS, JOB_DEFAULTS, TuneJob, dialect_option_keys
 
-TOP_LEVEL_KEYS = {"store", "log_dir", "target", "dialect", "tuner", "trials", "batch_size", "early_stopping",
-                  "seed", "commit_nbest", "measure", "workloads", "transfer", "warm_start_model", "task_scheduler",
-                  "layout_rewrite"}
-#: Keys a workload entry may override.
-JOB_KEYS = {"tuner", "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "target",
-            "name", "dialect", "transfer", "warm_start_model", "weight", "models", "epilogue", "layout_rewrite"}
-MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
-                "check_correctness", "rtol", "atol", "seed"}
-DEFAULTS: dict[str, Any] = {"dialect": "autotvm", "tuner": "random", "trials": 32, "batch_size": 8,
-                            "seed": 0, "commit_nbest": 20, "measure": {}, "weight": 1}
+#: Keys of the YAML's top level besides the job keys.
+CONFIG_KEYS = {"store", "log_dir", "workloads", "task_scheduler"}
+#: Keys a workload entry may set (or the top level, for every workload): the common job keys
+#: but the workload's own, and the options the registered dialects declare.
+WORKLOAD_KEYS = {"task_name", "args", "workload_key", "tuner_options", "round"}
+DEFAULTS: dict[str, Any] = {"dialect": "autotvm", **JOB_DEFAULTS}
+
+
+def job_keys() -> set[str]:
+    """Keys a workload entry may override (and the top level may set for all)."""
+    return (COMMON_KEYS - WORKLOAD_KEYS) | dialect_option_keys()
 
 
 @dataclass
@@ -88,13 +90,14 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     """Validate a parsed YAML document and expand its workloads into job dicts."""
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: a tuning config is a mapping with a 'workloads' list, got {document!r:.80}")
-    unknown = set(document) - TOP_LEVEL_KEYS
+    keys = job_keys()
+    unknown = set(document) - CONFIG_KEYS - keys
     if unknown:
-        raise ConfigError(f"{source}: unknown keys {sorted(unknown)} (known: {sorted(TOP_LEVEL_KEYS)})")
+        raise ConfigError(f"{source}: unknown keys {sorted(unknown)} (known: {sorted(CONFIG_KEYS | keys)})")
     workloads = document.get("workloads")
     if not isinstance(workloads, list) or not workloads:
         raise ConfigError(f"{source}: 'workloads' must be a non-empty list")
-    settings = {**DEFAULTS, **{k: v for k, v in document.items() if k in JOB_KEYS}}
+    settings = {**DEFAULTS, **{k: v for k, v in document.items() if k in keys}}
     jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
     store_uri = document.get("store")
     log_dir = document.get("log_dir")
@@ -113,9 +116,10 @@ def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
 
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: a workload is a mapping, got {entry!r:.80}")
-    overrides = {k: v for k, v in entry.items() if k in JOB_KEYS}
+    keys = job_keys()
+    overrides = {k: v for k, v in entry.items() if k in keys}
     job = {**settings, **overrides}
-    workload = {k: v for k, v in entry.items() if k not in JOB_KEYS}
+    workload = {k: v for k, v in entry.items() if k not in keys}
     if "task_name" in workload or "args" in workload:
         if set(workload) != {"task_name", "args"} or not isinstance(workload["args"], list):
             raise ConfigError(f"{where}: give 'task_name' and an 'args' list (AutoTVM task arguments), got {entry!r:.200}")
@@ -124,12 +128,8 @@ def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
         (op, params), = workload.items()
         if not isinstance(params, dict):
             raise ConfigError(f"{where}: '{op}' needs a mapping of parameters, got {params!r:.80}")
-        dialect = get_dialect(job["dialect"])
-        expand = getattr(dialect, "expand_workload", None)
-        if expand is None:
-            raise ConfigError(f"{where}: dialect {job['dialect']!r} has no op shorthands; give task_name and args")
         try:
-            task_name, args = expand(op, params)
+            task_name, args = get_dialect(job["dialect"]).expand_workload(op, params)
         except DialectError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
     else:
@@ -143,42 +143,13 @@ def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _check_job(job: dict[str, Any], where: str) -> None:
+    """A tuner mapping becomes ``tuner`` + ``tuner_options``; then the job is checked as every
+    job is (:meth:`lorien.tune.job.TuneJob.from_spec`: common keys, the dialect's options)."""
     tuner = job["tuner"]
     if isinstance(tuner, dict):
         if "kind" not in tuner:
             raise ConfigError(f"{where}: a tuner mapping needs 'kind', got {tuner!r}")
         job["tuner_options"] = {k: v for k, v in tuner.items() if k != "kind"}
         job["tuner"] = tuner["kind"]
-    from lorien.search import available_tuners
-
-    if job["tuner"] not in available_tuners():
-        raise ConfigError(f"{where}: unknown tuner {job['tuner']!r} (known: {', '.join(available_tuners())})")
-    for key in ("trials", "batch_size", "commit_nbest"):
-        value = job.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
-    if job.get("early_stopping") is not None and (not isinstance(job["early_stopping"], int) or job["early_stopping"] < 1):
-        raise ConfigError(f"{where}: 'early_stopping' must be a positive integer, got {job['early_stopping']!r}")
-    if job.get("layout_rewrite") is not None:
-        if not isinstance(job["layout_rewrite"], bool):
-            raise ConfigError(f"{where}: 'layout_rewrite' must be true or false, got {job['layout_rewrite']!r}")
-        if job.get("dialect") != "auto_scheduler":
-            raise ConfigError(f"{where}: 'layout_rewrite' is an auto_scheduler option (dialect {job.get('dialect')!r})")
-    model = job.get("warm_start_model")
-    if model is not None:
-        if not isinstance(model, str) or not model:
-            raise ConfigError(f"{where}: 'warm_start_model' must be a model directory path, got {model!r}")
-        if job["tuner"] != "xgb":
-            raise ConfigError(f"{where}: 'warm_start_model' needs tuner 'xgb', got {job['tuner']!r}")
-    from lorien.models.tasks import check_epilogue, check_weight
-
-    check_weight(job["weight"], where)
-    models = job.get("models")
-    if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
-        raise ConfigError(f"{where}: 'models' must be a list of model names, got {models!r:.80}")
-    if job.get("epilogue") is not None:
-        check_epilogue(job["epilogue"], where)
-    measure = job.get("measure") or {}
-    if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
-        raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")
-    job["measure"] = dict(measure)
+    job["measure"] = dict(job.get("measure") or {})
+    TuneJob.from_spec(job, where)

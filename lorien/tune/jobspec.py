@@ -23,15 +23,7 @@ from typing import Any
 import yaml
 
 from lorien.errors import ConfigError
-
-#: Defaults every job gets; the agreed job dict of the team sheet.
-JOB_DEFAULTS: dict[str, Any] = {
-    "tuner": "random",
-    "trials": 16,
-    "measure": {},
-    "commit_nbest": 20,
-    "seed": 0,
-}
+from lorien.tune.job import JOB_DEFAULTS
 
 _REQUIRED_TYPES: dict[str, type | tuple[type, ...]] = {"dialect": str, "target": str}
 _OPTIONAL_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -52,7 +44,8 @@ _OPTIONAL_TYPES: dict[str, type | tuple[type, ...]] = {
 
 @dataclass(frozen=True)
 class Job:
-    """One tuning job: its normalized spec (the dict handed to ``Dialect.tune``) and its id."""
+    """One tuning job: its normalized spec (plain data, read into a
+    :class:`lorien.tune.job.TuneJob` where it is tuned) and its id."""
 
     spec: dict[str, Any] = field(hash=False)
     job_id: str = ""

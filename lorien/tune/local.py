@@ -98,17 +98,16 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
     budget. A KeyboardInterrupt stops the workload after committing what was measured; the
     summary (marked ``interrupted``) is attached to the exception as ``exc.summary`` and re-raised.
     """
-    from lorien.dialect import get_dialect
     from lorien.progress import Progress
     from lorien.tune.jobspec import Job
+    from lorien.tune.loop import tune_job
     from lorien.tune.resume import earlier_records, source_tag
-    from lorien.warehouse import resolve_store_uri
+    from lorien.warehouse import open_store, resolve_store_uri
 
     store_uri = resolve_store_uri(store_uri)
     name = workload_name(job)
     directory = Path(log_dir) if log_dir is not None else default_log_dir(store_uri)
-    summary = WorkloadSummary(name=name, task_name=str(job.get("task_name")),
-                              log_path=str(log_path_for(directory, job)), store_uri=store_uri)
+    summary = WorkloadSummary(name=name, task_name=str(job.get("task_name")), store_uri=store_uri)
     flop = _flop(job)
     # A bar on a terminal; in a log, one line when the workload is done (below).
     bar = Progress(int(job.get("trials", 0)), name[:48], unit="trial", enabled=progress, stream=stream)
@@ -116,24 +115,25 @@ def tune_workload(job: dict[str, Any], store_uri: str | None = None, log_dir: st
 
     def on_batch(state: Any, records: list[Any]) -> None:
         summary.trials, summary.errors, summary.committed = state.trials, state.errors, state.committed
-        summary.resumed = state.resumed
+        summary.resumed, summary.log_path = state.resumed, state.log_path
         if records and not summary.workload_key:
             summary.workload_key = records[0].workload_key
         if math.isfinite(state.best_cost_s):
             summary.best_cost_s = state.best_cost_s
             summary.best_gflops = flop / state.best_cost_s / 1e9 if flop else None
-            config = state.best_config
-            summary.best_config = config.to_json_entity() if hasattr(config, "to_json_entity") else config
+            summary.best_config = state.best_config
         if bar.is_bar:
             bar.step(f"best {summary.best_gflops:.2f} GFLOPS, errors {state.errors}"
                      if summary.best_gflops is not None else f"errors {state.errors}", count=state.trials - bar.done)
 
     job_id = Job.from_spec(job).job_id
     try:
-        earlier = earlier_records(store_uri, job_id, job.get("target"))
-        summary.workload_key = earlier[0].workload_key if earlier else ""
-        get_dialect(job.get("dialect", "autotvm")).tune(job, store_uri, log_path=summary.log_path, on_batch=on_batch,
-                                                        source=source_tag(job_id), resume=earlier)
+        with open_store(store_uri) as store:
+            earlier = earlier_records(store, job_id, job.get("target"))
+            summary.workload_key = earlier[0].workload_key if earlier else ""
+            state = tune_job(job, store, log_path=log_path_for(directory, job), on_batch=on_batch,
+                             source=source_tag(job_id), resume=earlier)
+        on_batch(state, [])
     except KeyboardInterrupt as exc:
         summary.interrupted = True
         summary.elapsed_s = time.monotonic() - started

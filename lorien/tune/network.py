@@ -106,18 +106,18 @@ class InlineManager(JobManager):
 
 @dataclass(frozen=True)
 class RoundRunner:
-    """Picklable runner of one round: the dialect's tune, appending to the task's native log."""
+    """Picklable runner of one round: the tuning loop, appending to the task's native log."""
 
     log_dir: str | None
 
-    def __call__(self, spec: dict[str, Any], store_uri: str | None, **options: Any) -> Any:
+    def __call__(self, spec: dict[str, Any], store: Any, **options: Any) -> Any:
         """Tune the round; ``options`` are the job manager's (``resume``, ``on_batch``, ``source``:
         the manager commits each batch)."""
-        from lorien.dialect import get_dialect
         from lorien.tune.local import log_path_for
+        from lorien.tune.loop import tune_job
 
         log_path = str(log_path_for(Path(self.log_dir), spec)) if self.log_dir else None
-        return get_dialect(spec["dialect"]).tune(spec, store_uri, **{"commit": False, **options}, log_path=log_path)
+        return tune_job(spec, store, commit=False, log_path=log_path, **options).records
 
 
 def scheduler_settings(document: Any, where: str) -> dict[str, Any]:
@@ -161,16 +161,11 @@ def tune_network(config: TuneConfig, settings: dict[str, Any], store_uri: str, m
                  progress: bool = True, log: Callable[[str], None] | None = None,
                  **manager_options: Any) -> NetworkSummary:
     """Tune ``config``'s jobs as one network under ``settings`` (the ``task_scheduler`` mapping)."""
-    from lorien.dialect import get_dialect
     from lorien.tune.local import default_log_dir, workload_name
     from lorien.warehouse import open_store
 
     log = log or (lambda message: print(message, file=sys.stderr))
     jobs = config.jobs
-    for job in jobs:
-        if not get_dialect(job["dialect"]).resumes_from_store:
-            raise ConfigError(f"the task scheduler tunes in rounds that resume from the warehouse; dialect "
-                              f"{job['dialect']!r} cannot (use the auto_scheduler dialect)")
     if resume_log is not None:
         from lorien.ingest import ingest_paths
 

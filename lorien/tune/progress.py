@@ -30,6 +30,10 @@ class TuneProgress:
     committed: int = 0
     records: list[TuningRecord] = field(default_factory=list)
     last_improvement: int = 0
+    #: The native log each batch is appended to ("" when the dialect has none).
+    log_path: str = ""
+    #: How ``best_config`` is kept: the dialect's config as the summary shows it (JSON data).
+    summarize: Callable[[Any], Any] = field(default=lambda config: config, repr=False)
 
     def count(self, configs: Sequence[Any], results: Sequence[Any], records: list[TuningRecord]) -> None:
         """Count one measured batch: its trials, its failures, the best config so far."""
@@ -39,7 +43,7 @@ class TuneProgress:
             if math.isinf(cost):
                 self.errors += 1
             elif cost < self.best_cost_s:
-                self.best_cost_s, self.best_config = cost, config
+                self.best_cost_s, self.best_config = cost, self.summarize(config)
                 self.last_improvement = self.trials
         self.records.extend(records)
 
@@ -76,12 +80,11 @@ class BatchSink:
 BatchCallback = Callable[[TuneProgress, list[TuningRecord]], None]
 
 
-def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, Any]) -> tuple[list[int], list[Any]]:
-    """Up to ``wanted`` points (with their configs, ``space.get(index)``) whose configs were
-    never measured. Points that give a config measured before (several points can) teach the
-    tuner that config's result instead of being measured again."""
-    import orjson
-
+def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, Any],
+                    key_of: Callable[[Any], bytes]) -> tuple[list[int], list[Any]]:
+    """Up to ``wanted`` points (with their configs, ``space.get(index)``) whose configs (by
+    ``key_of``) were never measured. Points that give a config measured before (several points
+    can) teach the tuner that config's result instead of being measured again."""
     indices: list[int] = []
     candidates: list[Any] = []
     keys: set[bytes] = set()
@@ -92,7 +95,7 @@ def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, A
         known_indices, known_results = [], []
         for index in proposed:
             config = space.get(index)
-            key = orjson.dumps(config)
+            key = key_of(config)
             if key in measured:
                 known_indices.append(index)
                 known_results.append(measured[key])
@@ -123,20 +126,19 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
                  early_stopping: int | None, sink: BatchSink,
                  measure: Callable[[list[Any]], list[Any]],
                  to_records: Callable[[list[Any], list[Any]], list[TuningRecord]],
-                 on_batch: BatchCallback | None = None) -> None:
-    """The tuning loop every dialect shares: propose a batch, ``measure`` its configs, turn
-    (configs, results) into records, write them to ``sink``, teach the tuner; until the
-    budget is spent, the space exhausted or ``early_stopping`` trials bring nothing better."""
-    import orjson
-
+                 on_batch: BatchCallback | None, key_of: Callable[[Any], bytes]) -> None:
+    """The batches of the tuning loop (:mod:`lorien.tune.loop`): propose a batch, ``measure``
+    its configs, turn (configs, results) into records, write them to ``sink``, teach the
+    tuner; until the budget is spent, the space exhausted or ``early_stopping`` trials bring
+    nothing better. ``measured``: results by config key (``key_of``), never measured again."""
     try:
         while progress.trials < progress.total and tuner.has_next():
             indices, candidates = next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
-                                                  measured)
+                                                  measured, key_of)
             if not candidates:
                 break
             results = measure(candidates)
-            measured.update((orjson.dumps(config), result) for config, result in zip(candidates, results, strict=True))
+            measured.update((key_of(config), result) for config, result in zip(candidates, results, strict=True))
             if not finish_batch(tuner, indices, candidates, results, to_records(candidates, results), progress, sink,
                                 on_batch, early_stopping):
                 break

@@ -3,9 +3,9 @@
 Every record a job commits carries ``source = "lorien-job:<job id>"``, and a job commits batch
 by batch. A retried attempt, a resumed master's attempt, or ``lorien tune`` run again on the
 same config reads those records (:func:`earlier_records`: from the store, and from the job's
-:class:`JobJournal` when it runs from a spec URI) and hands them to the dialect as
-``tune(..., resume=records)``: the dialect replays them into its tuner, counts them against
-the budget and measures only the rest (see :meth:`lorien.dialect.Dialect.tune`).
+:class:`JobJournal` when it runs from a spec URI) and hands them to the tuning loop as
+``tune_job(..., resume=records)``: the loop replays them into the tuner, counts them against
+the budget and measures only the rest (see :mod:`lorien.tune.loop`).
 
 A :class:`CommitGuard` is where the attempts of one job learn about each other: whether the
 job is complete, and which attempt measures it now (a later attempt takes a job over; an
@@ -51,20 +51,19 @@ def distinct_measurements(records: Iterable[TuningRecord]) -> list[TuningRecord]
     return list(first.values())
 
 
-def earlier_records(store_uri: str | None, job_id: str, target: str | None = None,
+def earlier_records(store: Any, job_id: str, target: str | None = None,
                     guard: CommitGuard | None = None) -> list[TuningRecord]:
-    """The distinct measurements of a job committed so far: its records in the store (read from
-    its target's partition only, when ``target`` is given) and those its ``guard`` kept."""
+    """The distinct measurements of a job committed so far: its records in ``store`` (an open
+    store, or None; read from its target's partition only, when ``target`` is given) and those
+    its ``guard`` kept."""
     records: list[TuningRecord] = []
-    if store_uri is not None:
+    if store is not None:
         from lorien.target import parse_target
-        from lorien.warehouse import open_store
 
         filters: dict[str, Any] = {"source": source_tag(job_id)}
         if target:
             filters["target_key"] = parse_target(target).alternate_key
-        with open_store(store_uri) as store:
-            records += [TuningRecord.from_row(row) for row in store.scan(filters=filters).to_pylist()]
+        records += [TuningRecord.from_row(row) for row in store.scan(filters=filters).to_pylist()]
     if guard is not None:
         records += guard.records()
     return distinct_measurements(records)

@@ -32,8 +32,9 @@ from lorien.tune.resume import (
     source_tag,
 )
 
-#: ``runner(job_spec, store_uri, **options) -> records``, options as for ``Dialect.tune``
-#: (``resume``, ``on_batch``, ``source``, ``commit``); the default tunes through the job's dialect.
+#: ``runner(job_spec, store, **options) -> records``: ``store`` is the worker's open store (or
+#: None), options as for :func:`lorien.tune.loop.tune_job` (``resume``, ``on_batch``,
+#: ``source``); the default tunes in the one tuning loop, and the worker commits.
 Runner = Callable[..., Iterable[TuningRecord]]
 
 MEASURE_LOCK_DIR_ENV = "LORIEN_MEASURE_LOCK_DIR"
@@ -114,12 +115,12 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def dialect_runner(spec: dict[str, Any], store_uri: str | None, **options: Any) -> Iterable[TuningRecord]:
-    """The default runner: ``get_dialect(job["dialect"]).tune(job, store_uri, commit=False, ...)``:
-    the dialect measures (resuming from ``options["resume"]``) and :func:`execute_job` commits."""
-    from lorien.dialect import get_dialect
+def dialect_runner(spec: dict[str, Any], store: Any, **options: Any) -> Iterable[TuningRecord]:
+    """The default runner: the tuning loop reads ``store`` (to resume) and measures; it does not
+    commit, :func:`execute_job` does (in ``on_batch``)."""
+    from lorien.tune.loop import tune_job
 
-    return get_dialect(spec["dialect"]).tune(spec, store_uri, commit=False, **options)
+    return tune_job(spec, store, commit=False, **options).records
 
 
 def committed_records(store_uri: str | None, job_id: str) -> int:
@@ -146,14 +147,13 @@ def warm_up_store(store_uri: str | None) -> None:
 
 
 class _BatchCommitter:
-    """Commits a job's batches as its dialect measures them (``on_batch``), tagged with the job,
+    """Commits a job's batches as the loop measures them (``on_batch``), tagged with the job,
     after checking that no later attempt took the job over."""
 
-    def __init__(self, task: Task, store_uri: str | None, guard: CommitGuard):
-        self.task, self.store_uri, self.guard = task, store_uri, guard
+    def __init__(self, task: Task, store: Any, guard: CommitGuard):
+        self.task, self.store, self.guard = task, store, guard
         self.tag = source_tag(task.job_id)
         self.committed: set[str] = set()
-        self._store: Any = None
 
     def on_batch(self, _progress: Any, records: list[TuningRecord]) -> None:
         self.commit(records)
@@ -165,18 +165,10 @@ class _BatchCommitter:
             return
         if not self.guard.owns():
             raise AttemptSuperseded(f"job {self.task.job_id}: a later attempt took it over")
-        if self.store_uri is not None:
-            if self._store is None:
-                from lorien.warehouse import open_store
-
-                self._store = open_store(self.store_uri)
-            self._store.commit(batch, nbest=self.task.spec.get("commit_nbest"))
+        if self.store is not None:
+            self.store.commit(batch, nbest=self.task.spec.get("commit_nbest"))
         self.guard.keep(batch)
         self.committed.update(record.record_id for record in batch)
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
 
 
 def execute_job(task: Task, store_uri: str | None, runner: Runner | None = None,
@@ -211,23 +203,27 @@ def _attempt(task: Task, store_uri: str | None, runner: Runner, guard: CommitGua
     if complete is not None:
         outcome.records, outcome.reused = complete, True
         return
+    from lorien.warehouse import open_store
+
     claimed_before = guard.claim()
-    earlier = (earlier_records(store_uri, task.job_id, task.spec.get("target"), guard)
-               if task.check_existing or claimed_before else [])
-    outcome.resumed = len(earlier)
-    if earlier and len(earlier) >= int(task.spec.get("trials", 0)):
-        outcome.records, outcome.reused = len(earlier), True
-        guard.remember(outcome.records)
-        return
-    committer = _BatchCommitter(task, store_uri, guard)
+    store = open_store(store_uri) if store_uri is not None else None
     try:
-        records = runner(task.spec, store_uri, resume=earlier, on_batch=committer.on_batch,
-                         source=committer.tag)
-        committer.commit(records)  # what a runner measured without handing it to on_batch
-    except AttemptSuperseded:
-        outcome.superseded = outcome.reused = True
+        earlier = (earlier_records(store, task.job_id, task.spec.get("target"), guard)
+                   if task.check_existing or claimed_before else [])
+        outcome.resumed = len(earlier)
+        if earlier and len(earlier) >= int(task.spec.get("trials", 0)):
+            outcome.records, outcome.reused = len(earlier), True
+            guard.remember(outcome.records)
+            return
+        committer = _BatchCommitter(task, store, guard)
+        try:
+            records = runner(task.spec, store, resume=earlier, on_batch=committer.on_batch, source=committer.tag)
+            committer.commit(records)  # what a runner measured without handing it to on_batch
+        except AttemptSuperseded:
+            outcome.superseded = outcome.reused = True
     finally:
-        committer.close()
+        if store is not None:
+            store.close()
     outcome.measured = len(committer.committed)
     outcome.records = outcome.resumed + outcome.measured
     if not outcome.superseded:

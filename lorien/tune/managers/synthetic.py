@@ -30,7 +30,7 @@ from lorien.tune.jobspec import job_id_of
 from lorien.tune.progress import TuneProgress
 
 
-def synthetic_runner(spec: dict[str, Any], store_uri: str | None, resume: Sequence[TuningRecord] = (),
+def synthetic_runner(spec: dict[str, Any], store: Any, resume: Sequence[TuningRecord] = (),
                      on_batch: Callable[[TuneProgress, list[TuningRecord]], None] | None = None,
                      **_options: Any) -> list[TuningRecord]:
     """Produce the ``spec["trials"]`` fake records not in ``resume``, sleeping
