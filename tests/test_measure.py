@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from lorien.engine import ops, reference, te
@@ -170,3 +173,29 @@ def test_runner_worker_is_recycled_after_max_tasks():
     finally:
         builder.pool.shutdown()
         runner.pool.shutdown()
+
+
+# A parent process that hands its worker a one-second task, reports the worker's pid and
+# waits to be killed; the worker inherits the parent's stderr.
+_ORPHANING_PARENT = """
+import functools, pickle, sys, time
+from lorien.engine.measure import MeasureInput, _Worker
+worker = _Worker()
+worker.send_conn.send(("build", pickle.dumps(MeasureInput(functools.partial(time.sleep, 1.0)))))
+print(worker.proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_worker_whose_parent_is_killed_exits_without_printing():
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHANING_PARENT], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    worker_pid = int(parent.stdout.readline())
+    parent.kill()  # SIGKILL: no cleanup runs in the parent; the worker is mid-task
+    try:
+        # The pipes reach end of file once the worker, which holds them too, has exited.
+        _, stderr = parent.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        psutil.Process(worker_pid).kill()
+        raise
+    assert stderr == ""
