@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "lorien warehouse compact --store parquet:s3://bucket/lorien")
     compact.add_argument("--store", help=STORE_HELP)
     compact.set_defaults(run=_run_warehouse_compact)
-    workloads = _parser(warehouse_sub, "workloads", "list the stored workload keys",
+    workloads = _parser(warehouse_sub, "workloads", "list the stored workload keys, each with a readable name "
+                        "(task and tensor shapes), tab-separated",
                         "lorien warehouse workloads --target 'llvm -mcpu=skylake-avx512'")
     workloads.add_argument("--target", help="only workloads of this target")
     workloads.add_argument("--store", help=STORE_HELP)
@@ -825,10 +826,11 @@ def _run_warehouse_compact(args: argparse.Namespace) -> int:
 
 
 def _run_warehouse_workloads(args: argparse.Namespace) -> int:
+    from lorien.warehouse.names import workload_names
 
     with _open_for_reading(args.store) as store:
-        for workload_key in store.workloads(args.target):
-            print(workload_key)
+        for workload_key, name in workload_names(store, args.target):
+            print(f"{workload_key}\t{name}")
     return 0
 
 # ---- run functions: warehouse dynamodb ---------------------------------------------------
