@@ -230,8 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--jobs", type=int, help="worker processes (default: CPU count, at most 4; 1: none)")
     featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch")
     featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
-                           help="auto (default): fast built-in extractor for autotvm records, each other "
-                                "dialect's own; dialect: every dialect's featurize(record), one by one")
+                           help="auto (default; builtin: the same): each dialect's batch featurizer (column-wise "
+                                "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.add_argument("--json", action="store_true", help="print the report as JSON")

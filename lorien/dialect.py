@@ -39,6 +39,34 @@ class Dialect(ABC):
         """Flat named features of one record's workload and config (phase 1 of featurization)."""
         raise DialectError(f"dialect {self.name!r} has no feature extractor")
 
+    def featurize_batch(self, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+        """The features of :meth:`featurize` of many records (an Arrow table of the record
+        schema): ``(positions, columns)`` groups, each column a list or Arrow array of one
+        value per position, and ``(position, reason)`` of every record not featurized. This
+        default featurizes record by record; a dialect overrides it to work column-wise."""
+        if type(self).featurize is Dialect.featurize:
+            raise DialectError(f"dialect {self.name!r} has no feature extractor")
+        rows: list[dict[str, Any]] = []
+        positions: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for position, row in enumerate(records.to_pylist()):
+            try:
+                rows.append(self.featurize(TuningRecord.from_row(row)))
+            except DialectError as exc:
+                failed.append((position, str(exc)))
+                continue
+            positions.append(position)
+        names = dict.fromkeys(name for row in rows for name in row)
+        return [(positions, {name: [row.get(name) for row in rows] for name in names})] if rows else [], failed
+
+    def proposal_space(self, workload_key: str) -> Any:
+        """The config space of a workload that zero-shot proposal samples, scores with a cost
+        model and measures: an object with ``task_name`` (the template a model was trained
+        under), ``args``, ``len()``, ``config(index)`` (a JSON-ready config),
+        ``features(configs)`` (the workload and knob features :meth:`featurize` gives records
+        of those configs) and ``measure(configs, target, measure, source)`` (one record each)."""
+        raise DialectError(f"dialect {self.name!r} cannot propose configs for unseen workloads")
+
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         """The dialect's workload key of a job's (task_name, args)."""
         raise DialectError(f"dialect {self.name!r} has no workload keys")

@@ -80,6 +80,15 @@ class AutoTVMDialect(Dialect):
                             commit=options.get("commit", True), resume=options.get("resume") or ())
         return progress.records
 
+    def proposal_space(self, workload_key: str) -> Any:
+        from dialects.autotvm.proposals import KnobProposalSpace
+        from lorien.workload import parse_autotvm_workload_key
+
+        return KnobProposalSpace(*parse_autotvm_workload_key(workload_key))
+
+    def featurize_batch(self, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+        return features.featurize_batch(records)
+
 
 def _generic(applied: Any) -> AppliedConfig:
     """The core's view of an autotvm ``apply`` outcome: the config as an entity list and index."""
