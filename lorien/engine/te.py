@@ -365,18 +365,3 @@ def topo_order(outputs: Sequence[Tensor]) -> list[Tensor]:
     for out in outputs:
         visit(out)
     return order
-
-
-def create_schedule(outputs: Tensor | Sequence[Tensor]):
-    """A fresh schedule (all stages at root, loops in definition order) for ``outputs``."""
-    from lorien.engine.schedule import Schedule
-
-    return Schedule([outputs] if isinstance(outputs, Tensor) else list(outputs))
-
-
-def replay(steps: Sequence[dict], outputs: Tensor | Sequence[Tensor]):
-    """Rebuild a schedule from its serialized ``steps`` (see ``Schedule.steps``)."""
-    s = create_schedule(outputs)
-    for step in steps:
-        s.apply(step)
-    return s
