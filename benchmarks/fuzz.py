@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from fuzzing import run_fuzz  # noqa: E402  (tests/fuzzing.py, the fuzz suite's harness)
 
