@@ -2,8 +2,10 @@
 
 A dialect (autotvm, auto_scheduler, meta_schedule, or a third party's) is a package that
 registers one object under the entry-point group ``lorien.dialects``. The core finds
-dialects only through :func:`get_dialect` and :func:`available_dialects`; it never imports
-a dialect package by name.
+dialects only through :func:`get_dialect` and :func:`available_dialects` (of
+:mod:`lorien.plugins`); it never imports a dialect package by name. What the core needs to
+know about the dialects as a whole (which dialect owns a log format, whose workload key this
+is) is derived at the end of this module from what each registered dialect declares.
 """
 
 from __future__ import annotations
