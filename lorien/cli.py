@@ -465,7 +465,7 @@ def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
 def _run_apply(args: argparse.Namespace) -> int:
     import json
 
-    from lorien.dialect import dialect_of_workload_key, get_dialect
+    from lorien.dialect import dialect_of_workload_key, format_owner, get_dialect
     from lorien.errors import ConfigError
 
     try:
@@ -478,9 +478,8 @@ def _run_apply(args: argparse.Namespace) -> int:
                "store_uri": resolve_store_uri(args.store) if args.commit else None}
     if args.log and args.line:
         from lorien.formats import detect_format
-        from lorien.warehouse.query import dialect_of_format
 
-        dialect = get_dialect(dialect_of_format(detect_format(args.log)))
+        dialect = get_dialect(format_owner(detect_format(args.log)))
         applied = dialect.apply_log_line(args.log, args.line, **options)
     elif args.workload_key and args.config:
         dialect = get_dialect(args.dialect or dialect_of_workload_key(args.workload_key))
@@ -647,9 +646,9 @@ def _run_ingest(args: argparse.Namespace) -> int:
 # ---- run functions: export ---------------------------------------------------------------
 
 def _run_export(args: argparse.Namespace) -> int:
-    from lorien.dialect import get_dialect
+    from lorien.dialect import format_owner, get_dialect
     from lorien.formats import encode_record
-    from lorien.warehouse.query import dialect_of_format, export_records
+    from lorien.warehouse.query import export_records
 
     if args.json and not args.output:
         raise LorienError("export --json prints a summary: give the records a file with -o FILE")
@@ -667,7 +666,7 @@ def _run_export(args: argparse.Namespace) -> int:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
     if args.output:
-        dialect = get_dialect(dialect_of_format(args.format))
+        dialect = get_dialect(format_owner(args.format))
         count = dialect.write_log(records, args.format, args.output, workloads,
                                   lorien_workloads=args.lorien_workloads)
         if args.json:

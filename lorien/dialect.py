@@ -2,8 +2,10 @@
 
 A dialect (autotvm, auto_scheduler, meta_schedule, or a third party's) is a package that
 registers one object under the entry-point group ``lorien.dialects``. The core finds
-dialects only through :func:`get_dialect` and :func:`available_dialects`; it never imports
-a dialect package by name.
+dialects only through :func:`get_dialect` and :func:`available_dialects` (of
+:mod:`lorien.plugins`); it never imports a dialect package by name. What the core needs to
+know about the dialects as a whole (which dialect owns a log format, whose workload key this
+is) is derived at the end of this module from what each registered dialect declares.
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from lorien.errors import DialectError, WorkloadError
+from lorien.errors import DialectError, UnknownFormatError, WorkloadError
+from lorien.plugins import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from lorien.plugins import available_dialects as available_dialects
+from lorien.plugins import get_dialect as get_dialect
 from lorien.record import TuningRecord
-
-ENTRY_POINT_GROUP = "lorien.dialects"
 
 
 class Dialect(ABC):
@@ -74,6 +75,12 @@ class Dialect(ABC):
     def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
         """(layout, FLOP count) of a workload; ``("NA", None)`` when unknown (and logged once)."""
         raise DialectError(f"dialect {self.name!r} cannot describe workloads")
+
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """Whether a workload key (stripped) has this dialect's form: True, False (the default),
+        or None -- not by its form, but this dialect takes the keys no dialect claims (the
+        fallback; :func:`dialect_of_workload_key` refuses a key two dialects claim)."""
+        return False
 
     def template_of(self, record: TuningRecord) -> str:
         """The template (group) a record is featurized under; the task name by default."""
@@ -150,37 +157,56 @@ def apply_logged(path: str, line_no: int, logged: TuningRecord, apply: Callable[
     return applied
 
 
+# ---- tables derived from the registered dialects ----------------------------------------------
+
+def dialect_formats() -> dict[str, str]:
+    """Log format -> the dialect whose records it holds, from every registered dialect's
+    :meth:`Dialect.record_formats` (``{"autotvm": "autotvm", "ansor": "auto_scheduler", ...}``)."""
+    owners: dict[str, str] = {}
+    for name in available_dialects():
+        for log_format in get_dialect(name).record_formats():
+            if owners.setdefault(log_format, name) != name:
+                raise DialectError(f"log format {log_format!r} is claimed by dialects {owners[log_format]!r} "
+                                   f"and {name!r}")
+    return owners
+
+
+def format_owner(log_format: str) -> str:
+    """The dialect whose records a log format holds (``ansor`` -> ``auto_scheduler``)."""
+    owners = dialect_formats()
+    if log_format not in owners:
+        raise UnknownFormatError(f"unknown log format {log_format!r} (known: {', '.join(owners)})")
+    return owners[log_format]
+
+
+def native_log_format(dialect: str) -> tuple[str, str] | None:
+    """(format, file suffix) of the line log a dialect's records are natively written to
+    (``auto_scheduler`` -> ``("ansor", ".json")``); None for a dialect that is not registered
+    or whose formats are no line logs (MetaSchedule's JSONDatabase is a directory)."""
+    from lorien.formats import FORMATS, log_suffix
+
+    if dialect not in available_dialects():
+        return None
+    for log_format in get_dialect(dialect).record_formats():
+        suffix = log_suffix(log_format) if log_format in FORMATS else None
+        if suffix is not None:
+            return log_format, suffix
+    return None
+
+
 def dialect_of_workload_key(workload_key: str) -> str:
-    """The dialect a workload key belongs to by its form: a JSON list ``["func", ...]`` is an
-    auto-scheduler key, a decimal number a MetaSchedule structural hash, anything else an
-    AutoTVM key ``task#arg#...``."""
+    """The dialect a workload key belongs to, by asking every registered dialect
+    (:meth:`Dialect.claims_workload_key`): the one that claims it, else the one fallback. For
+    the built-in dialects a JSON list ``["func", ...]`` is an auto-scheduler key, a decimal
+    number a MetaSchedule structural hash, anything else an AutoTVM key ``task#arg#...``."""
     key = workload_key.strip()
-    if key.startswith("["):
-        return "auto_scheduler"
-    return "meta_schedule" if key.isdigit() else "autotvm"
-
-
-@lru_cache(maxsize=1)
-def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def available_dialects() -> list[str]:
-    """Names of every dialect registered through the ``lorien.dialects`` entry points."""
-    return sorted(_entry_points())
-
-
-@cache
-def get_dialect(name: str) -> Dialect:
-    """Load the dialect registered under ``name``."""
-    eps = _entry_points()
-    if name not in eps:
-        known = ", ".join(sorted(eps)) or "none installed"
-        raise DialectError(f"unknown dialect {name!r} (known: {known})")
-    try:
-        dialect = eps[name].load()
-    except ImportError as exc:
-        raise DialectError(f"dialect {name!r} failed to load from {eps[name].value}: {exc}") from exc
-    if isinstance(dialect, type):
-        dialect = dialect()
-    return dialect
+    claims = {name: get_dialect(name).claims_workload_key(key) for name in available_dialects()}
+    for claim in (True, None):
+        claimants = [name for name, said in claims.items() if said is claim]
+        if len(claimants) == 1:
+            return claimants[0]
+        if claimants:
+            kind = "claimed by" if claim else "the fallback of"
+            raise DialectError(f"workload key {workload_key!r} is {kind} several dialects ({', '.join(claimants)}); "
+                               f"name the dialect")
+    raise DialectError(f"no dialect claims workload key {workload_key!r} (known: {', '.join(claims) or 'none'})")

@@ -13,6 +13,7 @@ import pytest
 
 from lorien.engine import ops, reference, te
 from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
+from lorien.engine.schedule import create_schedule
 from lorien.errors import LorienError
 from lorien.record import ErrorNo
 
@@ -20,7 +21,7 @@ from lorien.record import ErrorNo
 def dense_candidate(n: int, tile: int):
     data, weight = te.placeholder((n, n), name="data"), te.placeholder((n, n), name="weight")
     out = ops.dense(data, weight)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = s[out].op.axis
     jo, ji = s[out].split(j, factor=tile)
     s[out].vectorize(ji)
@@ -37,20 +38,20 @@ def invalid_split_candidate():
 def out_of_bounds_candidate():
     a = te.placeholder((16,), name="a")
     out = te.compute((16,), lambda i: a[i * (1 << 40)] + 1.0, name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def endless_candidate():
     a = te.placeholder((4,), name="a")
     k = te.reduce_axis(1 << 40, name="k")
     out = te.compute((4,), lambda i: te.sum(a[i] * 1.0, axis=k), name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def int_exp_candidate():
     a = te.placeholder((4,), "int64", name="a")
     out = te.compute((4,), lambda i: te.exp(a[i]), name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def slow_builder():

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from lorien.engine import te
-from lorien.engine.schedule import Schedule
+from lorien.engine.schedule import Schedule, create_schedule
 from lorien.errors import WorkloadError
 from lorien.workload import LAYOUT_NA, OPERATORS, infer_layout
 
@@ -175,7 +175,7 @@ class ComputeDAG:
 
     def init_schedule(self) -> Schedule:
         """A fresh engine schedule of the DAG's outputs."""
-        return te.create_schedule(self.outputs)
+        return create_schedule(self.outputs)
 
     # ------------------------------------------------------------ serialization and hash
     def to_json(self) -> dict[str, Any]:
@@ -215,7 +215,7 @@ class ComputeDAG:
 
     def workload_key(self) -> str:
         """The hashed workload key ``[hash, *shapes of the I/O tensors]`` (TVM's form)."""
-        from dialects.auto_scheduler.registry import dump_key
+        from dialects.auto_scheduler.keys import dump_key
 
         return dump_key([self.hash_key(), *(d for t in self.io_tensors for d in t.shape)])
 

@@ -34,6 +34,10 @@ class AutoTVMDialect(Dialect):
         task_name, args = parse_autotvm_workload_key(workload_key)
         return infer_layout(task_name, args), compute_flop(task_name, args)
 
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """The fallback: a readable key ``task#arg#...`` has no form other dialects' keys lack."""
+        return None
+
     def template_of(self, record: TuningRecord) -> str:
         return record.task_name
 

@@ -398,18 +398,3 @@ def flop(outputs: Sequence[Tensor]) -> float:
     """FLOPs of one run of the computation of ``outputs``: every compute op they reach (see
     :func:`op_flop`). The one FLOP count of Lorien: what the DSL describes is what is counted."""
     return builtins.sum(op_flop(t) for t in topo_order(outputs) if isinstance(t.op, ComputeOp))
-
-
-def create_schedule(outputs: Tensor | Sequence[Tensor]):
-    """A fresh schedule (all stages at root, loops in definition order) for ``outputs``."""
-    from lorien.engine.schedule import Schedule
-
-    return Schedule([outputs] if isinstance(outputs, Tensor) else list(outputs))
-
-
-def replay(steps: Sequence[dict], outputs: Tensor | Sequence[Tensor]):
-    """Rebuild a schedule from its serialized ``steps`` (see ``Schedule.steps``)."""
-    s = create_schedule(outputs)
-    for step in steps:
-        s.apply(step)
-    return s

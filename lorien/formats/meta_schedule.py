@@ -39,7 +39,10 @@ from lorien.target import parse_target, parse_target_dict
 from lorien.workload import LAYOUT_NA, negative_dimension
 
 FORMAT = "meta_schedule"
+#: The ``dialect`` of the records this codec decodes and writes.
 DIALECT = "meta_schedule"
+#: Not a line log: a database directory holding WORKLOAD_FILE and RECORD_FILE.
+LOG_SUFFIX = None
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 FIELDS_FILE = "lorien_record_fields.json"
