@@ -40,6 +40,8 @@ from lorien.warehouse.dynamodb import (
     DynamoDBStore,
     create_table,
     delete_table,
+    item_key,
+    merged_item,
 )
 
 TARGET = "llvm -keys=cpu -mcpu=znver3"
@@ -74,12 +76,12 @@ def _naive_commit(store: DynamoDBStore, record: TuningRecord) -> None:
     """The seed's read-modify-write: the same merge, then ``SET BestConfigs`` with no condition."""
     key = (record.target, record.workload_key)
     item = store.get_item(key)
-    new_item, _condition, _values, _outcome = store.merged_item(key, [record], 100, None, item)
+    new_item, _condition, _values, _outcome = merged_item(key, [record], 100, None, item)
     if item is None:
         store.client.put_item(TableName=store.location.table, Item=new_item)
         return
     store.client.update_item(
-        TableName=store.location.table, Key=store.item_key(key),
+        TableName=store.location.table, Key=item_key(key),
         UpdateExpression=f"SET {CONFIGS_ATTRIBUTE} = :configs",
         ExpressionAttributeValues={":configs": new_item[CONFIGS_ATTRIBUTE]})
 

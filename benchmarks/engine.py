@@ -52,6 +52,7 @@ from collections.abc import Callable
 import numpy as np
 
 from lorien.engine import build, reference, runtime, te
+from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate, vector_lanes
 
 # ResNet-18 3x3 conv2d layers, batch 1: (in channels, input size, out channels, stride)
@@ -181,7 +182,7 @@ def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, i
     x = te.placeholder((1, channels, size, size), name="x")
     packed = te.compute((1, channels // ic_bn, size, size, ic_bn),
                         lambda n, c, h, w, b: x[n, c * ic_bn + b, h, w], name="packed")
-    s = te.create_schedule(packed)
+    s = create_schedule(packed)
     n, c, h, w, b = packed.op.axis
     s[packed].parallel(s[packed].fuse(n, c, h))
     s[packed].vectorize(b)
@@ -189,7 +190,7 @@ def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, i
     y = te.placeholder((1, out_channels // oc_bn, out_size, out_size, oc_bn), name="y")
     plain = te.compute((1, out_channels, out_size, out_size),
                        lambda n, c, h, w: y[n, c // oc_bn, h, w, c % oc_bn], name="plain")
-    s = te.create_schedule(plain)
+    s = create_schedule(plain)
     n, c, h, w = plain.op.axis
     s[plain].parallel(s[plain].fuse(n, c, h))
     s[plain].vectorize(w)
@@ -374,7 +375,7 @@ COLD_IDLE_S = 0.05
 def _rows_kernel(rows: int, width: int, parallel: bool):
     a = te.placeholder((rows, width), name="a")
     out = te.compute((rows, width), lambda r, i: a[r, i] * 2.0 + 1.0, name="out")
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     r, i = s[out].op.axis
     _, inner = s[out].split(i, factor=16)
     s[out].vectorize(inner)

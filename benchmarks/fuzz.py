@@ -2,9 +2,9 @@
 
 Each case is a few lines of a real log in ../shared/data (TopHub AutoTVM logs as layouts 0.2
 and 0.1, auto-scheduler logs, MetaSchedule database pairs) changed by one to four random
-mutations, then read by every reader and checked by ``lorien.formats.fuzz.check_log``;
-every ``--store-every``-th case is also ingested (plain and ``--strict``) into a fresh store,
-every ``--parallel-every``-th read by worker processes too. Unlike the pytest properties
+mutations, then read by every reader and checked by ``check_log`` of the fuzz harness
+(``tests/fuzzing.py``); every ``--store-every``-th case is also ingested (plain and
+``--strict``) into a fresh store, every ``--parallel-every``-th read by worker processes too. Unlike the pytest properties
 (tests/test_formats_fuzz.py), which stop at the first failing case, this counts them.
 
     python benchmarks/fuzz.py              # 10,000 cases
@@ -22,9 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from lorien.formats.fuzz import run_fuzz
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+from fuzzing import run_fuzz  # noqa: E402  (tests/fuzzing.py, the fuzz suite's harness)
+
+DEFAULT_DATA = REPO.parent / "shared" / "data"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -230,8 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--jobs", type=int, help="worker processes (default: CPU count, at most 4; 1: none)")
     featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch")
     featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
-                           help="auto (default): fast built-in extractor for autotvm records, each other "
-                                "dialect's own; dialect: every dialect's featurize(record), one by one")
+                           help="auto (default; builtin: the same): each dialect's batch featurizer (column-wise "
+                                "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "lorien warehouse compact --store parquet:s3://bucket/lorien")
     compact.add_argument("--store", help=STORE_HELP)
     compact.set_defaults(run=_run_warehouse_compact)
-    workloads = _parser(warehouse_sub, "workloads", "list the stored workload keys",
+    workloads = _parser(warehouse_sub, "workloads", "list the stored workload keys, each with a readable name "
+                        "(task and tensor shapes), tab-separated",
                         "lorien warehouse workloads --target 'llvm -mcpu=skylake-avx512'")
     workloads.add_argument("--target", help="only workloads of this target")
     workloads.add_argument("--store", help=STORE_HELP)
@@ -464,7 +465,7 @@ def _tune_json(summaries: list, archived: Sequence[str] = ()) -> str:
 def _run_apply(args: argparse.Namespace) -> int:
     import json
 
-    from lorien.dialect import dialect_of_workload_key, get_dialect
+    from lorien.dialect import dialect_of_workload_key, format_owner, get_dialect
     from lorien.errors import ConfigError
 
     try:
@@ -477,9 +478,8 @@ def _run_apply(args: argparse.Namespace) -> int:
                "store_uri": resolve_store_uri(args.store) if args.commit else None}
     if args.log and args.line:
         from lorien.formats import detect_format
-        from lorien.warehouse.query import dialect_of_format
 
-        dialect = get_dialect(dialect_of_format(detect_format(args.log)))
+        dialect = get_dialect(format_owner(detect_format(args.log)))
         applied = dialect.apply_log_line(args.log, args.line, **options)
     elif args.workload_key and args.config:
         dialect = get_dialect(args.dialect or dialect_of_workload_key(args.workload_key))
@@ -646,9 +646,9 @@ def _run_ingest(args: argparse.Namespace) -> int:
 # ---- run functions: export ---------------------------------------------------------------
 
 def _run_export(args: argparse.Namespace) -> int:
-    from lorien.dialect import get_dialect
+    from lorien.dialect import format_owner, get_dialect
     from lorien.formats import encode_record
-    from lorien.warehouse.query import dialect_of_format, export_records
+    from lorien.warehouse.query import export_records
 
     if args.json and not args.output:
         raise LorienError("export --json prints a summary: give the records a file with -o FILE")
@@ -666,7 +666,7 @@ def _run_export(args: argparse.Namespace) -> int:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
     if args.output:
-        dialect = get_dialect(dialect_of_format(args.format))
+        dialect = get_dialect(format_owner(args.format))
         count = dialect.write_log(records, args.format, args.output, workloads,
                                   lorien_workloads=args.lorien_workloads)
         if args.json:
@@ -825,10 +825,11 @@ def _run_warehouse_compact(args: argparse.Namespace) -> int:
 
 
 def _run_warehouse_workloads(args: argparse.Namespace) -> int:
+    from lorien.warehouse.names import workload_names
 
     with _open_for_reading(args.store) as store:
-        for workload_key in store.workloads(args.target):
-            print(workload_key)
+        for workload_key, name in workload_names(store, args.target):
+            print(f"{workload_key}\t{name}")
     return 0
 
 # ---- run functions: warehouse dynamodb ---------------------------------------------------

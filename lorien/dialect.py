@@ -2,8 +2,10 @@
 
 A dialect (autotvm, auto_scheduler, meta_schedule, or a third party's) is a package that
 registers one object under the entry-point group ``lorien.dialects``. The core finds
-dialects only through :func:`get_dialect` and :func:`available_dialects`; it never imports
-a dialect package by name.
+dialects only through :func:`get_dialect` and :func:`available_dialects` (of
+:mod:`lorien.plugins`); it never imports a dialect package by name. What the core needs to
+know about the dialects as a whole (which dialect owns a log format, whose workload key this
+is) is derived at the end of this module from what each registered dialect declares.
 """
 
 from __future__ import annotations
@@ -11,19 +13,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lorien.errors import DialectError, WorkloadError
+from lorien.errors import DialectError, UnknownFormatError, WorkloadError
+from lorien.plugins import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from lorien.plugins import available_dialects as available_dialects
+from lorien.plugins import get_dialect as get_dialect
 from lorien.record import TuningRecord
-
-if TYPE_CHECKING:
-    from lorien.tune.job import TuneJob
-    from lorien.tune.loop import TuneContext
-
-ENTRY_POINT_GROUP = "lorien.dialects"
 
 
 @dataclass(frozen=True)
@@ -53,6 +50,34 @@ class Dialect(ABC):
         """Flat named features of one record's workload and config (phase 1 of featurization)."""
         raise DialectError(f"dialect {self.name!r} has no feature extractor")
 
+    def featurize_batch(self, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+        """The features of :meth:`featurize` of many records (an Arrow table of the record
+        schema): ``(positions, columns)`` groups, each column a list or Arrow array of one
+        value per position, and ``(position, reason)`` of every record not featurized. This
+        default featurizes record by record; a dialect overrides it to work column-wise."""
+        if type(self).featurize is Dialect.featurize:
+            raise DialectError(f"dialect {self.name!r} has no feature extractor")
+        rows: list[dict[str, Any]] = []
+        positions: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for position, row in enumerate(records.to_pylist()):
+            try:
+                rows.append(self.featurize(TuningRecord.from_row(row)))
+            except DialectError as exc:
+                failed.append((position, str(exc)))
+                continue
+            positions.append(position)
+        names = dict.fromkeys(name for row in rows for name in row)
+        return [(positions, {name: [row.get(name) for row in rows] for name in names})] if rows else [], failed
+
+    def proposal_space(self, workload_key: str) -> Any:
+        """The config space of a workload that zero-shot proposal samples, scores with a cost
+        model and measures: an object with ``task_name`` (the template a model was trained
+        under), ``args``, ``len()``, ``config(index)`` (a JSON-ready config),
+        ``features(configs)`` (the workload and knob features :meth:`featurize` gives records
+        of those configs) and ``measure(configs, target, measure, source)`` (one record each)."""
+        raise DialectError(f"dialect {self.name!r} cannot propose configs for unseen workloads")
+
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         """The dialect's workload key of a job's (task_name, args)."""
         raise DialectError(f"dialect {self.name!r} has no workload keys")
@@ -61,20 +86,27 @@ class Dialect(ABC):
         """(layout, FLOP count) of a workload; ``("NA", None)`` when unknown (and logged once)."""
         raise DialectError(f"dialect {self.name!r} cannot describe workloads")
 
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """Whether a workload key (stripped) has this dialect's form: True, False (the default),
+        or None -- not by its form, but this dialect takes the keys no dialect claims (the
+        fallback; :func:`dialect_of_workload_key` refuses a key two dialects claim)."""
+        return False
+
     def template_of(self, record: TuningRecord) -> str:
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name
 
-    def check_job(self, job: TuneJob) -> None:
-        """Check a job's workload and options beyond their types (DialectError names what is
-        wrong); called when the job is read, before anything is measured."""
+    def check_job(self, job: Any) -> None:
+        """Check a job (a :class:`lorien.tune.job.TuneJob`) beyond the types of its keys;
+        DialectError names what is wrong. Called when the job is read, before anything is measured."""
         return None
 
-    def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
-        """What the one tuning loop (:mod:`lorien.tune.loop`) needs to tune ``job``: the space, a
-        tuner over it, how candidates are measured and become records. ``store`` (an open store,
-        or None) is where transfer history and seeds may be read from; the loop itself replays
-        the workload's own records."""
+    def tuning_context(self, job: Any, store: Any) -> Any:
+        """What the one tuning loop (:mod:`lorien.tune.loop`) needs to tune ``job`` (a
+        :class:`lorien.tune.job.TuneJob`): a :class:`lorien.tune.loop.TuneContext` with the
+        space, a tuner over it, how candidates are measured and become records. ``store`` (an
+        open store, or None) is where transfer history and seeds may be read from; the loop
+        itself replays the workload's own records."""
         raise DialectError(f"dialect {self.name!r} cannot tune")
 
     def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -140,37 +172,56 @@ def apply_logged(path: str, line_no: int, logged: TuningRecord, apply: Callable[
     return applied
 
 
+# ---- tables derived from the registered dialects ----------------------------------------------
+
+def dialect_formats() -> dict[str, str]:
+    """Log format -> the dialect whose records it holds, from every registered dialect's
+    :meth:`Dialect.record_formats` (``{"autotvm": "autotvm", "ansor": "auto_scheduler", ...}``)."""
+    owners: dict[str, str] = {}
+    for name in available_dialects():
+        for log_format in get_dialect(name).record_formats():
+            if owners.setdefault(log_format, name) != name:
+                raise DialectError(f"log format {log_format!r} is claimed by dialects {owners[log_format]!r} "
+                                   f"and {name!r}")
+    return owners
+
+
+def format_owner(log_format: str) -> str:
+    """The dialect whose records a log format holds (``ansor`` -> ``auto_scheduler``)."""
+    owners = dialect_formats()
+    if log_format not in owners:
+        raise UnknownFormatError(f"unknown log format {log_format!r} (known: {', '.join(owners)})")
+    return owners[log_format]
+
+
+def native_log_format(dialect: str) -> tuple[str, str] | None:
+    """(format, file suffix) of the line log a dialect's records are natively written to
+    (``auto_scheduler`` -> ``("ansor", ".json")``); None for a dialect that is not registered
+    or whose formats are no line logs (MetaSchedule's JSONDatabase is a directory)."""
+    from lorien.formats import FORMATS, log_suffix
+
+    if dialect not in available_dialects():
+        return None
+    for log_format in get_dialect(dialect).record_formats():
+        suffix = log_suffix(log_format) if log_format in FORMATS else None
+        if suffix is not None:
+            return log_format, suffix
+    return None
+
+
 def dialect_of_workload_key(workload_key: str) -> str:
-    """The dialect a workload key belongs to by its form: a JSON list ``["func", ...]`` is an
-    auto-scheduler key, a decimal number a MetaSchedule structural hash, anything else an
-    AutoTVM key ``task#arg#...``."""
+    """The dialect a workload key belongs to, by asking every registered dialect
+    (:meth:`Dialect.claims_workload_key`): the one that claims it, else the one fallback. For
+    the built-in dialects a JSON list ``["func", ...]`` is an auto-scheduler key, a decimal
+    number a MetaSchedule structural hash, anything else an AutoTVM key ``task#arg#...``."""
     key = workload_key.strip()
-    if key.startswith("["):
-        return "auto_scheduler"
-    return "meta_schedule" if key.isdigit() else "autotvm"
-
-
-@lru_cache(maxsize=1)
-def _entry_points() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def available_dialects() -> list[str]:
-    """Names of every dialect registered through the ``lorien.dialects`` entry points."""
-    return sorted(_entry_points())
-
-
-@cache
-def get_dialect(name: str) -> Dialect:
-    """Load the dialect registered under ``name``."""
-    eps = _entry_points()
-    if name not in eps:
-        known = ", ".join(sorted(eps)) or "none installed"
-        raise DialectError(f"unknown dialect {name!r} (known: {known})")
-    try:
-        dialect = eps[name].load()
-    except ImportError as exc:
-        raise DialectError(f"dialect {name!r} failed to load from {eps[name].value}: {exc}") from exc
-    if isinstance(dialect, type):
-        dialect = dialect()
-    return dialect
+    claims = {name: get_dialect(name).claims_workload_key(key) for name in available_dialects()}
+    for claim in (True, None):
+        claimants = [name for name, said in claims.items() if said is claim]
+        if len(claimants) == 1:
+            return claimants[0]
+        if claimants:
+            kind = "claimed by" if claim else "the fallback of"
+            raise DialectError(f"workload key {workload_key!r} is {kind} several dialects ({', '.join(claimants)}); "
+                               f"name the dialect")
+    raise DialectError(f"no dialect claims workload key {workload_key!r} (known: {', '.join(claims) or 'none'})")

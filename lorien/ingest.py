@@ -23,9 +23,10 @@ from lorien.warehouse import CommitResult, open_store
 
 #: Files picked up when a directory is walked (named files are always read).
 LOG_SUFFIXES = (".log", ".json", ".jsonl")
-#: A directory holding this file is one MetaSchedule JSONDatabase (the pair is read together).
+#: A directory holding this file is one MetaSchedule JSONDatabase (the pair, and the record
+#: fields Lorien keeps beside it, are read together).
 META_SCHEDULE_RECORDS = "database_tuning_record.json"
-META_SCHEDULE_FILES = ("database_workload.json", META_SCHEDULE_RECORDS)
+META_SCHEDULE_FILES = ("database_workload.json", META_SCHEDULE_RECORDS, "lorien_record_fields.json")
 INGEST_FORMATS = ("auto", "autotvm", "ansor", "meta_schedule")
 
 

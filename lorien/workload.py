@@ -14,6 +14,10 @@ Conventions (see docs/formats.md):
   packing count nothing); Winograd convolutions count as the direct convolution they compute;
   transposed convolutions count every input pixel times every kernel tap. An operator Lorien
   cannot count gets ``None`` ("unknown") and one warning per task name, never a guess.
+  The count of a computation the engine's DSL describes is :func:`lorien.engine.te.flop`;
+  :func:`compute_flop` gives the same number from a log's arguments alone, for the TopHub
+  operators that have no compute definition here (Winograd, VTA, conv3d, transposed), and a
+  test holds it equal to the DSL count for the operators that have one.
 """
 
 from __future__ import annotations

@@ -267,7 +267,20 @@ def test_warehouse_stats_counts_the_records(capsys, tophub_store):
 def test_warehouse_workloads_lists_the_keys_of_a_target(capsys, llvm_log, tophub_store):
     code, out, _ = run_cli(capsys, "warehouse", "workloads", "--target", SKYLAKE, "--store", tophub_store)
     assert code == 0
-    assert out.splitlines() == sorted({record.workload_key for record in read_log(llvm_log).records})
+    assert [line.split("\t")[0] for line in out.splitlines()] == sorted(
+        {record.workload_key for record in read_log(llvm_log).records})
+
+
+def test_warehouse_workloads_names_each_workload_by_task_and_shapes(capsys, shared_data, store_uri):
+    for log in ("meta_schedule", "ansor/matmul.json", "tophub/llvm_v0.04.log"):
+        run_cli(capsys, "ingest", str(shared_data / log), "--store", store_uri)
+    code, out, _ = run_cli(capsys, "warehouse", "workloads", "--store", store_uri)
+    names = dict(line.split("\t") for line in out.splitlines())
+    assert code == 0
+    assert names["7945140434223946842"] == "conv 1x56x56x64 3x3x64x64 1x56x56x64"  # TVM's conv_56_64 module
+    assert names["8977967321216436469"] == "C 128x128 128x128 128x128"  # TVM's matmul_128 module
+    assert names['["matmul_add", 1024, 1024, 1024, "float32"]'] == 'matmul_add 1024,1024,1024,"float32"'
+    assert "conv2d_NCHWc.x86 1x3x224x224 64x3x7x7" in names.values()
 
 
 def test_warehouse_compact_keeps_query_answers(capsys, shared_data, store_uri):

@@ -207,13 +207,14 @@ def test_diverse_proposals_try_different_innermost_tiles_first():
 
     from lorien.costmodel.zeroshot import diverse_top
 
-    def entity(y, x, k):
-        return [["tile_y", "sp", [-1, 1, y]], ["tile_x", "sp", [-1, 2, x]], ["tile_k", "sp", [-1, k]]]
+    def features(y, x, k):
+        return {"in_0": 64, "sp_tile_y_0": -1, "sp_tile_y_1": 1, "sp_tile_y_2": y, "sp_tile_x_0": -1,
+                "sp_tile_x_1": 2, "sp_tile_x_2": x, "sp_tile_k_0": -1, "sp_tile_k_1": k}
 
-    entities = [entity(4, 16, 8), entity(4, 16, 8), entity(8, 16, 8), entity(4, 16, 8), entity(8, 32, 8)]
-    order = np.arange(len(entities))  # already best first
-    assert diverse_top(order, entities, 3) == [0, 2, 4]
-    assert diverse_top(order, entities, 5) == [0, 2, 4, 1, 3]
+    configs = [features(4, 16, 8), features(4, 16, 8), features(8, 16, 8), features(4, 16, 8), features(8, 32, 8)]
+    order = np.arange(len(configs))  # already best first
+    assert diverse_top(order, configs, 3) == [0, 2, 4]
+    assert diverse_top(order, configs, 5) == [0, 2, 4, 1, 3]
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,16 @@ import textwrap
 
 import pytest
 
-from lorien.dialect import available_dialects, get_dialect
-from lorien.errors import DialectError
+from lorien.dialect import (
+    Dialect,
+    available_dialects,
+    dialect_formats,
+    dialect_of_workload_key,
+    format_owner,
+    get_dialect,
+    native_log_format,
+)
+from lorien.errors import DialectError, UnknownFormatError
 
 THIRD_PARTY_DIALECT = textwrap.dedent(
     """
@@ -66,3 +74,68 @@ def test_the_core_never_imports_a_dialect_package():
                  for number, line in enumerate(path.read_text().splitlines(), 1)
                  if re.match(r"\s*(from|import)\s+dialects\b", line)]
     assert offenders == []
+
+
+def test_format_owners_come_from_the_dialects_record_formats():
+    assert {"autotvm": "autotvm", "ansor": "auto_scheduler", "meta_schedule": "meta_schedule"}.items() \
+        <= dialect_formats().items()
+    assert format_owner("ansor") == "auto_scheduler"
+
+
+def test_every_codec_writes_the_dialect_that_owns_its_format():
+    from lorien import formats
+
+    for log_format in formats.FORMATS:
+        assert getattr(formats, log_format).DIALECT == format_owner(log_format)
+
+
+def test_an_unknown_format_names_the_value_and_the_known_ones():
+    with pytest.raises(UnknownFormatError, match="'nosuch'.*ansor"):
+        format_owner("nosuch")
+
+
+def test_native_line_logs_of_the_dialects():
+    assert native_log_format("autotvm") == ("autotvm", ".log")
+    assert native_log_format("auto_scheduler") == ("ansor", ".json")
+    assert native_log_format("meta_schedule") is None  # a JSONDatabase directory
+    assert native_log_format("nosuch") is None
+
+
+@pytest.mark.parametrize(("key", "dialect"), [
+    ('["matmul", 64, 64, 64, "float32"]', "auto_scheduler"),
+    ("  12345678901234567890", "meta_schedule"),
+    ("dense_nopack.x86#1x64#64x64", "autotvm"),
+])
+def test_each_dialect_claims_its_own_workload_keys(key, dialect):
+    assert dialect_of_workload_key(key) == dialect
+
+
+class _Claims(Dialect):
+    def __init__(self, name, claim):
+        self.name, self._claim = name, claim
+
+    def record_formats(self):
+        return []
+
+    def claims_workload_key(self, workload_key):
+        return self._claim
+
+
+def _registered(monkeypatch, *dialects):
+    import lorien.dialect
+
+    by_name = {dialect.name: dialect for dialect in dialects}
+    monkeypatch.setattr(lorien.dialect, "available_dialects", lambda: sorted(by_name))
+    monkeypatch.setattr(lorien.dialect, "get_dialect", by_name.__getitem__)
+
+
+def test_a_key_two_dialects_claim_is_refused_naming_both(monkeypatch):
+    _registered(monkeypatch, _Claims("one", True), _Claims("two", True))
+    with pytest.raises(DialectError, match="'k'.*one, two"):
+        dialect_of_workload_key("k")
+
+
+def test_a_key_nobody_claims_without_a_fallback_is_refused(monkeypatch):
+    _registered(monkeypatch, _Claims("one", False))
+    with pytest.raises(DialectError, match="no dialect claims workload key 'k'"):
+        dialect_of_workload_key("k")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lorien.engine import ScheduleError, build, lower, ops, reference, runtime, te
+from lorien.engine.schedule import create_schedule, replay
 from lorien.errors import LorienError
 
 RNG = np.random.default_rng(1)
@@ -29,7 +30,7 @@ def _check_dense(s, data, weight, out):
 
 def test_split_by_factor_that_does_not_divide_is_guarded():
     data, weight, out = _dense()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s[out].split(out.op.axis[0], factor=4)
     s[out].split(out.op.axis[1], factor=6)
     _check_dense(s, data, weight, out)
@@ -37,7 +38,7 @@ def test_split_by_factor_that_does_not_divide_is_guarded():
 
 def test_split_by_nparts():
     data, weight, out = _dense()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     outer, inner = s[out].split(out.op.axis[1], nparts=3)
     assert (outer.name, inner.name) == ("j.outer", "j.inner")
     _check_dense(s, data, weight, out)
@@ -45,7 +46,7 @@ def test_split_by_nparts():
 
 def test_reorder_puts_reduction_outermost():
     data, weight, out = _dense()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = out.op.axis
     (k,) = out.op.reduce_axis
     s[out].reorder(k, j, i)
@@ -55,7 +56,7 @@ def test_reorder_puts_reduction_outermost():
 
 def test_fuse_and_parallel_over_the_fused_axis():
     data, weight, out = _dense(m=16, n=24)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     fused = s[out].fuse(*out.op.axis)
     s[out].parallel(fused)
     assert "'parallel'" in str(lower(s, [data, weight, out]))
@@ -64,7 +65,7 @@ def test_fuse_and_parallel_over_the_fused_axis():
 
 def test_vectorize_makes_vector_ops_and_unroll_expands_copies():
     data, weight, out = _dense(m=8, n=32)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = out.op.axis
     (k,) = out.op.reduce_axis
     io, ii = s[out].split(i, factor=2)
@@ -80,7 +81,7 @@ def test_vectorize_makes_vector_ops_and_unroll_expands_copies():
 
 def test_register_tile_with_cache_write_and_compute_at_over_packed_weight():
     data, weight, out = _dense(m=12, n=32, k=9, pack_nr=16)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     local = s.cache_write(out, "local")
     i, j = s[out].op.axis
     io, ii = s[out].split(i, factor=4)
@@ -105,7 +106,7 @@ def test_register_tile_with_cache_write_and_compute_at_over_packed_weight():
 def test_compute_inline_removes_the_padding_stage():
     data, kern = te.placeholder((1, 2, 5, 5), name="data"), te.placeholder((3, 2, 3, 3), name="kernel")
     out = ops.conv2d_nchw(data, kern, 1, 1)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s["conv2d.pad"].compute_inline()
     assert "conv2d.pad" not in str(lower(s, [data, kern, out]))
     a, k = RNG.standard_normal((1, 2, 5, 5)).astype("float32"), RNG.standard_normal((3, 2, 3, 3)).astype("float32")
@@ -117,7 +118,7 @@ def test_compute_inline_removes_the_padding_stage():
 def test_padding_computed_at_an_output_row_allocates_only_the_window():
     data, kern = te.placeholder((1, 2, 6, 6), name="data"), te.placeholder((2, 2, 3, 3), name="kernel")
     out = ops.conv2d_nchw(data, kern, 1, 1)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s["conv2d.pad"].compute_at(s[out], out.op.axis[2])
     assert "('conv2d.pad', 48, 'local')" in str(lower(s, [data, kern, out]))  # 2 channels x 3 rows x 8 cols
     a, k = RNG.standard_normal((1, 2, 6, 6)).astype("float32"), RNG.standard_normal((2, 2, 3, 3)).astype("float32")
@@ -129,7 +130,7 @@ def test_padding_computed_at_an_output_row_allocates_only_the_window():
 def test_fused_epilogue_stage_computes_bias_and_relu():
     data, weight, bias = te.placeholder((4, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
     out = ops.dense(data, weight, bias=bias, relu=True)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = s[out].op.axis
     s[out].vectorize(j)
     s["dense.acc"].compute_at(s[out], i)
@@ -141,13 +142,13 @@ def test_fused_epilogue_stage_computes_bias_and_relu():
 
 def test_steps_serialize_to_json_and_replay_to_the_same_program():
     data, weight, out = _dense(m=8, n=32)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     local = s.cache_write(out, "local")
     jo, ji = s[out].split(s[out].op.axis[1], factor=16)
     s[out].vectorize(ji)
     s[local].compute_at(s[out], jo)
     steps = json.loads(json.dumps(s.steps))
-    replayed = te.replay(steps, out)
+    replayed = replay(steps, out)
     assert replayed.steps == s.steps
     assert str(lower(replayed, [data, weight, out])) == str(lower(s, [data, weight, out]))
     _check_dense(replayed, data, weight, out)
@@ -155,7 +156,7 @@ def test_steps_serialize_to_json_and_replay_to_the_same_program():
 
 def test_unknown_axis_is_a_schedule_error_naming_it():
     _, _, out = _dense()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     with pytest.raises(ScheduleError, match="'nope'"):
         s[out].split("nope", factor=2)
 
@@ -163,12 +164,12 @@ def test_unknown_axis_is_a_schedule_error_naming_it():
 def test_reduction_cannot_be_inlined():
     _, _, out = _dense()
     with pytest.raises(ScheduleError, match="reduction"):
-        te.replay([{"kind": "compute_inline", "stage": "dense"}], out)
+        replay([{"kind": "compute_inline", "stage": "dense"}], out)
 
 
 def test_printed_ir_shows_loops_loads_and_stores():
     data, weight, out = _dense(m=4, n=4, k=4)
-    text = str(lower(te.create_schedule(out), [data, weight, out]))
+    text = str(lower(create_schedule(out), [data, weight, out]))
     assert text.splitlines()[0].startswith("kernel kernel(data: float32[4, 4]")
     for kind in ("LOOP", "ENDLOOP", "LOAD", "STORE", "ALU"):
         assert kind in text
@@ -177,7 +178,7 @@ def test_printed_ir_shows_loops_loads_and_stores():
 def test_parallel_loop_uses_every_thread_and_gives_the_same_answer():
     a = te.placeholder((4096,), name="a")
     out = te.compute((4096,), lambda i: a[i] * 2.0 + 1.0, name="out")
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     o, inner = s[out].split(out.op.axis[0], factor=64)
     s[out].parallel(o)
     s[out].vectorize(inner)
@@ -190,7 +191,7 @@ def test_parallel_loop_uses_every_thread_and_gives_the_same_answer():
 
 def test_kernel_time_grows_number_until_a_repeat_lasts_min_repeat_ms():
     data, weight, out = _dense(m=8, n=8, k=8)
-    kernel = build(te.create_schedule(out), [data, weight, out])
+    kernel = build(create_schedule(out), [data, weight, out])
     arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
     (cost,) = kernel.time(*arrays, number=1, repeat=1, min_repeat_ms=5)
     assert kernel.last_number > 1
@@ -199,15 +200,15 @@ def test_kernel_time_grows_number_until_a_repeat_lasts_min_repeat_ms():
 
 def test_kernel_rejects_arrays_of_the_wrong_shape():
     data, weight, out = _dense(m=4, n=4, k=4)
-    kernel = build(te.create_schedule(out), [data, weight, out])
+    kernel = build(create_schedule(out), [data, weight, out])
     with pytest.raises(ValueError, match="'weight'"):
         kernel(np.ones((4, 4), "float32"), np.ones((3, 4), "float32"), np.ones((4, 4), "float32"))
 
 
 def test_same_program_is_compiled_once():
     data, weight, out = _dense(m=4, n=4, k=4)
-    first = build(te.create_schedule(out), [data, weight, out])
-    second = build(te.create_schedule(out), [data, weight, out])
+    first = build(create_schedule(out), [data, weight, out])
+    second = build(create_schedule(out), [data, weight, out])
     assert first.address == second.address
 
 
@@ -217,7 +218,7 @@ def test_max_reduction_matches_numpy():
     out = te.compute((6,), lambda i: te.max(a[i, k], axis=k), name="rowmax")
     x = RNG.standard_normal((6, 10)).astype("float32")
     y = np.zeros(6, "float32")
-    build(te.create_schedule(out), [a, out])(x, y)
+    build(create_schedule(out), [a, out])(x, y)
     np.testing.assert_array_equal(y, x.max(axis=1))
 
 
@@ -225,17 +226,17 @@ def test_intermediate_stage_at_root_is_a_temporary_buffer():
     a = te.placeholder((8, 8), name="a")
     doubled = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="doubled")
     out = te.compute((8, 8), lambda i, j: doubled[j, i] + 1.0, name="out")
-    text = str(lower(te.create_schedule(out), [a, out]))
+    text = str(lower(create_schedule(out), [a, out]))
     assert "('doubled', 64, 'global')" in text and "FREE" in text
     x = RNG.standard_normal((8, 8)).astype("float32")
     y = np.zeros((8, 8), "float32")
-    build(te.create_schedule(out), [a, out])(x, y)
+    build(create_schedule(out), [a, out])(x, y)
     np.testing.assert_allclose(y, x.T * 2 + 1, rtol=1e-6)
 
 
 def test_timing_with_cache_flush_returns_one_cost_per_repeat():
     data, weight, out = _dense(m=8, n=8, k=8)
-    kernel = build(te.create_schedule(out), [data, weight, out])
+    kernel = build(create_schedule(out), [data, weight, out])
     arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
     costs = kernel.time(*arrays, number=2, repeat=3, flush_cache=True)
     assert len(costs) == 3 and all(c > 0 for c in costs)
@@ -246,7 +247,7 @@ def test_int32_tensors_compute_with_int_literals():
     out = te.compute((5,), lambda i: a[i] * 3 + 1, name="out")
     x = np.arange(5, dtype="int32")
     y = np.zeros(5, "int32")
-    build(te.create_schedule(out), [a, out])(x, y)
+    build(create_schedule(out), [a, out])(x, y)
     np.testing.assert_array_equal(y, x * 3 + 1)
 
 
@@ -254,7 +255,7 @@ def test_compiled_object_is_cached_on_disk_by_ir_hash(tmp_path, monkeypatch):
     monkeypatch.setenv("LORIEN_CACHE_DIR", str(tmp_path))
     a = te.placeholder((37,), name="a")
     out = te.compute((37,), lambda i: a[i] - 37.0, name="out")
-    build(te.create_schedule(out), [a, out])
+    build(create_schedule(out), [a, out])
     assert len(list((tmp_path / "kernels").glob("*.o"))) == 1
 
 
@@ -262,7 +263,7 @@ def test_compiled_object_is_cached_on_disk_by_ir_hash(tmp_path, monkeypatch):
 def test_inlined_padding_under_a_vectorized_axis_uses_masked_or_gathered_loads(stride):
     data, kern = te.placeholder((1, 2, 9, 9), name="data"), te.placeholder((3, 2, 3, 3), name="kernel")
     out = ops.conv2d_nchw(data, kern, stride, 1)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s["conv2d.pad"].compute_inline()
     n, f, y, x = s[out].op.axis
     rc, ry, rx = s[out].op.reduce_axis
@@ -336,7 +337,7 @@ def test_random_schedules_compute_what_numpy_computes(seed):
         b = te.placeholder((w.shape[0],), name="b")
         out = ops.dense(d, w, bias=b, relu=True)
         inputs, ref = [d, w, b], lambda x, y, z: reference.dense(x, y, z, relu=True)
-        s = te.create_schedule(out)
+        s = create_schedule(out)
         _random_schedule(s["dense.acc"], rng)
         _random_schedule(s[out], rng)
         s["dense.acc"].compute_at(s[out], rng.choice(s[out].leaf))
@@ -345,7 +346,7 @@ def test_random_schedules_compute_what_numpy_computes(seed):
         d, w = te.placeholder((1, 3, rng.randint(5, 10), 8), name="d"), te.placeholder((4, 3, 3, 3), name="w")
         out = ops.conv2d_nchw(d, w, stride, 1)
         inputs, ref = [d, w], lambda x, y: reference.conv2d_nchw(x, y, stride, 1)
-        s = te.create_schedule(out)
+        s = create_schedule(out)
         _random_schedule(s[out], rng)
         _random_schedule(s["conv2d.pad"], rng)
         s["conv2d.pad"].compute_at(s[out], rng.choice(s[out].leaf))
@@ -357,7 +358,7 @@ def test_random_schedules_compute_what_numpy_computes(seed):
 
 def test_tile_is_two_splits_and_a_reorder():
     data, weight, out = _dense(m=12, n=20)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = out.op.axis
     io, jo, ii, ji = s[out].tile(i, j, 4, 8)
     assert s[out].leaf == ["i.outer", "j.outer", "i.inner", "j.inner", "k"]
@@ -371,7 +372,7 @@ def test_elementwise_functions_casts_and_min_reduction_match_numpy():
     rowmin = te.compute((4,), lambda i: te.min(a[i, k], axis=k), name="rowmin")
     out = te.compute((4, 16), lambda i, j: te.exp(a[i, j]) + te.sqrt(te.maximum(a[i, j], 0.0))
                      + te.cast(te.cast(a[i, j] * 10.0, "int32"), "float32") + rowmin[i], name="out")
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s[out].vectorize(out.op.axis[1])
     x = RNG.standard_normal((4, 16)).astype("float32")
     y = np.zeros((4, 16), "float32")
@@ -385,7 +386,7 @@ def test_c_renderer_compiles_the_same_program_to_the_same_answer(stride):
     data, kern = te.placeholder((1, 3, 9, 9), name="data"), te.placeholder((32, 3, 3, 3), name="kernel")
     bias = te.placeholder((32,), name="bias")
     out = ops.conv2d_nchw(data, kern, stride, 1, bias=bias, relu=True)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s["conv2d.pad"].compute_inline()
     acc = s["conv2d.acc"]
     n, f, y, x = s[out].op.axis
@@ -410,13 +411,13 @@ def test_c_renderer_compiles_the_same_program_to_the_same_answer(stride):
 def test_unknown_build_target_is_rejected():
     _, _, out = _dense(m=4, n=4, k=4)
     with pytest.raises(LorienError, match="'cuda'"):
-        build(te.create_schedule(out), list(out.op.input_tensors()) + [out], target="cuda")
+        build(create_schedule(out), list(out.op.input_tensors()) + [out], target="cuda")
 
 
 def test_stage_computed_at_a_loop_that_is_split_later_moves_to_the_inner_loop():
     data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
     out = ops.dense(data, weight, bias=bias, relu=True)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = s[out].op.axis
     s["dense.acc"].compute_at(s[out], j)
     _, ji = s[out].split(j, factor=4)
@@ -432,7 +433,7 @@ def test_stage_computed_at_a_loop_that_is_split_later_moves_to_the_inner_loop():
 def test_stage_computed_at_a_loop_that_is_fused_moves_to_the_fused_loop():
     data, weight, bias = te.placeholder((8, 8), name="d"), te.placeholder((16, 8), name="w"), te.placeholder((16,), name="b")
     out = ops.dense(data, weight, bias=bias)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = s[out].op.axis
     s["dense.acc"].compute_at(s[out], i)
     fused = s[out].fuse(i, j)
@@ -450,7 +451,7 @@ def _matmul(m=12, n=16, k=10):
 
 def test_cache_read_stages_a_tile_of_an_input_where_it_is_used():
     a, b, out = _matmul()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     b_tile = s.cache_read(b, "local", [out])
     assert b_tile.name == "B.local" and s[b_tile].leaf == ["ax0", "ax1"]
     i, j = s[out].op.axis
@@ -470,9 +471,9 @@ def test_cache_read_replays_from_json_and_other_readers_keep_the_original():
     a = te.placeholder((8, 8), name="a")
     doubled = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="doubled")
     out = te.compute((8, 8), lambda i, j: doubled[i, j] + a[j, i], name="out")
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     s.cache_read(doubled, "local", ["out"])
-    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    replayed = replay(json.loads(json.dumps(s.steps)), out)
     assert [st.name for st in replayed.stages] == ["doubled", "doubled.local", "out"]
     x = RNG.standard_normal((8, 8)).astype("float32")
     y = np.zeros((8, 8), "float32")
@@ -483,7 +484,7 @@ def test_cache_read_replays_from_json_and_other_readers_keep_the_original():
 def test_cache_read_for_a_stage_that_does_not_read_the_tensor_is_refused():
     a, b, out = _matmul()
     other = te.compute((4,), lambda i: a[i, 0] + 1.0, name="other")
-    s = te.create_schedule([out, other])
+    s = create_schedule([out, other])
     with pytest.raises(ScheduleError, match="'other' does not read 'B'"):
         s.cache_read(b, "local", [other])
 
@@ -497,7 +498,7 @@ def _row_sum(rows=3, cols=1000):
 @pytest.mark.parametrize("factor,factor_axis", [(50, 0), (48, 1)])
 def test_rfactor_sums_partial_results_along_the_factored_loop(factor, factor_axis):
     a, out = _row_sum()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     ko, ki = s[out].split(out.op.reduce_axis[0], factor=factor)
     rf = s.rfactor(out, ki, factor_axis)
     assert rf.name == "total.rf" and rf.shape == ((factor, 3) if factor_axis == 0 else (3, factor))
@@ -505,7 +506,7 @@ def test_rfactor_sums_partial_results_along_the_factored_loop(factor, factor_axi
     assert s[out].leaf == ["i", "k.inner.v"]
     s[rf].reorder(*[name for name in s[rf].leaf if name != "k.inner"], "k.inner")
     s[rf].vectorize("k.inner")
-    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    replayed = replay(json.loads(json.dumps(s.steps)), out)
     x = RNG.standard_normal(a.shape).astype("float32")
     y = np.zeros(3, "float32")
     build(replayed, [a, out])(x, y)  # 48 does not divide 1000: the tail is guarded
@@ -514,7 +515,7 @@ def test_rfactor_sums_partial_results_along_the_factored_loop(factor, factor_axi
 
 def test_rfactor_of_a_whole_reduce_loop_keeps_no_reduction_in_the_factored_stage():
     a, out = _row_sum(rows=2, cols=16)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     rf = s.rfactor(out, "k", 1)
     assert s[rf].op.reduce_axis == []
     x = RNG.standard_normal(a.shape).astype("float32")
@@ -525,19 +526,19 @@ def test_rfactor_of_a_whole_reduce_loop_keeps_no_reduction_in_the_factored_stage
 
 def test_rfactor_of_a_spatial_loop_is_refused():
     _, out = _row_sum()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     with pytest.raises(ScheduleError, match="'i' of stage 'total' is not a reduce loop"):
         s.rfactor(out, "i")
 
 
 def test_storage_align_is_recorded_and_replayed_and_changes_nothing_on_the_cpu():
     a, b, out = _matmul()
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     b_tile = s.cache_read(b, "local", [out])
     s[b_tile].compute_at(s[out], s[out].op.axis[0])
     plain = str(lower(s, [a, b, out]))
     s[b_tile].storage_align("ax0", 16, 1)
-    replayed = te.replay(json.loads(json.dumps(s.steps)), out)
+    replayed = replay(json.loads(json.dumps(s.steps)), out)
     assert replayed[b_tile.name].alignments == {"ax0": (16, 1)}
     assert str(lower(replayed, [a, b, out])) == plain
     with pytest.raises(ScheduleError, match="factor must be >= 1"):

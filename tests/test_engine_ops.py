@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lorien.engine import build, ops, reference, te
+from lorien.engine.schedule import create_schedule
 
 RNG = np.random.default_rng(0)
 
@@ -15,7 +16,7 @@ def _rand(*shape):
 
 
 def _run(out, inputs, arrays):
-    kernel = build(te.create_schedule(out), [*inputs, out])
+    kernel = build(create_schedule(out), [*inputs, out])
     result = np.zeros(out.shape, "float32")
     kernel(*arrays, result)
     return result

@@ -116,6 +116,7 @@ def test_a_kernel_for_one_core_runs_its_parallel_loops_on_the_calling_thread_onl
         from pathlib import Path
         import numpy as np
         from lorien.engine import build, te
+        from lorien.engine.schedule import create_schedule
 
         def worker_cpu_ticks():
             ticks = 0
@@ -129,7 +130,7 @@ def test_a_kernel_for_one_core_runs_its_parallel_loops_on_the_calling_thread_onl
         threading_main = threading.get_native_id()
         a = te.placeholder((1 << 16,), name="a")
         out = te.compute((1 << 16,), lambda i: a[i] * 2.0 + 1.0, name="out")
-        s = te.create_schedule(out)
+        s = create_schedule(out)
         outer, inner = s[out].split(out.op.axis[0], factor=256)
         s[out].parallel(outer)
         s[out].vectorize(inner)

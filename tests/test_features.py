@@ -21,7 +21,6 @@ from lorien.features import (
     output_paths,
     record_features,
 )
-from lorien.features.extract import config_features, workload_features
 from lorien.record import records_to_table
 
 X86_TEMPLATE = "conv2d_NCHWc.x86"
@@ -243,7 +242,9 @@ def test_feature_names_follow_lorien_conventions():
     args = [["TENSOR", [1, 64], "float32"], ["TENSOR", [32, 64], "float32"], None, "float32"]
     entity = [["tile_y", "sp", [1, 1]], ["tile_x", "sp", [4, 8]], ["ann", "an", ["unroll", "vec"]],
               ["order", "re", [1, 0]], ["unroll_kw", "ot", True]]
-    features = {**workload_features(args), **config_features(entity)}
+    from dialects.autotvm.features import knob_features, workload_features
+
+    features = {**workload_features(args), **knob_features(entity)}
     assert features == {"attr_0": "None", "attr_1": "float32", "in_0": 1, "in_1": 64, "in_2": "float32",
                         "in_3": 32, "in_4": 64, "in_5": "float32", "sp_tile_y_0": 1, "sp_tile_y_1": 1,
                         "sp_tile_x_0": 4, "sp_tile_x_1": 8, "an_ann": "unroll;vec", "re_order": "1;0",
@@ -277,7 +278,7 @@ def test_phase1_table_batches_are_featurized_per_template(llvm_log):
     assert counts["featurized"] == 2 * table.num_rows
 
 
-def test_builtin_extractor_gives_the_autotvm_dialects_features(tmp_path, shared_data):
+def test_batch_featurizer_gives_the_features_of_featurize_record_by_record(tmp_path, shared_data):
     logs = [shared_data / "tophub"]
     fast = featurize(tmp_path / "fast", paths=logs, extractor="auto", jobs=1, progress=False)
     featurize(tmp_path / "dialect", paths=logs, extractor="dialect", jobs=1, progress=False)

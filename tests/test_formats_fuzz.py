@@ -1,6 +1,6 @@
 """Every log reader survives any input: mutated real logs of all three formats give records and
 per-line errors (file and line named), never another exception; the readers agree; ingest stores
-exactly the good lines and a strict ingest stores nothing (lorien.formats.fuzz).
+exactly the good lines and a strict ingest stores nothing (the harness: tests/fuzzing.py).
 
 ``LORIEN_FUZZ_CASES=20000`` runs that many cases per property instead of the quick default
 (``benchmarks/fuzz.py`` is the long run that counts crashes instead of stopping at the first).
@@ -19,12 +19,12 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 
+from fuzzing import Corpus, LogCase, check_log, mutated_case  # noqa: E402  (tests/fuzzing.py)
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from lorien.cli import main  # noqa: E402
 from lorien.formats import decode_line, encode_record, iter_log_tables, read_log  # noqa: E402
-from lorien.formats.fuzz import Corpus, LogCase, check_log, mutated_case  # noqa: E402
 from lorien.warehouse import open_store  # noqa: E402
 
 #: Cases per property: quick by default, ``LORIEN_FUZZ_CASES`` for a long run.

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from lorien.engine import ops, reference, te
 from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
+from lorien.engine.schedule import create_schedule
 from lorien.errors import LorienError
 from lorien.record import ErrorNo
 
@@ -17,7 +21,7 @@ from lorien.record import ErrorNo
 def dense_candidate(n: int, tile: int):
     data, weight = te.placeholder((n, n), name="data"), te.placeholder((n, n), name="weight")
     out = ops.dense(data, weight)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     i, j = s[out].op.axis
     jo, ji = s[out].split(j, factor=tile)
     s[out].vectorize(ji)
@@ -34,20 +38,20 @@ def invalid_split_candidate():
 def out_of_bounds_candidate():
     a = te.placeholder((16,), name="a")
     out = te.compute((16,), lambda i: a[i * (1 << 40)] + 1.0, name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def endless_candidate():
     a = te.placeholder((4,), name="a")
     k = te.reduce_axis(1 << 40, name="k")
     out = te.compute((4,), lambda i: te.sum(a[i] * 1.0, axis=k), name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def int_exp_candidate():
     a = te.placeholder((4,), "int64", name="a")
     out = te.compute((4,), lambda i: te.exp(a[i]), name="out")
-    return te.create_schedule(out), [a, out]
+    return create_schedule(out), [a, out]
 
 
 def slow_builder():
@@ -170,3 +174,29 @@ def test_runner_worker_is_recycled_after_max_tasks():
     finally:
         builder.pool.shutdown()
         runner.pool.shutdown()
+
+
+# A parent process that hands its worker a one-second task, reports the worker's pid and
+# waits to be killed; the worker inherits the parent's stderr.
+_ORPHANING_PARENT = """
+import functools, pickle, sys, time
+from lorien.engine.measure import MeasureInput, _Worker
+worker = _Worker()
+worker.send_conn.send(("build", pickle.dumps(MeasureInput(functools.partial(time.sleep, 1.0)))))
+print(worker.proc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_worker_whose_parent_is_killed_exits_without_printing():
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHANING_PARENT], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    worker_pid = int(parent.stdout.readline())
+    parent.kill()  # SIGKILL: no cleanup runs in the parent; the worker is mid-task
+    try:
+        # The pipes reach end of file once the worker, which holds them too, has exited.
+        _, stderr = parent.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        psutil.Process(worker_pid).kill()
+        raise
+    assert stderr == ""

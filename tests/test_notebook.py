@@ -29,24 +29,35 @@ def test_notebook_trains_evaluates_and_proposes_for_an_unseen_workload(tmp_path,
     from nbclient import NotebookClient
 
     store_uri = f"parquet:{tmp_path / 'warehouse'}"
-    monkeypatch.setenv("LORIEN_NOTEBOOK_WORKDIR", str(tmp_path))
+    temp_root = tmp_path / "tmp"  # the kernel's tempfile directory: the notebook makes its workdir in it
+    temp_root.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp_root))
+    monkeypatch.delenv("LORIEN_NOTEBOOK_WORKDIR", raising=False)
     monkeypatch.setenv("LORIEN_NOTEBOOK_STORE", store_uri)
     monkeypatch.setenv("LORIEN_NOTEBOOK_TRIALS", "6")
     monkeypatch.setenv("LORIEN_NOTEBOOK_MEASURE", "2")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(notebook, kernel_name=_kernel_name(), timeout=600,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    *cells, cleanup = notebook.cells
+    client = NotebookClient(notebook, kernel_name=_kernel_name(), timeout=600,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel():
+        for index, cell in enumerate(cells):
+            client.execute_cell(cell, index)
 
-    outputs = "\n".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
-                        for output in cell.get("outputs", []))
-    assert "zero-shot proposals of model 'notebook'" in outputs
-    assert (tmp_path / "model" / "model.json").is_file()
-    assert (tmp_path / "features" / "dense_pack.x86.csv").is_file()
-    images = [output for cell in notebook.cells for output in cell.get("outputs", [])
-              if "image/png" in output.get("data", {})]
-    assert len(images) == 3  # predicted vs measured, top-k per workload, the transfer curve
-    transfer = json.loads((tmp_path / "transfer-model" / "report.json").read_text())
-    assert set(transfer["templates"]["dense_pack.x86"]["transfer_curve"]) == {"0", "0.25", "0.5", "1"}
+        outputs = "\n".join(output.get("text", "") for cell in cells if cell.cell_type == "code"
+                            for output in cell.get("outputs", []))
+        assert "zero-shot proposals of model 'notebook'" in outputs
+        (workdir,) = temp_root.iterdir()
+        assert (workdir / "model" / "model.json").is_file()
+        assert (workdir / "features" / "dense_pack.x86.csv").is_file()
+        images = [output for cell in cells for output in cell.get("outputs", [])
+                  if "image/png" in output.get("data", {})]
+        assert len(images) == 3  # predicted vs measured, top-k per workload, the transfer curve
+        transfer = json.loads((workdir / "transfer-model" / "report.json").read_text())
+        assert set(transfer["templates"]["dense_pack.x86"]["transfer_curve"]) == {"0", "0.25", "0.5", "1"}
+
+        client.execute_cell(cleanup, len(cells))
+    assert list(temp_root.iterdir()) == []  # the temporary workdir is removed, nothing else left behind
 
     from lorien.warehouse import open_store
 

@@ -19,10 +19,11 @@ PARALLEL_KERNEL = """
 import json, os
 import numpy as np
 from lorien.engine import build, runtime, te
+from lorien.engine.schedule import create_schedule
 
 a = te.placeholder((4096,), name="a")
 out = te.compute((4096,), lambda i: a[i] * 2.0 + 1.0, name="out")
-s = te.create_schedule(out)
+s = create_schedule(out)
 o, inner = s[out].split(out.op.axis[0], factor=64)
 s[out].parallel(o)
 s[out].vectorize(inner)

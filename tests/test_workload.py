@@ -160,3 +160,25 @@ def test_arguments_that_do_not_fit_the_formula_give_unknown_flop():
     assert compute_flop("conv2d_nchw.broken", [["TENSOR", [1, 2], "float32"], 7]) is None
     zero_stride = [["TENSOR", [1, 3, 8, 8], "float32"], ["TENSOR", [4, 3, 3, 3], "float32"], [0, 0], [1, 1], [1, 1], "float32"]
     assert compute_flop("conv2d_nchw.zero_stride", zero_stride) is None
+
+
+@pytest.mark.parametrize("task_name, data, weight, window", [
+    ("dense_pack.x86", (16, 64), (32, 64), None),
+    ("batch_matmul.x86", (3, 16, 24), (3, 20, 24), None),
+    ("conv2d_NCHWc.x86", (1, 8, 15, 17), (12, 8, 3, 5), (2, (1, 2), 1)),
+    ("depthwise_conv2d_nchw.x86", (2, 8, 14, 14), (8, 2, 3, 3), (1, 1, 2)),
+])
+def test_flop_of_log_arguments_equals_the_dsl_count_of_the_same_computation(task_name, data, weight, window):
+    from lorien.engine import ops, te
+
+    build = {"dense_pack.x86": ops.dense, "batch_matmul.x86": ops.batch_matmul,
+             "conv2d_NCHWc.x86": ops.conv2d_nchw, "depthwise_conv2d_nchw.x86": ops.depthwise_conv2d_nchw}[task_name]
+    output = build(te.placeholder(data, name="data"), te.placeholder(weight, name="weight"), *(window or ()))
+    tensors = [["TENSOR", list(data), "float32"], ["TENSOR", list(weight), "float32"]]
+    if window is None:
+        args = [*tensors, None, "float32"]
+    else:
+        stride, padding, dilation = window
+        pad_h, pad_w = padding if isinstance(padding, tuple) else (padding, padding)
+        args = [*tensors, [stride, stride], [pad_h, pad_w, pad_h, pad_w], [dilation, dilation], "float32"]
+    assert compute_flop(task_name, args) == te.flop([output]) > 0

@@ -13,6 +13,7 @@ import orjson
 from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.steps import Replay, replay_steps
 from lorien.engine.arrays import logical_arrays
+from lorien.engine.cpu import engine_target
 from lorien.errors import LorienError, WorkloadError
 from lorien.record import TuningRecord
 
@@ -43,7 +44,7 @@ def compile_record(record: TuningRecord, target: str | None = None):
     the weights' layout rewritten gives a kernel that takes them packed:
     ``kernel.pack_arguments(data, weight, out)`` makes its arrays from the logical ones.
     """
-    return _kernel(replay_record(record), _cpu(target), record.workload_key, orjson.loads(record.config))
+    return _kernel(replay_record(record), engine_target(target), record.workload_key, orjson.loads(record.config))
 
 
 def compile_default(workload_key: str, target: str | None = None):
@@ -52,17 +53,7 @@ def compile_default(workload_key: str, target: str | None = None):
 
     dag = registry.workload_dag(workload_key)
     steps = default_steps(dag)
-    return _kernel(replay_steps(dag, steps), _cpu(target), workload_key, steps)
-
-
-def _cpu(target: str | None) -> str | None:
-    """Kernels run on this CPU; a CUDA target of a record still builds for the host."""
-    from lorien.target import parse_target
-
-    if target is None:
-        return None
-    kind = parse_target(target).kind
-    return target if kind in ("llvm", "c") else None
+    return _kernel(replay_steps(dag, steps), engine_target(target), workload_key, steps)
 
 
 def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3) -> float:

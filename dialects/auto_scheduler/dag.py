@@ -23,12 +23,9 @@ import numpy as np
 import orjson
 
 from lorien.engine import te
-from lorien.engine.schedule import Schedule
+from lorien.engine.schedule import Schedule, create_schedule
 from lorien.errors import WorkloadError
 from lorien.workload import LAYOUT_NA, OPERATORS, infer_layout
-
-#: Float operations that count one FLOP each (index arithmetic and casts count nothing).
-_COUNTED_CALLS = ("max", "min", "exp", "sqrt")
 
 
 def loads_in_order(expr: te.Expr) -> list[te.Load]:
@@ -100,28 +97,6 @@ def ansor_order(io_tensors: Sequence[te.Tensor]) -> list[te.Tensor]:
     return order
 
 
-def _count_flops(expr: te.Expr) -> int:
-    if isinstance(expr, te.BinOp):
-        own = int(expr.op not in te.BinOp.COMPARE and expr.dtype in te.FLOAT_DTYPES)
-        return own + _count_flops(expr.a) + _count_flops(expr.b)
-    if isinstance(expr, te.Call):
-        own = int(expr.fn in _COUNTED_CALLS and expr.dtype in te.FLOAT_DTYPES)
-        return own + sum(_count_flops(arg) for arg in expr.args)
-    if isinstance(expr, te.Select):
-        return _count_flops(expr.a) + _count_flops(expr.b)
-    return 0
-
-
-def op_flop(tensor: te.Tensor) -> float:
-    """Float operations of one compute op: per output point (times the reduction's trip count,
-    plus one combine per step of a reduction). Data movement (padding, copies) counts nothing."""
-    body = tensor.op.body
-    points = float(math.prod(tensor.shape))
-    if isinstance(body, te.Reduce):
-        return points * math.prod(ax.extent for ax in body.axes) * (_count_flops(body.source) + 1)
-    return points * _count_flops(body)
-
-
 # ---------------------------------------------------------------- JSON form of expressions
 
 def _number(value: float | int | bool) -> Any:
@@ -187,8 +162,8 @@ class ComputeDAG:
         return [t.name for t in self.ops]
 
     def flop(self) -> float:
-        """FLOPs of one run: every compute op (see :func:`op_flop`)."""
-        return sum(op_flop(t) for t in self.ops if isinstance(t.op, te.ComputeOp))
+        """FLOPs of one run: every compute op (see :func:`lorien.engine.te.flop`)."""
+        return te.flop(self.io_tensors)
 
     def layout(self) -> str:
         """Data layout of the first op Lorien knows by its tag (conv2d_nhwc -> NHWC), else NA."""
@@ -200,7 +175,7 @@ class ComputeDAG:
 
     def init_schedule(self) -> Schedule:
         """A fresh engine schedule of the DAG's outputs."""
-        return te.create_schedule(self.outputs)
+        return create_schedule(self.outputs)
 
     # ------------------------------------------------------------ serialization and hash
     def to_json(self) -> dict[str, Any]:
@@ -240,7 +215,7 @@ class ComputeDAG:
 
     def workload_key(self) -> str:
         """The hashed workload key ``[hash, *shapes of the I/O tensors]`` (TVM's form)."""
-        from dialects.auto_scheduler.registry import dump_key
+        from dialects.auto_scheduler.keys import dump_key
 
         return dump_key([self.hash_key(), *(d for t in self.io_tensors for d in t.shape)])
 

@@ -37,6 +37,10 @@ class AutoSchedulerDialect(Dialect):
 
         return registry.make_workload_key(task_name, args)
 
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """A JSON list ``["func_name_or_hash", args...]``."""
+        return workload_key.startswith("[")
+
     def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
         """Layout and FLOPs of a registered workload from its compute DAG; a workload nobody
         registered (a DAG hash from a graph) has unknown FLOPs."""

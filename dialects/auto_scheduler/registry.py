@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dialects.auto_scheduler.dag import ComputeDAG
+from dialects.auto_scheduler.keys import dump_key
 from lorien.engine import te
 from lorien.errors import WorkloadError
 
@@ -47,11 +48,6 @@ _HASH = re.compile(r"[0-9a-f]{32}\Z")
 
 class UnregisteredWorkloadError(WorkloadError):
     """A workload key whose function name or DAG hash nobody registered."""
-
-
-def dump_key(values: Sequence[Any]) -> str:
-    """A workload key as TVM writes it (``json.dumps`` with its default separators)."""
-    return json.dumps(list(values))
 
 
 def _func_name(func: str | Callable[..., Any]) -> str:

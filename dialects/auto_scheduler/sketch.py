@@ -40,7 +40,7 @@ from typing import Any
 from dialects.auto_scheduler.dag import ComputeDAG, loads_in_order
 from dialects.auto_scheduler.steps import AUTO_UNROLL, LoopState
 from lorien.engine import te
-from lorien.engine.schedule import Stage, derived_extents
+from lorien.engine.schedule import Stage, leaf_extents
 
 #: Spatial levels and reduce levels of CPU multi-level tiling (``SSRSRS``).
 SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
@@ -240,12 +240,6 @@ def _tiling_sketches(state: LoopState, sketch: Sketch, index: int) -> list[tuple
 
 
 # ---------------------------------------------------------------- completing a sketch
-
-def leaf_extents(stage: Stage) -> dict[str, int]:
-    """Static extents of a stage's loops (root extents through its splits and fuses; for a
-    stage computed at another loop these are upper bounds)."""
-    return derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in stage.op.axis + stage.op.reduce_axis})
-
 
 def parallel_depth(state: LoopState, stage: Stage, chunks: float) -> int:
     """How many outer loops of a root stage to fuse into its parallel loop: the fewest whose

@@ -45,8 +45,8 @@ from dialects.auto_scheduler.sketch import (
 )
 from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
+from lorien.search.tiles import MAX_INNERMOST, divisors, factorizations, move_factor, other_choice
 
-MAX_INNERMOST = 64
 #: Names of :meth:`SketchSpace.derived_features` (log2 of tile volumes: spatial levels
 #: S0..S3, reduce levels R0..R1, output tiles below S0 and S1, the innermost block's work).
 DERIVED_FEATURES = ("tile_s0", "tile_s1", "tile_s2", "tile_s3", "tile_r0", "tile_r1",
@@ -56,30 +56,6 @@ VECTOR_TILE = 8
 #: Probability of each mutation kind (Ansor's CPU defaults, its compute-location share split
 #: between the open compute locations and the sketch's fused or cached structure).
 MUTATIONS = (("tile", 0.90), ("unroll", 0.04), ("location", 0.03), ("sketch", 0.02), ("parallel", 0.01))
-
-
-def _divisors(value: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(value) + 1) if value % d == 0]
-    return sorted(set(small + [value // d for d in small]))
-
-
-def factorizations(extent: int, parts: int, max_innermost: int = MAX_INNERMOST) -> list[tuple[int, ...]]:
-    """Every way to write ``extent`` as an ordered product of ``parts`` factors (outermost
-    first), the innermost at most ``max_innermost``."""
-    if parts == 1:
-        return [(extent,)] if extent <= max_innermost else []
-    return [(first, *rest) for first in _divisors(extent)
-            for rest in factorizations(extent // first, parts - 1, max_innermost)]
-
-
-def _primes(value: int) -> list[int]:
-    primes, p = [], 2
-    while p * p <= value:
-        while value % p == 0:
-            primes.append(p)
-            value //= p
-        p += 1
-    return primes + ([value] if value > 1 else [])
 
 
 @dataclass(frozen=True)
@@ -127,7 +103,7 @@ class SketchSpace(MixedRadixSpace):
                 step = sketch.steps[step_index]
                 if step[2] == SPATIAL_LEVELS * (len(state.stage(step[1]).op.axis) - 1):
                     entities = self.tiles[knob].entities
-                    lanes = max((f for f in _divisors(step[3]) if f <= VECTOR_TILE), default=1)
+                    lanes = max((f for f in divisors(step[3]) if f <= VECTOR_TILE), default=1)
                     self._prior[knob] = [i for i, e in enumerate(entities) if e[-1] >= lanes]
         if len(self) >= 1 << 62:
             raise DialectError(f"the search space of stages {dag.stage_names} has {len(self)} points, "
@@ -295,13 +271,13 @@ class SketchSpace(MixedRadixSpace):
             positions[1 + knob] = self._move_factor(knob, positions[1 + knob], rng)
         elif kind == "location" and self.located:
             knob = 1 + len(self.tiles) + int(rng.integers(len(self.located)))
-            positions[knob] = _other(positions[knob], len(LOCATIONS), rng)
+            positions[knob] = other_choice(positions[knob], len(LOCATIONS), rng)
         elif kind == "sketch" and len(self.sketches) > 1:
-            positions[0] = _other(positions[0], len(self.sketches), rng)
+            positions[0] = other_choice(positions[0], len(self.sketches), rng)
         elif kind == "parallel":
-            positions[-3] = _other(positions[-3], len(PARALLEL_CHUNKS), rng)
+            positions[-3] = other_choice(positions[-3], len(PARALLEL_CHUNKS), rng)
         else:
-            positions[-2] = _other(positions[-2], len(AUTO_UNROLL_STEPS), rng)
+            positions[-2] = other_choice(positions[-2], len(AUTO_UNROLL_STEPS), rng)
         return self.index_of_knobs(positions)
 
     def _move_factor(self, knob: int, position: int, rng: np.random.Generator) -> int:
@@ -338,27 +314,6 @@ class SketchSpace(MixedRadixSpace):
         return None
 
 
-def move_factor(entities: Sequence[tuple[int, ...]], entity_index: dict[tuple[int, ...], int], position: int,
-                rng: np.random.Generator) -> int:
-    """The tile-size mutation (Ansor's and MetaSchedule's): the factorization ``entities[position]``
-    with one prime factor moved from one level to another; another entity when no move lands
-    on one. ``entity_index`` maps each entity back to its position."""
-    parts = list(entities[position])
-    sources = [i for i, v in enumerate(parts) if v > 1]
-    for _ in range(8):
-        src = sources[int(rng.integers(len(sources)))]
-        dst = _other(src, len(parts), rng)
-        primes = _primes(parts[src])
-        prime = primes[int(rng.integers(len(primes)))]
-        moved = list(parts)
-        moved[src] //= prime
-        moved[dst] *= prime
-        found = entity_index.get(tuple(moved))
-        if found is not None:
-            return found
-    return _other(position, len(entities), rng)
-
-
 def _unroll_step(steps: Sequence[Sequence[Any]]) -> int:
     """The ``auto_unroll_max_step`` value of a program's first unroll pragma (0 without one)."""
     return next((int(str(step[3]).split("$")[1]) for step in steps if step[0] == "PR"), 0)
@@ -385,9 +340,3 @@ def shape_features(args: Sequence[Any]) -> list[float]:
         elif isinstance(arg, (int, float)):
             found.append(math.log2(1.0 + abs(arg)))
     return found
-
-
-def _other(current: int, size: int, rng: np.random.Generator) -> int:
-    """A uniformly chosen value in ``range(size)`` other than ``current``."""
-    choice = int(rng.integers(size - 1))
-    return choice if choice < current else choice + 1

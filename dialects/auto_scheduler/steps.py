@@ -34,7 +34,7 @@ from typing import Any
 
 from dialects.auto_scheduler.dag import ComputeDAG
 from lorien.engine import te
-from lorien.engine.schedule import Schedule, ScheduleError, Stage
+from lorien.engine.schedule import Schedule, ScheduleError, Stage, leaf_extents
 from lorien.errors import DialectError
 
 #: Ansor's annotation codes (TVM's ``IteratorAnnotation``) and the engine loop kind of each on the CPU.
@@ -274,8 +274,6 @@ def auto_unroll(stage: Stage, axis: str, max_step: int) -> list[str]:
     loop other stages are computed at and at the first reduce loop (which encloses the
     reduction's initialization). Extents are static (split factors), so a loop limited by a
     compute_at region counts at most its split extent. Returns the loops unrolled."""
-    from dialects.auto_scheduler.sketch import leaf_extents
-
     extents = leaf_extents(stage)
     attach_points = {st.attach[1] for st in stage.schedule.stages
                      if isinstance(st.attach, tuple) and st.attach[0] == stage.name}

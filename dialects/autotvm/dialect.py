@@ -41,6 +41,10 @@ class AutoTVMDialect(Dialect):
         task_name, args = parse_autotvm_workload_key(workload_key)
         return infer_layout(task_name, args), compute_flop(task_name, args)
 
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """The fallback: a readable key ``task#arg#...`` has no form other dialects' keys lack."""
+        return None
+
     def template_of(self, record: TuningRecord) -> str:
         return record.task_name
 
@@ -82,6 +86,15 @@ class AutoTVMDialect(Dialect):
         from dialects.autotvm.tuning import tuning_context
 
         return tuning_context(job, store)
+
+    def proposal_space(self, workload_key: str) -> Any:
+        from dialects.autotvm.proposals import KnobProposalSpace
+        from lorien.workload import parse_autotvm_workload_key
+
+        return KnobProposalSpace(*parse_autotvm_workload_key(workload_key))
+
+    def featurize_batch(self, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+        return features.featurize_batch(records)
 
 
 def _generic(applied: Any) -> AppliedConfig:

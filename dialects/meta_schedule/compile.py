@@ -84,11 +84,11 @@ def dag_text(dag: ComputeDAG) -> str:
 
 
 def _kernel(dag: ComputeDAG, trace: Any, target: str | None, workload_key: str):
-    from dialects.auto_scheduler.compile import _cpu
     from lorien.engine.build import build
+    from lorien.engine.cpu import engine_target
 
     replay = replay_trace(dag, trace)
-    kernel = build(replay.schedule, replay.args, target=_cpu(target))
+    kernel = build(replay.schedule, replay.args, target=engine_target(target))
     kernel.workload_key, kernel.trace, kernel.notes, kernel.tensors = workload_key, trace, replay.notes, replay.args
     return kernel
 

@@ -42,6 +42,10 @@ class MetaScheduleDialect(Dialect):
         self._described[key] = (dag.layout(), dag.flop())
         return key
 
+    def claims_workload_key(self, workload_key: str) -> bool | None:
+        """A structural hash: a decimal number."""
+        return workload_key.isdigit()
+
     def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
         """Layout and FLOPs of a workload keyed in this process; a hash from elsewhere is unknown."""
         if workload_key in self._described:

@@ -41,12 +41,13 @@ from typing import Any
 import numpy as np
 
 from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.sketch import leaf_extents, needs_multi_level_tiling
-from dialects.auto_scheduler.space import MAX_INNERMOST, _other, factorizations, move_factor
+from dialects.auto_scheduler.sketch import needs_multi_level_tiling
 from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
 from lorien.engine import te
+from lorien.engine.schedule import leaf_extents
 from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
+from lorien.search.tiles import MAX_INNERMOST, factorizations, move_factor, other_choice
 
 UNROLL_STEPS = (0, 16, 64, 512)
 JOBS_PER_CORE = (4, 16, 64)
@@ -202,14 +203,14 @@ class TraceSpace(MixedRadixSpace):
             positions[k] = move_factor(self.tile_entities[n], self._entity_index[n], positions[k], rng)
         elif kind == "location" and self.placed:
             placed = self.placed[int(rng.integers(len(self.placed)))]
-            positions[placed.knob] = _other(positions[placed.knob], self.dims[placed.knob], rng)
+            positions[placed.knob] = other_choice(positions[placed.knob], self.dims[placed.knob], rng)
         elif kind == "parallel":
-            positions[self.parallel_knob] = _other(positions[self.parallel_knob], len(JOBS_PER_CORE), rng)
+            positions[self.parallel_knob] = other_choice(positions[self.parallel_knob], len(JOBS_PER_CORE), rng)
         elif kind == "cache":
             tiled = self.tiled[int(rng.integers(len(self.tiled)))]
-            positions[tiled.cache_knob] = _other(positions[tiled.cache_knob], 3, rng)
+            positions[tiled.cache_knob] = other_choice(positions[tiled.cache_knob], 3, rng)
         else:
-            positions[self.unroll_knob] = _other(positions[self.unroll_knob], len(UNROLL_STEPS), rng)
+            positions[self.unroll_knob] = other_choice(positions[self.unroll_knob], len(UNROLL_STEPS), rng)
         return self.index_of_knobs(positions)
 
     # ------------------------------------------------------------ rendering

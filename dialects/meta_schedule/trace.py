@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.sketch import leaf_extents
 from dialects.auto_scheduler.steps import Replay, auto_unroll
 from lorien.engine import te
-from lorien.engine.schedule import ScheduleError, Stage
+from lorien.engine.schedule import ScheduleError, Stage, leaf_extents
 from lorien.errors import DialectError
 
 ROOT_LOCATION, INLINE_LOCATION = -1, -2

@@ -170,7 +170,7 @@ def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, st
     Every workload is converted before anything is written, and the pair is written aside
     and moved into ``work_dir`` whole. Returns the records written."""
     from dialects.meta_schedule.compile import is_lorien_entry, workload_dag, workload_entry
-    from lorien.formats.meta_schedule import encode_record, pair_paths, write_database
+    from lorien.formats.meta_schedule import encode_record, fields_path, pair_paths, write_database
 
     ms, _ = _tvm()
     records = list(records)
@@ -195,6 +195,10 @@ def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, st
             database.commit_tuning_record(ms.database.TuningRecord.from_json(fields, workload))
         for staged, final in zip(pair_paths(staging), pair_paths(directory), strict=True):
             os.replace(staged, final)
+        if fields_path(staging).is_file():  # fields of TVM's own workloads' records measured here
+            os.replace(fields_path(staging), fields_path(directory))
+        else:
+            fields_path(directory).unlink(missing_ok=True)
     return len(records)
 
 

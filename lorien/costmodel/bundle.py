@@ -19,9 +19,8 @@ import numpy as np
 from lorien import __version__
 from lorien.costmodel.models import XGBCostModel, load_estimator
 from lorien.errors import ConfigError, LorienError
-from lorien.features.extract import config_features, entity_of, record_features, workload_features
 from lorien.features.meta import FeatureMeta
-from lorien.features.pipeline import safe_name
+from lorien.features.pipeline import record_features, safe_name
 from lorien.features.targets import local_target_features, relative_knob_features
 
 MODEL_FORMAT = "lorien-costmodel"
@@ -62,17 +61,16 @@ class CostModel:
         return self.template(template).score(raw_features)
 
     def score_configs(self, task_name: str, args: Sequence[Any], configs: Iterable[Any],
-                      target: str | None = None) -> np.ndarray:
-        """Scores of AutoTVM configs (entity lists, config dicts or objects with
-        ``to_json_entity()``) of one workload on ``target`` (default this host: the target
-        features records measured here for it would carry)."""
-        workload = {**workload_features(list(args)), **local_target_features(target)}
-        rows = []
-        for config in configs:
-            entity = config.to_json_entity() if hasattr(config, "to_json_entity") else entity_of(config)
-            row = {**workload, **config_features(entity)}
-            rows.append({**row, **relative_knob_features(row)})
-        return self.score_features(task_name, rows)
+                      target: str | None = None, dialect: str | None = None) -> np.ndarray:
+        """Scores of configs (in the forms the workload's dialect takes, e.g. AutoTVM entity
+        lists, config dicts or config objects) of one workload on ``target`` (default this
+        host: the target features records measured here for it would carry). ``dialect``: as
+        for :func:`lorien.costmodel.spaces.proposal_space`."""
+        from lorien.costmodel.spaces import proposal_space
+
+        self.template(task_name)  # fail early, naming the trained templates
+        space = proposal_space(task_name=task_name, args=args, dialect=dialect)
+        return self.score_features(task_name, space_features(space, list(configs), target))
 
     def score_records(self, records: Iterable[Any]) -> np.ndarray:
         """Scores of tuning records (any templates the model knows), in input order."""
@@ -123,6 +121,17 @@ class CostModel:
             model.templates[name] = TemplateModel(FeatureMeta.from_dict(entry["meta"]), estimator,
                                                   entry.get("info", {}))
         return model
+
+
+def space_features(space: Any, configs: Sequence[Any], target: str | None = None) -> list[dict[str, Any]]:
+    """Raw features of configs of a proposal space on ``target`` (default this host), as
+    featurization gives records of them measured there."""
+    target_part = local_target_features(target)
+    rows = []
+    for features in space.features(configs):
+        row = {**features, **target_part}
+        rows.append({**row, **relative_knob_features(row)})
+    return rows
 
 
 def load_cost_model(path: str | Path) -> CostModel:

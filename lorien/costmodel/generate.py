@@ -36,7 +36,7 @@ def _bmm(b: int, m: int, n: int, k: int) -> tuple[str, dict[str, Any]]:
     return "batch_matmul", {"B": b, "M": m, "N": n, "K": k}
 
 
-#: (op, params) spreads; params as the autotvm dialect's op shorthands take them.
+#: (op, params) spreads; params as the tuning YAML's op shorthands take them (Dialect.expand_workload).
 SPREADS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "small": [("dense", {"M": m, "N": n, "K": k}) for m, n, k in ((1, 64, 64), (16, 64, 128), (16, 128, 64))]
     + [_conv(16, 14, 16, 3), _depthwise(16, 14), _bmm(2, 16, 16, 32)],
@@ -84,23 +84,23 @@ def parse_workload_spec(text: str) -> tuple[str, dict[str, Any]]:
 
 def config_workload_keys(paths: Iterable[str | Path]) -> set[str]:
     """Workload keys of every workload the tuning configs name (what ``exclude`` drops)."""
+    from lorien.dialect import get_dialect
     from lorien.tune.config import load_tune_config
-    from lorien.workload import autotvm_workload_key
 
-    return {autotvm_workload_key(job["task_name"], job["args"])
+    return {get_dialect(job["dialect"]).workload_key(job["task_name"], job["args"])
             for path in paths for job in load_tune_config(path).jobs}
 
 
 def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: int | None = None,
                   target: str | None = None, tuner: str = "random", seed: int = 0, ops: Sequence[str] | None = None,
-                  measure: dict[str, Any] | None = None, dialect: str = "autotvm",
+                  measure: dict[str, Any] | None = None, dialect: str | None = None,
                   exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Tuning jobs (the team's job dict) of a spread plus explicit workloads, for ``target``
-    (default this host's CPU), without the workloads whose keys ``exclude`` holds (an explicit
-    one of them is an error)."""
+    (default this host's CPU) and ``dialect`` (default a tuning config's), without the
+    workloads whose keys ``exclude`` holds (an explicit one of them is an error)."""
     from lorien.dialect import get_dialect
     from lorien.target import host_target, parse_target
-    from lorien.workload import autotvm_workload_key
+    from lorien.tune.config import DEFAULTS
 
     if size not in SPREADS and size != "none":
         raise ConfigError(f"unknown size {size!r} (known: {', '.join(SPREADS)}, none)")
@@ -109,6 +109,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
         raise ConfigError(f"unknown op(s) {unknown_ops} (known: {', '.join(OPS)})")
     spread = [] if size == "none" else [(op, p) for op, p in SPREADS[size] if ops is None or op in ops]
     explicit = {len(spread) + i: text for i, text in enumerate(workloads)}
+    dialect = dialect or DEFAULTS["dialect"]
     plugin = get_dialect(dialect)
     excluded = set(exclude)
     target = parse_target(target).canonical if target else host_target().canonical
@@ -116,7 +117,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
     jobs = []
     for position, (op, params) in enumerate([*spread, *map(parse_workload_spec, workloads)]):
         task_name, args = plugin.expand_workload(op, params)
-        if autotvm_workload_key(task_name, args) in excluded:
+        if plugin.workload_key(task_name, args) in excluded:
             if position in explicit:
                 raise ConfigError(f"workload {explicit[position]!r} is a workload of an exclude config")
             continue

@@ -4,15 +4,12 @@ Sample the dialect's config space of the workload, score every sample with the m
 the best ``topk``. Optionally measure them on the engine and commit the measurements to the
 warehouse with ``source = "model:<model name>"`` so they are told apart from tuned records.
 
-The dialect supplies the space and the measurement. A dialect object may offer them as
-methods (``task(task_name, args)`` with ``.space``, ``measure_configs(...)`` and
-``make_record(...)``); otherwise they are looked up in the dialect package's ``templates``,
-``tuning`` and ``records`` modules (the autotvm dialect's layout).
+The dialect supplies the space, the features of its configs and the measurement: its
+:meth:`lorien.dialect.Dialect.proposal_space` (see :mod:`lorien.costmodel.spaces`).
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from lorien.costmodel.bundle import CostModel
-from lorien.errors import DialectError, LorienError
+from lorien.costmodel.bundle import CostModel, space_features
+from lorien.costmodel.spaces import ProposalSpace, proposal_space
+from lorien.errors import LorienError
 from lorien.record import TuningRecord
 
 
@@ -42,31 +40,6 @@ class Proposal:
                 "gflops": self.gflops, "error_no": self.error_no}
 
 
-def _dialect_part(dialect: Any, method: str, module: str, attribute: str) -> Any:
-    """A dialect capability: its method if it has one, else ``<package>.<module>.<attribute>``."""
-    bound = getattr(dialect, method, None)
-    if callable(bound):
-        return bound
-    package = type(dialect).__module__.rpartition(".")[0]
-    try:
-        found = getattr(importlib.import_module(f"{package}.{module}"), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise DialectError(f"dialect {dialect.name!r} offers no {method} (nor {package}.{module}.{attribute}): "
-                           f"{exc}") from exc
-    return found
-
-
-def workload_of(workload_key: str | None, task_name: str | None, args: Sequence[Any] | None) -> tuple[str, list[Any]]:
-    """(task_name, args) from an AutoTVM workload key or given directly."""
-    if task_name is not None and args is not None:
-        return task_name, list(args)
-    if not workload_key:
-        raise LorienError("give a workload key or task_name and args")
-    from lorien.workload import parse_autotvm_workload_key
-
-    return parse_autotvm_workload_key(workload_key)
-
-
 def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
     """Every index of a small space, else ``samples`` distinct random indices."""
     if space_size <= 0:
@@ -84,41 +57,45 @@ def sample_indices(space_size: int, samples: int, seed: int = 0) -> np.ndarray:
 
 def propose(model: CostModel, workload_key: str | None = None, task_name: str | None = None,
             args: Sequence[Any] | None = None, topk: int = 5, samples: int = 16384, seed: int = 0,
-            dialect: str = "autotvm", diverse: bool = True, target: str | None = None) -> list[Proposal]:
+            dialect: str | None = None, diverse: bool = True, target: str | None = None,
+            space: ProposalSpace | None = None) -> list[Proposal]:
     """The ``topk`` configs the model scores best for ``target`` (default this host) among
-    ``samples`` sampled from the space (``diverse``: with different innermost tiles, see
-    :func:`diverse_top`)."""
-    from lorien.dialect import get_dialect
-
-    task_name, args = workload_of(workload_key, task_name, args)
-    model.template(task_name)  # fail early, naming the trained templates
-    plugin = get_dialect(dialect)
-    instantiate = _dialect_part(plugin, "task", "templates", "instantiate")
-    space = instantiate(task_name, args).space
+    ``samples`` sampled from the workload's proposal space (``diverse``: with different
+    innermost tiles, see :func:`diverse_top`); ``dialect`` as for
+    :func:`lorien.costmodel.spaces.proposal_space`."""
+    space = space or proposal_space(workload_key, task_name, args, dialect)
+    model.template(space.task_name)  # fail early, naming the trained templates
     indices = sample_indices(len(space), samples, seed)
-    configs = [space.get(int(i)) for i in indices]
-    entities = [config.to_json_entity() for config in configs]
-    scores = model.score_configs(task_name, args, entities, target)
+    configs = [space.config(int(i)) for i in indices]
+    rows = space_features(space, configs, target)
+    scores = model.score_features(space.task_name, rows)
     order = np.argsort(-scores, kind="stable")
-    chosen = diverse_top(order, entities, topk) if diverse else list(order[:topk])
-    return [Proposal(rank=rank + 1, score=float(scores[i]), entity=entities[i], index=int(indices[i]))
+    chosen = diverse_top(order, rows, topk) if diverse else list(order[:topk])
+    return [Proposal(rank=rank + 1, score=float(scores[i]), entity=configs[i], index=int(indices[i]))
             for rank, i in enumerate(chosen)]
 
 
-def _inner_tile(entity: list[Any]) -> tuple[Any, ...]:
-    """The innermost factor of every split of a config (its register/vector tile)."""
-    return tuple(value[-1] for _, kind, value in entity if kind == "sp" and value)
+def _inner_tile(features: dict[str, Any]) -> tuple[Any, ...]:
+    """The innermost factor of every split of a config (its register/vector tile): the
+    ``sp_<knob>_<i>`` feature of the largest ``i`` of each knob."""
+    inner: dict[str, tuple[int, Any]] = {}
+    for name, value in features.items():
+        if name.startswith("sp_"):
+            knob, _, position = name[3:].rpartition("_")
+            if position.isdigit() and int(position) >= inner.get(knob, (-1, None))[0]:
+                inner[knob] = (int(position), value)
+    return tuple(value for _, value in inner.values())
 
 
-def diverse_top(order: np.ndarray, entities: list[list[Any]], topk: int) -> list[int]:
-    """The ``topk`` best (``order`` is best first), skipping a config whose innermost split
-    factors repeat those of one already chosen, so the proposals try different tiles; the
-    best skipped ones fill up when too few differ."""
+def diverse_top(order: np.ndarray, features: list[dict[str, Any]], topk: int) -> list[int]:
+    """The ``topk`` best (``order`` is best first) of configs given by their raw features,
+    skipping a config whose innermost split factors repeat those of one already chosen, so
+    the proposals try different tiles; the best skipped ones fill up when too few differ."""
     chosen: list[int] = []
     skipped: list[int] = []
     tiles: set[tuple[Any, ...]] = set()
     for i in order:
-        tile = _inner_tile(entities[i])
+        tile = _inner_tile(features[i])
         if tile in tiles:
             if len(skipped) < topk:
                 skipped.append(int(i))
@@ -132,23 +109,14 @@ def diverse_top(order: np.ndarray, entities: list[list[Any]], topk: int) -> list
 
 def measure_proposals(proposals: list[Proposal], model_name: str, task_name: str, args: Sequence[Any],
                       target: str = "llvm", store_uri: str | None = None, measure: dict[str, Any] | None = None,
-                      dialect: str = "autotvm", commit: bool = True) -> list[TuningRecord]:
+                      dialect: str | None = None, commit: bool = True,
+                      space: ProposalSpace | None = None) -> list[TuningRecord]:
     """Measure proposals on the engine; commit the records (``source = "model:<name>"``)."""
-    from lorien.dialect import get_dialect
     from lorien.target import parse_target
 
-    plugin = get_dialect(dialect)
-    instantiate = _dialect_part(plugin, "task", "templates", "instantiate")
-    measure_configs = _dialect_part(plugin, "measure_configs", "tuning", "measure_configs")
-    make_record = _dialect_part(plugin, "make_record", "records", "make_record")
-    task = instantiate(task_name, list(args))
-    configs = [task.space.from_json_entity(p.entity) for p in proposals]
+    space = space or proposal_space(task_name=task_name, args=args, dialect=dialect)
     canonical = parse_target(target).canonical
-    results = measure_configs(task_name, list(args), configs, measure, canonical)
-    source = f"model:{model_name}"
-    records = [make_record(canonical, task_name, list(args), config, list(result.costs), int(result.error_no),
-                           float(result.all_cost), float(result.timestamp), source=source)
-               for config, result in zip(configs, results, strict=True)]
+    records = space.measure([p.entity for p in proposals], canonical, measure, source=f"model:{model_name}")
     for proposal, record in zip(proposals, records, strict=True):
         proposal.record = record
         proposal.gflops = record.gflops
@@ -183,20 +151,20 @@ class ZeroShotResult:
 def zero_shot(model: CostModel | str, workload_key: str | None = None, target: str = "llvm",
               task_name: str | None = None, args: Sequence[Any] | None = None, topk: int = 5,
               measure_top: int = 0, samples: int = 16384, store_uri: str | None = None,
-              measure: dict[str, Any] | None = None, seed: int = 0, dialect: str = "autotvm") -> ZeroShotResult:
+              measure: dict[str, Any] | None = None, seed: int = 0, dialect: str | None = None) -> ZeroShotResult:
     """Propose ``topk`` configs; measure and commit the best ``measure_top`` of them."""
     if not isinstance(model, CostModel):
         model = CostModel.load(model)
-    task_name, args = workload_of(workload_key, task_name, args)
     started = time.perf_counter()
-    proposals = propose(model, task_name=task_name, args=args, topk=max(topk, measure_top),
-                        samples=samples, seed=seed, dialect=dialect, target=target)
-    result = ZeroShotResult(task_name, list(args), target, model.name, proposals,
+    space = proposal_space(workload_key, task_name, args, dialect)
+    proposals = propose(model, task_name=space.task_name, args=space.args, topk=max(topk, measure_top),
+                        samples=samples, seed=seed, target=target, space=space)
+    result = ZeroShotResult(space.task_name, list(space.args), target, model.name, proposals,
                             propose_s=time.perf_counter() - started)
     if measure_top > 0:
         started = time.perf_counter()
-        records = measure_proposals(proposals[:measure_top], model.name, task_name, args, target=target,
-                                    store_uri=store_uri, measure=measure, dialect=dialect)
+        records = measure_proposals(proposals[:measure_top], model.name, space.task_name, space.args, target=target,
+                                    store_uri=store_uri, measure=measure, space=space)
         result.measure_s = time.perf_counter() - started
         result.committed = len(records)
     return result

@@ -135,10 +135,10 @@ def host_cache_kb() -> dict[str, int]:
     return sizes
 
 
-def engine_target(target: str) -> str | None:
+def engine_target(target: str | None) -> str | None:
     """The CPU target the engine builds a record of ``target`` for: the target itself on a CPU,
-    this host (None) for a GPU target, whose bindings run as CPU loops here."""
-    return target if parse_target(target).kind in CPU_KINDS else None
+    this host (None) for a GPU target, whose bindings run as CPU loops here, or for None."""
+    return target if target is not None and parse_target(target).kind in CPU_KINDS else None
 
 
 def cpu_target(target: str | Target | None = None) -> CpuTarget:

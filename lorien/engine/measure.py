@@ -187,23 +187,34 @@ def _task_run(payload: tuple) -> list[float]:
 _TASKS = {"build": _task_build, "run": _task_run}
 
 
+def _reply(kind: str, payload) -> bytes:
+    """The pickled answer to one task: its result, or the error code and message the candidate gets."""
+    try:
+        return pickle.dumps(("ok", _TASKS[kind](payload)))
+    except MeasureError as err:
+        return pickle.dumps(("error", int(err.error_no), str(err)))
+    except Exception as err:  # noqa: BLE001  (a failing kernel run or reference, reported with its cause)
+        return pickle.dumps(("error", int(ErrorNo.RUNTIME_DEVICE), _describe(err)))
+
+
 def worker_main(recv_conn: Connection, send_conn: Connection) -> None:
-    """Serve build/run tasks until the parent closes the pipe (see ``lorien.engine.worker``)."""
+    """Serve build/run tasks until the parent closes the pipe (see ``lorien.engine.worker``).
+
+    A parent that is gone (killed, even with SIGKILL) closes both pipes: the worker then
+    exits quietly, whether it was waiting for a task (EOF) or answering one (broken pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import lorien.engine.codegen.llvm  # noqa: F401  (import cost paid before the first task)
 
-    send_conn.send(("ready", None))
-    while True:
-        try:
-            kind, payload = recv_conn.recv()
-        except EOFError:
-            return
-        try:
-            send_conn.send(("ok", _TASKS[kind](payload)))
-        except MeasureError as err:
-            send_conn.send(("error", int(err.error_no), str(err)))
-        except Exception as err:  # noqa: BLE001  (a failing kernel run or reference, reported with its cause)
-            send_conn.send(("error", int(ErrorNo.RUNTIME_DEVICE), _describe(err)))
+    try:
+        send_conn.send(("ready", None))
+        while True:
+            try:
+                kind, payload = recv_conn.recv()
+            except EOFError:
+                return
+            send_conn.send_bytes(_reply(kind, payload))
+    except BrokenPipeError:
+        return
 
 
 # ---------------------------------------------------------------- parent side

@@ -1,7 +1,7 @@
 """Schedules: a replayable sequence of primitive steps applied to the stages of a computation.
 
 Every primitive is recorded in ``Schedule.steps`` as a JSON-serializable dict that names its
-stage and axes, so ``te.replay(s.steps, outputs)`` rebuilds the same schedule. Axis names are
+stage and axes, so ``replay(s.steps, outputs)`` rebuilds the same schedule. Axis names are
 unique inside a stage: ``split`` makes ``<axis>.outer``/``<axis>.inner``, ``fuse`` makes
 ``<a>.<b>.fused``.
 """
@@ -166,6 +166,12 @@ def derived_extents(relations: list[tuple], extents: dict[str, int]) -> dict[str
         elif rel[0] == "fuse" and rel[1] in extents and rel[2] in extents:
             extents[rel[3]] = extents[rel[1]] * extents[rel[2]]
     return extents
+
+
+def leaf_extents(stage: Stage) -> dict[str, int]:
+    """Static extents of a stage's loops (root extents through its splits and fuses; for a
+    stage computed at another loop these are upper bounds)."""
+    return derived_extents(stage.relations, {iv.name: int(iv.extent) for iv in stage.op.axis + stage.op.reduce_axis})
 
 
 def _connected(relations: list[tuple], axis: str) -> set[str]:
@@ -382,3 +388,16 @@ class Schedule:
         self.stages.insert(min(self.stages.index(r) for r in readers), Stage(self, cache, cache_op))
         self.tensors[cache_name] = cache
         return cache
+
+
+def create_schedule(outputs: te.Tensor | Sequence[te.Tensor]) -> Schedule:
+    """A fresh schedule (all stages at root, loops in definition order) for ``outputs``."""
+    return Schedule([outputs] if isinstance(outputs, te.Tensor) else list(outputs))
+
+
+def replay(steps: Sequence[dict], outputs: te.Tensor | Sequence[te.Tensor]) -> Schedule:
+    """Rebuild a schedule from its serialized ``steps`` (see ``Schedule.steps``)."""
+    s = create_schedule(outputs)
+    for step in steps:
+        s.apply(step)
+    return s

@@ -10,6 +10,7 @@ buffer) or the result of ``compute``; indexing a tensor gives a ``Load`` express
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -367,16 +368,33 @@ def topo_order(outputs: Sequence[Tensor]) -> list[Tensor]:
     return order
 
 
-def create_schedule(outputs: Tensor | Sequence[Tensor]):
-    """A fresh schedule (all stages at root, loops in definition order) for ``outputs``."""
-    from lorien.engine.schedule import Schedule
-
-    return Schedule([outputs] if isinstance(outputs, Tensor) else list(outputs))
+#: Float calls that count one FLOP each (index arithmetic and casts count nothing).
+FLOP_CALLS = ("max", "min", "exp", "sqrt")
 
 
-def replay(steps: Sequence[dict], outputs: Tensor | Sequence[Tensor]):
-    """Rebuild a schedule from its serialized ``steps`` (see ``Schedule.steps``)."""
-    s = create_schedule(outputs)
-    for step in steps:
-        s.apply(step)
-    return s
+def _expr_flop(expr: Expr) -> int:
+    if isinstance(expr, BinOp):
+        own = int(expr.op not in BinOp.COMPARE and expr.dtype in FLOAT_DTYPES)
+        return own + _expr_flop(expr.a) + _expr_flop(expr.b)
+    if isinstance(expr, Call):
+        own = int(expr.fn in FLOP_CALLS and expr.dtype in FLOAT_DTYPES)
+        return own + builtins.sum(_expr_flop(arg) for arg in expr.args)
+    if isinstance(expr, Select):
+        return _expr_flop(expr.a) + _expr_flop(expr.b)
+    return 0
+
+
+def op_flop(tensor: Tensor) -> float:
+    """Float operations of one compute op: per output point (times the reduction's trip count,
+    plus one combine per step of a reduction). Data movement (padding, copies) counts nothing."""
+    body = tensor.op.body
+    points = float(math.prod(tensor.shape))
+    if isinstance(body, Reduce):
+        return points * math.prod(ax.extent for ax in body.axes) * (_expr_flop(body.source) + 1)
+    return points * _expr_flop(body)
+
+
+def flop(outputs: Sequence[Tensor]) -> float:
+    """FLOPs of one run of the computation of ``outputs``: every compute op they reach (see
+    :func:`op_flop`). The one FLOP count of Lorien: what the DSL describes is what is counted."""
+    return builtins.sum(op_flop(t) for t in topo_order(outputs) if isinstance(t.op, ComputeOp))

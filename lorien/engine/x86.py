@@ -7,7 +7,7 @@ tuners search the same knobs (tile sizes, unroll) through their own templates.
 from __future__ import annotations
 
 from lorien.engine import te
-from lorien.engine.schedule import Schedule, Stage
+from lorien.engine.schedule import Schedule, Stage, create_schedule
 
 
 def vector_lanes() -> int:
@@ -108,7 +108,7 @@ def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: st
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
     out = ops.dense(data, weight, pack_nr=nr)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     schedule_dense(s, out, mr, nr, order)
     return s, [data, weight, out]
 
@@ -122,6 +122,6 @@ def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: 
     data = te.placeholder((1, channels // ic_bn, size, size, ic_bn), name="data")
     weight = te.placeholder((out_channels // oc_bn, channels // ic_bn, kernel, kernel, ic_bn, oc_bn), name="kernel")
     out = ops.conv2d_NCHWc(data, weight, stride, pad)
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw, tile_oh=tile_oh)
     return s, [data, weight, out]

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,14 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from lorien import __version__
+from lorien.dialect import Dialect, get_dialect
 from lorien.errors import DialectError, LorienError
-from lorien.features.extract import (
-    BuiltinExtractor,
-    FeatureError,
-    config_columns,
-    dialect_extractor,
-)
+from lorien.features.columns import feature_array
 from lorien.features.meta import ID_COLUMNS, TARGET_COLUMN, FeatureColumn, FeatureMeta
 from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_batches
 from lorien.features.targets import TARGET_FEATURES, relative_knob_features, target_features
 from lorien.progress import Progress
+from lorien.record import TuningRecord
 
 SPILL_DIR = "_phase1"
 #: Phase-1 batches a worker process handles before it is replaced.
@@ -96,16 +94,6 @@ class FeaturizeReport:
 
 # ---- phase 1 ----------------------------------------------------------------------------
 
-_BUILTIN: BuiltinExtractor | None = None
-
-
-def _builtin() -> BuiltinExtractor:
-    global _BUILTIN
-    if _BUILTIN is None:
-        _BUILTIN = BuiltinExtractor()
-    return _BUILTIN
-
-
 def safe_name(template: str) -> str:
     """A file name for a template (task names may hold characters file systems dislike)."""
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", template)
@@ -136,24 +124,6 @@ def throughput_gflops(table: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray
     return thrpt, reasons
 
 
-def _column_array(values: list[Any]) -> pa.Array:
-    """An Arrow array of one feature column: booleans become 0/1, numbers mixed with strings
-    become strings."""
-    try:
-        array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        values = [int(v) if isinstance(v, bool) else v for v in values]
-        try:
-            array = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            return pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    if pa.types.is_null(array.type):
-        return array.cast(pa.float64())
-    if pa.types.is_boolean(array.type):
-        return array.cast(pa.int64())
-    return array
-
-
 def _concat(tables: list[pa.Table]) -> pa.Table:
     """Concatenate feature tables of different knob layouts; missing columns become null and
     a column typed differently across tables becomes float (numbers) or string."""
@@ -179,22 +149,6 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(fixed, promote_options="default")
 
 
-def _rows_to_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Column lists of feature dicts; a feature a row lacks is None there."""
-    columns: dict[str, list[Any]] = {}
-    for i, row in enumerate(rows):
-        for name, value in row.items():
-            column = columns.get(name)
-            if column is None:
-                column = columns[name] = [None] * i
-            column.append(value)
-        if len(row) != len(columns):
-            for column in columns.values():
-                if len(column) <= i:
-                    column.append(None)
-    return columns
-
-
 @contextmanager
 def _no_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector: parsing creates millions of small containers and
@@ -208,24 +162,42 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+#: ``auto``: each dialect's :meth:`~lorien.dialect.Dialect.featurize_batch`; ``dialect``: its
+#: ``featurize(record)`` record by record; ``builtin``: the name ``auto`` had before dialects
+#: declared their batch featurizers, kept for existing command lines.
 EXTRACTORS = ("auto", "builtin", "dialect")
 
 
 def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """Phase 1 of one batch: per-template feature tables and the batch's counts.
 
-    ``extractor``: ``"auto"`` uses the built-in column-wise extractor for autotvm records
-    (the same features as the autotvm dialect's ``featurize``, several times faster) and
-    each other dialect's ``featurize(record)``; ``"dialect"`` calls every dialect's own
-    extractor record by record; ``"builtin"`` featurizes autotvm records only.
+    ``extractor``: ``"auto"`` (or ``"builtin"``) asks each dialect for the features of its
+    records at once (:meth:`Dialect.featurize_batch`, column-wise where the dialect can);
+    ``"dialect"`` calls every dialect's ``featurize(record)`` record by record.
     """
     if extractor not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
     with _no_gc():
-        return _featurize_table(table, extractor)
+        return _featurize_table(table, extractor == "dialect")
 
 
-def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+@cache
+def _installed_dialect(name: str) -> Dialect | None:
+    """The dialect registered under ``name``; None if it is not installed (or fails to load)."""
+    try:
+        return get_dialect(name)
+    except (DialectError, AttributeError):
+        return None
+
+
+def _extract(dialect: Dialect, records: pa.Table, record_by_record: bool
+             ) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+    if record_by_record:
+        return Dialect.featurize_batch(dialect, records)  # the record-by-record form every dialect has
+    return dialect.featurize_batch(records)
+
+
+def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     counts: dict[str, Any] = {"read": table.num_rows, "featurized": 0, "dropped": Counter(),
                               "zeroed": Counter(), "examples": []}
     if table.num_rows == 0:
@@ -244,39 +216,30 @@ def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, 
 
     ids = table.select(list(ID_COLUMNS))
     target_columns = target_feature_columns(table)
-    batch_columns: dict[str, Any] = {}
-
-    def builtin_inputs(indices: np.ndarray) -> tuple[np.ndarray, list[str], list[str]]:
-        if not batch_columns:  # once per batch: configs as Python strings, args as codes
-            batch_columns["configs"] = table["config"].to_pylist()
-            batch_columns["args"] = _codes(table["args"])
-        codes, distinct = batch_columns["args"]
-        configs = batch_columns["configs"]
-        return codes[indices], distinct, [configs[i] for i in indices]
 
     outputs: dict[str, pa.Table] = {}
     for start, end in zip(starts, ends, strict=True):
         indices = order[start:end]
         dialect_name = dialect_names[dialect_codes[indices[0]]]
         template = template_names[template_codes[indices[0]]]
-        extractor = None
-        if extractor_choice == "dialect" or (extractor_choice == "auto" and dialect_name != "autotvm"):
-            extractor = dialect_extractor(dialect_name)
-        if extractor is None and dialect_name != "autotvm":
-            counts["dropped"][f"dialect {dialect_name!r} has no feature extractor"] += len(indices)
+        dialect = _installed_dialect(dialect_name)
+        try:
+            if dialect is None:
+                raise DialectError(f"dialect {dialect_name!r} has no feature extractor")
+            pieces, failed = _extract(dialect, table.take(pa.array(indices)), record_by_record)
+        except DialectError as exc:
+            counts["dropped"][str(exc)] += len(indices)
             continue
-        if extractor is None:
-            pieces, failed = _builtin_features(*builtin_inputs(indices))
-        else:
-            pieces, failed = _dialect_features(extractor, table.take(pa.array(indices)).to_pylist())
         for position, reason in failed:
             counts["dropped"][f"{template}: features not extractable"] += 1
             if len(counts["examples"]) < 5:
                 counts["examples"].append(f"{table['workload_key'][int(indices[position])].as_py()}: {reason}")
         tables = []
-        for positions, arrays in pieces:
+        for positions, columns in pieces:
             rows = indices[np.asarray(positions, dtype=np.int64)]
             taken = ids.take(pa.array(rows))
+            arrays = {name: values if isinstance(values, (pa.Array, pa.ChunkedArray)) else feature_array(values)
+                      for name, values in columns.items() if name != TARGET_COLUMN}
             arrays.update({name: pa.array(values[rows]) for name, values in target_columns.items()})
             knobs = {name: array.to_numpy(zero_copy_only=False) for name, array in arrays.items()
                      if name.startswith(("sp_", "tg_"))}
@@ -288,6 +251,16 @@ def _featurize_table(table: pa.Table, extractor_choice: str) -> tuple[dict[str, 
             outputs[template] = _concat(tables)
             counts["featurized"] += outputs[template].num_rows
     return outputs, counts
+
+
+def record_features(record: TuningRecord) -> dict[str, Any]:
+    """The raw features featurization gives a record (without ``thrpt``): its dialect's, the
+    target features of its target and build, and its knobs relative to them
+    (:mod:`lorien.features.targets`)."""
+    features = get_dialect(record.dialect).featurize(record)
+    features.pop(TARGET_COLUMN, None)
+    features.update(target_features(record.target, record.build))
+    return {**features, **relative_knob_features(features)}
 
 
 def target_feature_columns(table: pa.Table) -> dict[str, np.ndarray]:
@@ -306,64 +279,6 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[Any]]:
     """Integer codes of a string column and the distinct values they index."""
     encoded = pc.dictionary_encode(column).combine_chunks()
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
-
-
-def _builtin_features(codes: np.ndarray, distinct: list[str], configs: list[str]
-                      ) -> tuple[list[tuple[list[int], dict[str, pa.Array]]], list[tuple[int, str]]]:
-    """Built-in AutoTVM features: workload features once per distinct args (``codes`` index
-    ``distinct``), configs column-wise."""
-    builtin = _builtin()
-    used, codes = np.unique(codes, return_inverse=True)
-    distinct = [distinct[i] for i in used]
-    workload_rows: list[dict[str, Any]] = []
-    bad_workloads: dict[int, str] = {}
-    for code, text in enumerate(distinct):
-        try:
-            workload_rows.append(builtin.workload(text))
-        except FeatureError as exc:
-            workload_rows.append({})
-            bad_workloads[code] = str(exc)
-    workload_table = pa.table({name: _column_array(values) for name, values in _rows_to_columns(workload_rows).items()})
-    groups, failed = config_columns(configs)
-    pieces = []
-    for positions, columns in groups:
-        position_array = np.asarray(positions, dtype=np.int64)
-        if bad_workloads:
-            good = np.array([codes[p] not in bad_workloads for p in positions], dtype=bool)
-            failed.extend((int(p), bad_workloads[codes[p]]) for p in position_array[~good])
-            position_array = position_array[good]
-            columns = {name: [v for v, g in zip(values, good, strict=False) if g] for name, values in columns.items()}
-        if position_array.size == 0:
-            continue
-        taken = workload_table.take(pa.array(codes[position_array])) if workload_table.num_columns else None
-        arrays: dict[str, pa.Array] = {}
-        if taken is not None:
-            arrays.update({name: taken[name] for name in taken.column_names})
-        arrays.update({name: _column_array(values) for name, values in columns.items()})
-        pieces.append((position_array.tolist(), arrays))
-    return pieces, failed
-
-
-def _dialect_features(extractor: Any, rows: list[dict[str, Any]]) -> tuple[list[tuple[list[int], dict[str, pa.Array]]], list[tuple[int, str]]]:
-    """Features from a dialect's ``featurize(record)``, one record at a time."""
-    from lorien.record import TuningRecord
-
-    feature_rows: list[dict[str, Any]] = []
-    positions: list[int] = []
-    failed: list[tuple[int, str]] = []
-    for position, row in enumerate(rows):
-        try:
-            features = extractor(TuningRecord.from_row(row))
-            features.pop(TARGET_COLUMN, None)  # throughput is computed here, the same way for every dialect
-            feature_rows.append(features)
-        except (FeatureError, DialectError) as exc:
-            failed.append((position, str(exc)))
-            continue
-        positions.append(position)
-    if not positions:
-        return [], failed
-    arrays = {name: _column_array(values) for name, values in _rows_to_columns(feature_rows).items()}
-    return [(positions, arrays)], failed
 
 
 def _phase1_task(table: pa.Table, spill_dir: str, batch_index: int, extractor: str) -> dict[str, Any]:

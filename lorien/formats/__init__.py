@@ -6,6 +6,11 @@
   ``database_tuning_record.json``); either file of the pair also names the database.
 
 Reading then writing a log gives back records JSON-equal to the input, line for line.
+
+Each codec module states its facts: ``FORMAT`` (its name), ``DIALECT`` (the ``dialect`` of the
+records it decodes and writes) and ``LOG_SUFFIX`` (a line log's file suffix; None for a
+directory). Which dialect owns a format for the rest of Lorien is what the registered dialects
+declare (:func:`lorien.dialect.format_owner`).
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ import pyarrow as pa
 
 from lorien.errors import DialectError, RecordParseError, UnknownFormatError
 from lorien.formats import ansor, autotvm, meta_schedule
-from lorien.formats.base import DIALECT_OF_FORMAT, FORMATS, LogReadResult, is_skipped
+from lorien.formats.base import LogReadResult, is_skipped
 from lorien.record import TuningRecord, records_to_table
 
 __all__ = [
-    "DIALECT_OF_FORMAT", "FORMATS", "LogReadResult", "decode_line", "detect_format", "encode_record",
-    "format_of_dialect", "iter_log_tables", "read_log", "write_log",
+    "FORMATS", "LogReadResult", "decode_line", "detect_format", "encode_record", "iter_log_tables",
+    "log_suffix", "read_log", "write_log",
 ]
 
-_CODECS = {"autotvm": autotvm, "ansor": ansor, "meta_schedule": meta_schedule}
+_CODECS = {codec.FORMAT: codec for codec in (autotvm, ansor, meta_schedule)}
+#: Log formats Lorien reads and writes.
+FORMATS = tuple(_CODECS)
 #: How many record-bearing lines detection looks at before giving up.
 _DETECT_LINES = 20
 
@@ -47,18 +54,17 @@ def _resolve(path: str | Path, format: str | None) -> str:
     return detect_format(path)
 
 
+def log_suffix(format: str) -> str | None:
+    """The file suffix of a line-log format (``autotvm`` -> ``.log``); None for a format whose
+    log is a directory (``meta_schedule``)."""
+    return _CODECS[_check_format(format)].LOG_SUFFIX
+
+
 def _check_dialect(record: TuningRecord, format: str) -> None:
-    if record.dialect != DIALECT_OF_FORMAT[format]:
+    dialect = _CODECS[format].DIALECT
+    if record.dialect != dialect:
         raise DialectError(f"record {record.record_id} of dialect {record.dialect!r} cannot be written as "
-                           f"{format!r} (that format holds {DIALECT_OF_FORMAT[format]!r} records)")
-
-
-def format_of_dialect(dialect: str) -> str:
-    """The log format whose records a dialect owns (``auto_scheduler`` -> ``ansor``)."""
-    for format, owner in DIALECT_OF_FORMAT.items():
-        if owner == dialect:
-            return format
-    raise UnknownFormatError(f"no log format for dialect {dialect!r} (known: {', '.join(DIALECT_OF_FORMAT.values())})")
+                           f"{format!r} (that format holds {dialect!r} records)")
 
 
 def _format_of_value(value: object) -> str | None:

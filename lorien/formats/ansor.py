@@ -23,7 +23,10 @@ from lorien.target import parse_target
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
 
 FORMAT = "ansor"
+#: The ``dialect`` of the records this codec decodes and writes.
 DIALECT = "auto_scheduler"
+#: A line log; the suffix of its files (the auto-scheduler's ``*.json``).
+LOG_SUFFIX = ".json"
 #: Version written for records that did not come from an auto-scheduler log.
 DEFAULT_VERSION = "v0.6"
 #: Names of the task fields after the workload key and target, in log order.
@@ -34,7 +37,7 @@ _workload_cache: dict[str, tuple[str, str, str, float | None]] = {}
 
 def _layout_and_flop(workload_key: str, func_name: str) -> tuple[str, float | None]:
     """What the auto_scheduler dialect's workload registry says about a workload."""
-    from lorien.dialect import get_dialect
+    from lorien.plugins import get_dialect
 
     try:
         describe = get_dialect(DIALECT).describe_workload

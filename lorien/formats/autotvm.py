@@ -41,7 +41,10 @@ from lorien.target import parse_target
 from lorien.workload import autotvm_workload_key, compute_flop, infer_layout, negative_dimension
 
 FORMAT = "autotvm"
+#: The ``dialect`` of the records this codec decodes and writes.
 DIALECT = "autotvm"
+#: A line log; the suffix of its files (TopHub's ``*.log``).
+LOG_SUFFIX = ".log"
 #: Written into ``tvm_version`` of records that did not come from a TVM log.
 DEFAULT_TVM_VERSION = "lorien"
 

@@ -11,10 +11,6 @@ from typing import Any
 from lorien.errors import RecordParseError
 from lorien.record import TuningRecord
 
-#: Log formats Lorien reads and writes, and the dialect that owns each one's records.
-DIALECT_OF_FORMAT = {"autotvm": "autotvm", "ansor": "auto_scheduler", "meta_schedule": "meta_schedule"}
-FORMATS = tuple(DIALECT_OF_FORMAT)
-
 
 @dataclass
 class LogReadResult:

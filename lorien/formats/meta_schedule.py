@@ -10,6 +10,14 @@ warehouse stores them beside the records (``Store.put_workloads``), and
 :func:`write_database` looks them up there, so the pair can be written back JSON-equal to the
 input. Records written by older Lorien versions carry the entry itself (``extra.workload``);
 they are read as before.
+
+A tuning-record line has no place for what Lorien measured beyond TVM's fields (timestamp,
+all_cost, build) nor for what a workload Lorien tuned is called (task name, layout, FLOPs
+of a ``lorien_dag`` entry). Where a record's value differs from what its line gives back,
+:func:`write_database` keeps it in a third file, ``lorien_record_fields.json`` (one
+``{"line": hash of the record line, field: value, ...}`` per such record; TVM reads only
+the pair and ignores it), and reading the database restores it, so exporting records and
+ingesting the database into the same store stores nothing new.
 """
 
 from __future__ import annotations
@@ -31,9 +39,16 @@ from lorien.target import parse_target, parse_target_dict
 from lorien.workload import LAYOUT_NA, negative_dimension
 
 FORMAT = "meta_schedule"
+#: The ``dialect`` of the records this codec decodes and writes.
 DIALECT = "meta_schedule"
+#: Not a line log: a database directory holding WORKLOAD_FILE and RECORD_FILE.
+LOG_SUFFIX = None
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+FIELDS_FILE = "lorien_record_fields.json"
+#: Record fields a tuning-record line cannot hold, kept in FIELDS_FILE when they differ from
+#: what the line gives back (``extra`` only when it names its workload by hash).
+KEPT_FIELDS = ("task_name", "layout", "flop", "all_cost", "timestamp", "build", "extra")
 
 
 def entry_text(entry: Any) -> str:
@@ -108,6 +123,47 @@ def pair_paths(path: str | Path) -> tuple[Path, Path]:
     return directory / WORKLOAD_FILE, directory / RECORD_FILE
 
 
+def fields_path(path: str | Path) -> Path:
+    """The file of record fields beside a database's pair (see the module docstring)."""
+    return pair_paths(path)[0].parent / FIELDS_FILE
+
+
+def line_hash(data: Any) -> str:
+    """The hash that ties a record's kept fields to its parsed tuning-record line."""
+    return entry_hash(orjson.dumps(data).decode())
+
+
+def read_kept_fields(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Kept record fields of a database by line hash (lines of equal hash in file order)."""
+    kept: dict[str, list[dict[str, Any]]] = {}
+    file = fields_path(path)
+    if not file.is_file():
+        return kept
+    for lineno, line in iter_lines(file):
+        try:
+            value = orjson.loads(line)
+            if type(value) is not dict or type(value.get("line")) is not str or \
+                    not set(value) - {"line"} <= set(KEPT_FIELDS):
+                raise RecordParseError(f"a line of {FIELDS_FILE} is {{\"line\": hash, field: value, ...}} with "
+                                       f"fields of {KEPT_FIELDS}, got {str(value)[:100]!r}")
+        except (RecordParseError, orjson.JSONDecodeError) as exc:
+            raise parse_error(exc, str(file), lineno) from exc
+        kept.setdefault(value.pop("line"), []).append(value)
+    return kept
+
+
+def kept_fields(record: TuningRecord, read_back: TuningRecord) -> dict[str, Any]:
+    """The fields of ``record`` that its tuning-record line, read back, does not give."""
+    kept = {}
+    for name in KEPT_FIELDS:
+        value = getattr(record, name)
+        if value != getattr(read_back, name):
+            if name == "extra" and "workload" in orjson.loads(value or "{}"):
+                continue  # the entry inline: the line names the same entry by hash
+            kept[name] = value
+    return kept
+
+
 def is_database(path: str | Path) -> bool:
     path = Path(path)
     if path.is_dir():
@@ -155,8 +211,10 @@ def _target(value: Any) -> tuple[str, str, str]:
     raise RecordParseError(f"record target {value!r} is neither a JSON object nor a string")
 
 
-def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "") -> TuningRecord:
-    """A TuningRecord from one parsed tuning-record line and the database's workloads."""
+def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "",
+                 kept: Mapping[str, Any] | None = None) -> TuningRecord:
+    """A TuningRecord from one parsed tuning-record line and the database's workloads; ``kept``
+    (field -> value, from FIELDS_FILE) gives the fields the line cannot hold."""
     if type(data) is not list or len(data) != 2 or type(data[0]) is not int or type(data[1]) is not list:
         raise RecordParseError(f"a tuning record line is [workload_index, [trace, run_secs, target, args_info]], got {str(data)[:100]!r}")
     index, fields = data
@@ -182,27 +240,30 @@ def decode_value(data: Any, workloads: dict[int, WorkloadEntry], source: str = "
         error_no = int(ErrorNo.UNKNOWN_ERROR) if costs and min(costs) >= FAILED_COST_S else 0
     if len(fields) != 4:
         extra["record_fields"] = len(fields)
+    values: dict[str, Any] = {
+        "task_name": workload.summary.main_block, "layout": LAYOUT_NA, "flop": workload.summary.flop,
+        "all_cost": 0.0, "timestamp": 0.0, "build": "{}", "extra": orjson.dumps(extra).decode(), **(kept or {})}
     return TuningRecord(
         dialect=DIALECT, target=target, target_key=target_key, workload_key=workload.shash,
-        task_name=workload.summary.main_block, args=orjson.dumps(args_info).decode(), layout=LAYOUT_NA,
-        config=orjson.dumps(trace).decode(), costs=costs, error_no=error_no, all_cost=0.0,
-        timestamp=0.0, flop=workload.summary.flop, extra=orjson.dumps(extra).decode(),
-        source=source, target_raw=target_raw,
+        args=orjson.dumps(args_info).decode(), config=orjson.dumps(trace).decode(), costs=costs,
+        error_no=error_no, source=source, target_raw=target_raw, **values,
     )
 
 
-_workload_cache: dict[tuple[str, float], dict[int, WorkloadEntry]] = {}
+_workload_cache: dict[tuple[str, float, float], tuple[dict[int, WorkloadEntry], dict[str, list[dict[str, Any]]]]] = {}
 
 
-def _workloads_for(path: str | Path) -> dict[int, WorkloadEntry]:
+def _workloads_for(path: str | Path) -> tuple[dict[int, WorkloadEntry], dict[str, list[dict[str, Any]]]]:
+    """(workloads by index, kept record fields by line hash) of a database, cached by mtimes."""
     workload_file, _ = pair_paths(path)
     try:
         stamp = workload_file.stat().st_mtime
     except OSError as exc:
         raise RecordParseError(f"MetaSchedule database has no readable {WORKLOAD_FILE}: {exc}", str(path)) from exc
-    key = (str(workload_file.resolve()), stamp)
+    fields_file = fields_path(path)
+    key = (str(workload_file.resolve()), stamp, fields_file.stat().st_mtime if fields_file.is_file() else 0.0)
     if key not in _workload_cache:
-        _workload_cache[key] = read_workloads(workload_file)[0]
+        _workload_cache[key] = read_workloads(workload_file)[0], read_kept_fields(path)
     return _workload_cache[key]
 
 
@@ -211,7 +272,10 @@ def decode_line(line: str | bytes, path: str | Path | None = None, lineno: int |
     if path is None:
         raise RecordParseError("a MetaSchedule record line needs the database path to resolve its workload")
     try:
-        return decode_value(orjson.loads(line), _workloads_for(path), str(path))
+        workloads, kept = _workloads_for(path)
+        data = orjson.loads(line)
+        found = kept.get(line_hash(data)) if kept else None
+        return decode_value(data, workloads, str(path), found[0] if found else None)
     except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
         raise parse_error(exc, str(pair_paths(path)[1]), lineno) from exc
 
@@ -220,11 +284,14 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
     """Every record of a database (or the error of every bad line), in record-file order."""
     workloads, errors = read_workloads(path, strict=strict)
     yield from errors
+    kept = read_kept_fields(path)
     _, record_file = pair_paths(path)
     source = str(Path(path))
     for lineno, line in iter_lines(record_file):
         try:
-            yield decode_value(orjson.loads(line), workloads, source)
+            data = orjson.loads(line)
+            queue = kept.get(line_hash(data)) if kept else None
+            yield decode_value(data, workloads, source, queue.pop(0) if queue else None)
         except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
             error = parse_error(exc, str(record_file), lineno)
             if strict:
@@ -282,12 +349,23 @@ def write_database(records: Iterable[TuningRecord], directory: str | Path,
     else:
         order = list(dict.fromkeys(text for _, text in keyed))
     position = {text: i for i, text in enumerate(order)}
+    workloads = {i: WorkloadEntry(orjson.loads(text), safe_summarize(orjson.loads(text)[1]), text, entry_hash(text))
+                 for i, text in enumerate(order)}
+    lines, kept_lines = [], []
+    for record, (_, text) in zip(records, keyed, strict=True):
+        line = encode_record(record, position[text])
+        data = orjson.loads(line)
+        kept = kept_fields(record, decode_value(data, workloads))
+        if kept:
+            kept_lines.append(orjson.dumps({"line": line_hash(data), **kept}).decode())
+        lines.append(line)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     workload_file, record_file = pair_paths(directory)
     workload_file.write_text("".join(f"{text}\n" for text in order), encoding="utf-8")
-    with open(record_file, "w", encoding="utf-8") as handle:
-        for record, (_, text) in zip(records, keyed, strict=True):
-            handle.write(encode_record(record, position[text]))
-            handle.write("\n")
+    record_file.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    if kept_lines:
+        fields_path(directory).write_text("".join(f"{line}\n" for line in kept_lines), encoding="utf-8")
+    else:
+        fields_path(directory).unlink(missing_ok=True)
     return len(records)

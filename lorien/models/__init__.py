@@ -4,14 +4,8 @@
 grows a task list into a training set (``lorien mutate``). Both write ``lorien tune`` YAML.
 """
 
-from lorien.models.extract import (
-           ExtractError,
-           Extraction,
-           InputSpec,
-           ModelReport,
-           extract_models,
-           parse_input_spec,
-)
+from lorien.models.extract import Extraction, extract_models
+from lorien.models.frontend import ExtractError, InputSpec, ModelReport, parse_input_spec
 from lorien.models.tasks import Task, merge_tasks
 
 __all__ = ["ExtractError", "Extraction", "InputSpec", "ModelReport", "Task", "extract_models", "merge_tasks",

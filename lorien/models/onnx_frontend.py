@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lorien.models.extract import (
+from lorien.models.frontend import (
     DeclaredInput,
     ExtractError,
     InputSpec,

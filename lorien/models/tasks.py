@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from lorien.errors import ConfigError
@@ -128,16 +129,36 @@ def problems(op: str, values: dict[str, Any]) -> list[str]:
 
 
 def task_flop(op: str, values: dict[str, Any]) -> float:
-    """Multiply-accumulates x 2 of the task's main computation (as lorien.workload counts)."""
+    """FLOPs of the task's main computation (its epilogues not counted), counted on its compute
+    definition in the engine's DSL (:func:`lorien.engine.te.flop`); a grouped convolution
+    counts as its per-group convolution over ``C / groups`` input channels."""
+    return _dsl_flop(op, tuple(sorted(values.items())))
+
+
+@lru_cache(maxsize=4096)
+def _dsl_flop(op: str, items: tuple[tuple[str, Any], ...]) -> float:
+    from lorien.engine import ops, te
+
+    values = dict(items)
     if op == "dense":
-        return 2.0 * values["M"] * values["N"] * values["K"]
-    if op == "batch_matmul":
-        return 2.0 * values["B"] * values["M"] * values["N"] * values["K"]
-    oh, ow = output_hw(values)
-    kh, kw = values["kernel"]
-    if op == "depthwise_conv2d":
-        return 2.0 * values["N"] * values["C"] * values["multiplier"] * oh * ow * kh * kw
-    return 2.0 * values["N"] * values["K"] * oh * ow * (values["C"] // values["groups"]) * kh * kw
+        output = ops.dense(te.placeholder((values["M"], values["K"]), name="data"),
+                           te.placeholder((values["N"], values["K"]), name="weight"))
+    elif op == "batch_matmul":
+        output = ops.batch_matmul(te.placeholder((values["B"], values["M"], values["K"]), name="x"),
+                                  te.placeholder((values["B"], values["N"], values["K"]), name="y"))
+    else:
+        window = {"stride": values["stride"], "padding": values["padding"], "dilation": values["dilation"]}
+        kh, kw = values["kernel"]
+        if op == "depthwise_conv2d":
+            data = te.placeholder((values["N"], values["C"], values["H"], values["W"]), name="data")
+            kernel = te.placeholder((values["C"], values["multiplier"], kh, kw), name="kernel")
+            output = ops.depthwise_conv2d_nchw(data, kernel, **window)
+        else:
+            channels = values["C"] // values["groups"]
+            data = te.placeholder((values["N"], channels, values["H"], values["W"]), name="data")
+            kernel = te.placeholder((values["K"], channels, kh, kw), name="kernel")
+            output = ops.conv2d_nchw(data, kernel, **window)
+    return te.flop([output])
 
 
 @dataclass

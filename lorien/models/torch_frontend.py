@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lorien.models.extract import (
+from lorien.models.frontend import (
     DeclaredInput,
     ExtractError,
     InputSpec,

@@ -103,8 +103,6 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     log_dir = document.get("log_dir")
     task_scheduler = None
     if "task_scheduler" in document:
-        from lorien.tune.network import scheduler_settings
-
         task_scheduler = scheduler_settings(document["task_scheduler"], source)
     return TuneConfig(jobs=jobs, store_uri=store_uri, log_dir=log_dir, source=source, settings=settings,
                       task_scheduler=task_scheduler)
@@ -153,3 +151,25 @@ def _check_job(job: dict[str, Any], where: str) -> None:
         job["tuner"] = tuner["kind"]
     job["measure"] = dict(job.get("measure") or {})
     TuneJob.from_spec(job, where)
+
+
+#: Keys of the ``task_scheduler`` mapping of a tuning YAML.
+SCHEDULER_KEYS = {"strategy", "trials", "round_trials", "alpha", "beta", "backward_window_size",
+                  "max_failed_rounds", "seed"}
+SCHEDULER_DEFAULTS: dict[str, Any] = {"strategy": "gradient", "round_trials": 16}
+
+
+def scheduler_settings(document: Any, where: str) -> dict[str, Any]:
+    """The validated ``task_scheduler`` mapping of a tuning YAML (with defaults)."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where}: 'task_scheduler' is a mapping (strategy, trials, round_trials, ...), "
+                          f"got {document!r:.80}")
+    unknown = set(document) - SCHEDULER_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown task_scheduler keys {sorted(unknown)} (known: {sorted(SCHEDULER_KEYS)})")
+    settings = {**SCHEDULER_DEFAULTS, **document}
+    for key in ("trials", "round_trials"):
+        value = settings.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{where}: task_scheduler {key!r} must be a positive integer, got {value!r}")
+    return settings

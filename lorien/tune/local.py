@@ -78,13 +78,13 @@ def default_log_dir(store_uri: str | None) -> Path:
 
 def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
     """One native log per workload and target: ``<task>.<hash>.log`` (AutoTVM), ``.json`` (Ansor)."""
+    from lorien.dialect import native_log_format
     from lorien.tune.jobspec import canonical_json
-    from lorien.warehouse.archive import NATIVE_LOGS
 
     digest = hashlib.blake2b(canonical_json([job.get("task_name"), job.get("args"), job.get("target")]).encode(),
                              digest_size=6).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("task_name", "job")))
-    suffix = NATIVE_LOGS.get(str(job.get("dialect", "autotvm")), ("", ".log"))[1]
+    suffix = (native_log_format(str(job.get("dialect", "autotvm"))) or ("", ".log"))[1]
     return log_dir / f"{stem}.{digest}{suffix}"
 
 

@@ -25,10 +25,6 @@ from lorien.tune.config import TuneConfig
 from lorien.tune.jobspec import job_id_of
 from lorien.tune.managers.base import Completion, JobManager, JobOutcome, Task, execute_job
 
-#: Keys of the ``task_scheduler`` mapping of a tuning YAML.
-SCHEDULER_KEYS = {"strategy", "trials", "round_trials", "alpha", "beta", "backward_window_size",
-                  "max_failed_rounds", "seed"}
-SCHEDULER_DEFAULTS: dict[str, Any] = {"strategy": "gradient", "round_trials": 16}
 #: Retries of a round whose worker died.
 MAX_RETRIES = 2
 
@@ -118,22 +114,6 @@ class RoundRunner:
 
         log_path = str(log_path_for(Path(self.log_dir), spec)) if self.log_dir else None
         return tune_job(spec, store, commit=False, log_path=log_path, **options).records
-
-
-def scheduler_settings(document: Any, where: str) -> dict[str, Any]:
-    """The validated ``task_scheduler`` mapping of a tuning YAML (with defaults)."""
-    if not isinstance(document, dict):
-        raise ConfigError(f"{where}: 'task_scheduler' is a mapping (strategy, trials, round_trials, ...), "
-                          f"got {document!r:.80}")
-    unknown = set(document) - SCHEDULER_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown task_scheduler keys {sorted(unknown)} (known: {sorted(SCHEDULER_KEYS)})")
-    settings = {**SCHEDULER_DEFAULTS, **document}
-    for key in ("trials", "round_trials"):
-        value = settings.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{where}: task_scheduler {key!r} must be a positive integer, got {value!r}")
-    return settings
 
 
 def _describe(job: dict[str, Any]) -> tuple[str, float | None, str]:

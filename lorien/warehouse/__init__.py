@@ -12,27 +12,6 @@ from lorien.warehouse.base import (
     resolve_store_uri,
 )
 
-_BACKENDS_LOADED = False
-
-
-def _load_backends(scheme: str | None = None) -> None:
-    """Import the built-in backends so they register their URI schemes; only ``scheme``'s
-    when it names a built-in one (opening a parquet store never imports boto3)."""
-    global _BACKENDS_LOADED
-    if _BACKENDS_LOADED:
-        return
-    import importlib
-
-    modules = ("lorien.warehouse.parquet", "lorien.warehouse.dynamodb")
-    wanted = f"lorien.warehouse.{scheme}"
-    for module in (wanted,) if wanted in modules else modules:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    _BACKENDS_LOADED = wanted not in modules
-
 
 class Warehouse:
     """Entry point for Python users: ``Warehouse.open(uri)`` then ``best``/``scan``/``commit``."""

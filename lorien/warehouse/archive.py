@@ -28,11 +28,9 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
+from lorien.dialect import native_log_format
 from lorien.errors import StoreError, StoreUnreachableError
 from lorien.record import TuningRecord
-
-#: Dialect -> (lorien.formats format name, file suffix) of the native log an archive writes.
-NATIVE_LOGS = {"autotvm": ("autotvm", ".log"), "auto_scheduler": ("ansor", ".json")}
 
 _CREDENTIAL_CODES = frozenset({
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
@@ -219,7 +217,7 @@ def archive_log(path: str | Path, dest: str, name: str | None = None) -> str:
 
 def encode_archive_lines(records: list[TuningRecord], dialect: str) -> tuple[str, str]:
     """(file suffix, text) of one dialect's records: the native TVM log, else Lorien JSON lines."""
-    native = NATIVE_LOGS.get(dialect)
+    native = native_log_format(dialect)
     if native is None:
         lines = [orjson.dumps({k: v for k, v in record.to_row().items() if k != "cost_s"}).decode()
                  for record in records]

@@ -133,10 +133,30 @@ def resolve_store_uri(explicit: str | None = None, configured: str | None = None
     return f"parquet:{os.path.abspath(os.path.expanduser(path))}{mark}{options}"
 
 
+_BACKENDS_LOADED = False
+
+
+def _load_backends(scheme: str | None = None) -> None:
+    """Import the built-in backends so they register their URI schemes; only ``scheme``'s
+    when it names a built-in one (opening a parquet store never imports boto3)."""
+    global _BACKENDS_LOADED
+    if _BACKENDS_LOADED:
+        return
+    import importlib
+
+    modules = ("lorien.warehouse.parquet", "lorien.warehouse.dynamodb")
+    wanted = f"lorien.warehouse.{scheme}"
+    for module in (wanted,) if wanted in modules else modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    _BACKENDS_LOADED = wanted not in modules
+
+
 def open_store(uri: str | None = None) -> Store:
     """Open the store named by ``uri`` (None: the default store of :func:`resolve_store_uri`)."""
-    from lorien.warehouse import _load_backends
-
     uri = resolve_store_uri(uri)
     scheme, _, rest = uri.partition(":")
     _load_backends(scheme)

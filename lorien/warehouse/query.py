@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from lorien.errors import UnknownFormatError
+from lorien.dialect import format_owner
 from lorien.record import TuningRecord, table_to_records
 from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import Store
-
-#: Log format -> the dialect whose records it carries.
-FORMAT_DIALECTS = {"autotvm": "autotvm", "ansor": "auto_scheduler", "meta_schedule": "meta_schedule"}
-
-
-def dialect_of_format(log_format: str) -> str:
-    try:
-        return FORMAT_DIALECTS[log_format]
-    except KeyError:
-        known = ", ".join(FORMAT_DIALECTS)
-        raise UnknownFormatError(f"unknown log format {log_format!r} (known: {known})") from None
 
 
 def export_records(store: Store, target: str, log_format: str, best_only: bool = True,
@@ -36,7 +25,7 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
 
     mode = match_mode(exact, by_alternate_key)
     parsed = parse_target(target)
-    filters = {"dialect": dialect_of_format(log_format), "target_key": parsed.alternate_key}
+    filters = {"dialect": format_owner(log_format), "target_key": parsed.alternate_key}
     if mode == "exact":
         filters["target"] = parsed.canonical
     table = store.scan(filters)

@@ -8,54 +8,27 @@ as in AutoTVM. ``args`` are exactly the task arguments of AutoTVM/TopHub logs, t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dialects.autotvm.space import ConfigEntity, ConfigSpace
+from dialects.autotvm.templates.registry import TEMPLATES, TemplateDef, register_template
 from lorien.errors import DialectError, WorkloadError
-
-TemplateFn = Callable[..., tuple[Any, list[Any]]]
-
-
-@dataclass(frozen=True)
-class TemplateDef:
-    """A registered template: its schedule function and a NumPy reference of its kernel."""
-
-    name: str
-    fn: TemplateFn
-    reference: Callable[..., list[np.ndarray]]
-
-
-_TEMPLATES: dict[str, TemplateDef] = {}
-
-
-def register_template(name: str, reference: Callable[..., list[np.ndarray]]) -> Callable[[TemplateFn], TemplateFn]:
-    """Register ``fn(cfg, *args)`` under task name ``name``; ``reference(cfg, args, *inputs)``
-    returns the expected outputs of the kernel built for ``cfg``."""
-
-    def wrap(fn: TemplateFn) -> TemplateFn:
-        if name in _TEMPLATES:
-            raise DialectError(f"template {name!r} is registered twice")
-        _TEMPLATES[name] = TemplateDef(name, fn, reference)
-        return fn
-
-    return wrap
 
 
 def template_names() -> list[str]:
     _load()
-    return sorted(_TEMPLATES)
+    return sorted(TEMPLATES)
 
 
 def get_template(task_name: str) -> TemplateDef:
     _load()
     try:
-        return _TEMPLATES[task_name]
+        return TEMPLATES[task_name]
     except KeyError:
-        raise DialectError(f"no autotvm template {task_name!r} (known: {', '.join(sorted(_TEMPLATES))})") from None
+        raise DialectError(f"no autotvm template {task_name!r} (known: {', '.join(sorted(TEMPLATES))})") from None
 
 
 class Task:

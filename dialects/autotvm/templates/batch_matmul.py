@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import tensor_arg, vectorize_by_lanes
+from dialects.autotvm.templates.registry import register_template
 from lorien.engine import te
+from lorien.engine.schedule import create_schedule
 
 
 def _reference(cfg: Any, args: list[Any], x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
@@ -44,7 +45,7 @@ def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
     else:
         out = te.compute((b, m, n), lambda bb, i, j: te.sum(x[bb, i, k] * packed[bb, j // bn, k, j % bn], axis=k),
                          name="batch_matmul")
-    s = te.create_schedule(out)
+    s = create_schedule(out)
     pb, pxo, _, pxi = s[packed].op.axis
     s[packed].parallel(s[packed].fuse(pb, pxo))
     vectorize_by_lanes(s[packed], pxi, bn)

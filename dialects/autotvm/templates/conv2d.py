@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import (
     conv_nchw_numpy,
     conv_window,
@@ -29,7 +28,9 @@ from dialects.autotvm.templates.common import (
     tensor_arg,
     vectorize_by_lanes,
 )
+from dialects.autotvm.templates.registry import register_template
 from lorien.engine import te
+from lorien.engine.schedule import create_schedule
 
 # ---- conv2d_NCHWc.x86 ----------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ def conv2d_nchwc(cfg: Any, *args: Any):
             padded[b, icc, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw), icb] * kernel[occ, icc, ry, rx, icb, ocb],
             axis=[icc, icb, ry, rx]),
         name="conv2d_NCHWc")
-    s = te.create_schedule(conv)
+    s = create_schedule(conv)
     if padded is not data:
         b, c, y, _, _ = s[padded].op.axis
         s[padded].parallel(s[padded].fuse(b, c, y))
@@ -178,7 +179,7 @@ def conv2d_nchw(cfg: Any, *args: Any):
         lambda b, f, y, x: te.sum(padded[b, rc, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw)] * kernel[f, rc, ry, rx],
                                   axis=[rc, ry, rx]),
         name="conv2d_nchw")
-    s = te.create_schedule(conv)
+    s = create_schedule(conv)
     cache = schedule_nchw_output(s, conv, data, padded, cfg["tile_oc"], cfg["tile_ow"])
     tile_ow = cfg["tile_ow"].size[-1]
     _, f, y, x = s[cache].op.axis
@@ -226,7 +227,7 @@ def conv2d_nhwc(cfg: Any, *args: Any):
         lambda b, y, x, f: te.sum(padded[b, scaled(y, sh) + scaled(ry, dh), scaled(x, sw) + scaled(rx, dw), rc] * kernel[ry, rx, rc, f],
                                   axis=[rc, ry, rx]),
         name="conv2d_nhwc")
-    s = te.create_schedule(conv)
+    s = create_schedule(conv)
     if padded is not data:
         b, y, _, _ = s[padded].op.axis
         s[padded].parallel(s[padded].fuse(b, y))

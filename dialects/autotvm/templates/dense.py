@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import tensor_arg, vectorize_by_lanes
+from dialects.autotvm.templates.registry import register_template
 from lorien.engine import te
+from lorien.engine.schedule import create_schedule
 
 
 def _inputs(data_arg: Any, weight_arg: Any, bias_arg: Any) -> tuple[te.Tensor, te.Tensor, te.Tensor | None]:
@@ -56,7 +57,7 @@ def dense_pack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, o
     k = te.reduce_axis(k_len, name="k")
     out = te.compute((m, n), lambda y, x: te.sum(data[y, k] * packed[x // bn, k, x % bn], axis=k), name="dense_pack")
     final = _with_bias(out, bias)
-    s = te.create_schedule(final)
+    s = create_schedule(final)
 
     # Weight packing: parallel over column blocks, vector stores.
     # The register tile of the accumulation is tile_y[-1] x tile_x[-1].
@@ -110,7 +111,7 @@ def dense_nopack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None,
     kl = te.reduce_axis(lanes, name="kl")
     out = te.compute((m, n), lambda y, x: te.sum(partial[y, x, kl], axis=kl), name="dense_nopack")
     final = _with_bias(out, bias)
-    s = te.create_schedule(final)
+    s = create_schedule(final)
     y, x = s[final].op.axis
     yo, yi = cfg["tile_y"].apply(s, final, y)
     xo, xi = cfg["tile_x"].apply(s, final, x)

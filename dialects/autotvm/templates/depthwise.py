@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from dialects.autotvm.templates import register_template
 from dialects.autotvm.templates.common import (
     conv_nchw_numpy,
     conv_window,
@@ -19,7 +18,9 @@ from dialects.autotvm.templates.common import (
     tensor_arg,
     vectorize_by_lanes,
 )
+from dialects.autotvm.templates.registry import register_template
 from lorien.engine import te
+from lorien.engine.schedule import create_schedule
 
 
 def _dims(args: list[Any]) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
             * kernel[channel(f)[0], channel(f)[1], ry, rx],
             axis=[ry, rx]),
         name="depthwise_conv2d_nchw")
-    s = te.create_schedule(conv)
+    s = create_schedule(conv)
     cache = schedule_nchw_output(s, conv, data, padded, cfg["tile_c"], cfg["tile_ow"])
     tile_ow = cfg["tile_ow"].size[-1]
     _, f, y, x = s[cache].op.axis

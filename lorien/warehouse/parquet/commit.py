@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +13,7 @@ import pyarrow as pa
 from lorien.errors import StoreError
 from lorien.record import TuningRecord
 from lorien.warehouse.base import CommitResult
+from lorien.warehouse.parquet.files import LocalFiles, S3Files
 from lorien.warehouse.parquet.layout import (
     DEFAULT_NBEST,
     PARTITION_COLUMNS,
@@ -24,9 +25,6 @@ from lorien.warehouse.parquet.layout import (
     serving_dir,
 )
 from lorien.warehouse.parquet.tables import conform, dedupe, split_by, top_per_group
-
-if TYPE_CHECKING:
-    from lorien.warehouse.parquet.store import ParquetStore
 
 
 @dataclass
@@ -48,6 +46,21 @@ class PendingFile:
 STAGING_THREADS = 2
 
 
+class CommitHost(Protocol):
+    """What a commit needs of the store it publishes into (a :class:`ParquetStore`)."""
+
+    _files: LocalFiles | S3Files
+    _known_ids: set[str]
+
+    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]: ...
+
+    def _publish_commit(self, serving: list[PendingFile], records: list[PendingFile]) -> list[str]: ...
+
+    def _invalidate(self) -> None: ...
+
+    def _merge_serving(self, target_key: str) -> None: ...
+
+
 class ParquetCommit:
     """One commit, possibly of many batches: files are staged and published at :meth:`finish`.
 
@@ -56,7 +69,7 @@ class ParquetCommit:
     long ingests. Either way, what is published together becomes visible together.
     """
 
-    def __init__(self, store: ParquetStore, nbest: int | None, publish_each_batch: bool):
+    def __init__(self, store: CommitHost, nbest: int | None, publish_each_batch: bool):
         if nbest is not None and nbest < 1:
             raise StoreError(f"nbest must be a positive number of records, got {nbest!r}")
         self.store = store

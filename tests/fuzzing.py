@@ -1,7 +1,8 @@
 """Mutations of real tuning logs, and the properties every reader keeps on any input.
 
-The fuzz suite (``tests/test_formats_fuzz.py``; the long run is ``benchmarks/fuzz.py``)
-takes a few lines of a real log -- a TopHub AutoTVM log as record layout 0.2 or converted to
+A test helper, not part of the library: ``tests/test_formats_fuzz.py`` imports it as
+``fuzzing`` (pytest puts ``tests/`` on the path) and ``benchmarks/fuzz.py``, the long run,
+puts ``tests/`` on the path first. The fuzz suite takes a few lines of a real log -- a TopHub AutoTVM log as record layout 0.2 or converted to
 0.1, an auto-scheduler log, or a MetaSchedule database pair -- applies a few random
 :data:`MUTATIONS` (truncation, flipped and non-UTF-8 bytes, wrong JSON types, missing or
 renamed keys, out-of-range numbers, negative shapes, unknown names, a workload file that
