@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     query_match.add_argument("--alternate-key", action="store_true",
                              help="also every other target of the same family (llvm_cpu, cuda_gpu, ...)")
     query.add_argument("--prefix", action="store_true", help="treat --workload-key as a prefix")
-    query.add_argument("--format", choices=QUERY_FORMATS, default="table",
-                       help="table (default), json, or native log lines (autotvm, ansor)")
+    query.add_argument("--format", default="table",
+                       help="table (default), json, or the native log lines of a line-log format "
+                            "(autotvm, ansor, or a dialect plugin's)")
     query.add_argument("--store", help=STORE_HELP)
     query.add_argument("--predict", action="store_true",
                        help="zero-shot: propose configs with a cost model (--model) instead of reading records")
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = _parser(sub, "ingest", "pour TVM tuning logs (files or directories) into the warehouse",
                      "lorien ingest ../shared/data/tophub ../shared/data/ansor --store parquet:./lorien-warehouse")
     ingest.add_argument("paths", nargs="+", metavar="PATH", help="log files or directories (walked)")
-    ingest.add_argument("--format", default="auto", help="auto (default), autotvm, ansor or meta_schedule")
+    ingest.add_argument("--format", default="auto",
+                        help="auto (default), autotvm, ansor, meta_schedule, or a dialect plugin's format")
     ingest.add_argument("--strict", action="store_true",
                         help="refuse the whole ingest, committing nothing, if any line fails to parse")
     ingest.add_argument("--nbest", type=int, help="best records kept per workload for serving (default 20)")
@@ -165,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "  lorien export --target llvm --format meta_schedule -o ./ms_database")
     export.add_argument("--target", required=True, help="target string")
     export.add_argument("--format", required=True,
-                        help="autotvm, ansor, or meta_schedule (then -o names a directory)")
+                        help="autotvm, ansor, meta_schedule (a directory format: -o names a directory), or a "
+                             "dialect plugin's format")
     selection = export.add_mutually_exclusive_group()
     selection.add_argument("--best-only", dest="best_only", action="store_true", default=True,
                            help="the fastest valid record per workload (default)")
@@ -522,9 +525,6 @@ def _open_for_reading(uri: str | None):
 
 # ---- run functions: query ----------------------------------------------------------------
 
-QUERY_FORMATS = ("table", "json", "autotvm", "ansor")
-
-
 def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
     """(records, the family's other stored targets holding the workload when none matched)."""
     from lorien.warehouse import open_store
@@ -541,9 +541,12 @@ def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
 
 
 def _print_records(records: list, output_format: str) -> None:
-    if output_format in ("autotvm", "ansor"):
-        from lorien.formats import encode_record
+    if output_format not in ("table", "json"):
+        from lorien.formats import encode_record, line_formats
 
+        if output_format not in line_formats():
+            raise LorienError(f"query --format {output_format!r}: give table, json or a line-log format "
+                              f"({', '.join(line_formats())})")
         for record in records:
             print(encode_record(record, output_format))
         return
@@ -647,21 +650,21 @@ def _run_ingest(args: argparse.Namespace) -> int:
 
 def _run_export(args: argparse.Namespace) -> int:
     from lorien.dialect import format_owner, get_dialect
-    from lorien.formats import encode_record
+    from lorien.formats import codec_of, encode_record
     from lorien.warehouse.query import export_records
 
     if args.json and not args.output:
         raise LorienError("export --json prints a summary: give the records a file with -o FILE")
-    if args.lorien_workloads and args.format != "meta_schedule":
-        raise LorienError(f"--lorien-workloads is for --format meta_schedule, not {args.format!r}")
+    codec = codec_of(args.format)
+    if args.lorien_workloads and not hasattr(codec, "referenced_hashes"):
+        raise LorienError(f"--lorien-workloads is for formats whose records name their workload by hash "
+                          f"(meta_schedule), not {args.format!r}")
     workloads: dict[str, str] = {}
     with _open_for_reading(args.store) as store:
         records = export_records(store, args.target, args.format, best_only=args.best_only,
                                  by_alternate_key=args.alternate_key, exact=args.exact)
-        if args.format == "meta_schedule":
-            from lorien.formats import meta_schedule
-
-            workloads = store.get_workloads(meta_schedule.referenced_hashes(records))
+        if hasattr(codec, "referenced_hashes"):
+            workloads = store.get_workloads(codec.referenced_hashes(records))
     if not records:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
@@ -677,8 +680,8 @@ def _run_export(args: argparse.Namespace) -> int:
                               "stored_targets": sorted({record.target for record in records})}, indent=2))
         else:
             print(f"wrote {count} records to {args.output}", file=sys.stderr)
-    elif args.format == "meta_schedule":
-        raise LorienError("export --format meta_schedule writes a directory: give it with -o DIR")
+    elif codec.LOG_SUFFIX is None:
+        raise LorienError(f"export --format {args.format} writes a directory: give it with -o DIR")
     else:
         for record in records:
             print(encode_record(record, args.format))

@@ -46,6 +46,11 @@ class Dialect(ABC):
     def record_formats(self) -> list[str]:
         """Names of the log formats (see :mod:`lorien.formats`) whose records this dialect owns."""
 
+    def codecs(self) -> list[Any]:
+        """Codecs of log formats Lorien does not read itself (see :mod:`lorien.formats` for what
+        a codec offers); TVM's formats are built in, so their dialects ship none."""
+        return []
+
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
         """Flat named features of one record's workload and config (phase 1 of featurization)."""
         raise DialectError(f"dialect {self.name!r} has no feature extractor")
@@ -198,12 +203,13 @@ def native_log_format(dialect: str) -> tuple[str, str] | None:
     """(format, file suffix) of the line log a dialect's records are natively written to
     (``auto_scheduler`` -> ``("ansor", ".json")``); None for a dialect that is not registered
     or whose formats are no line logs (MetaSchedule's JSONDatabase is a directory)."""
-    from lorien.formats import FORMATS, log_suffix
+    from lorien.formats import codecs
 
     if dialect not in available_dialects():
         return None
+    known = codecs()
     for log_format in get_dialect(dialect).record_formats():
-        suffix = log_suffix(log_format) if log_format in FORMATS else None
+        suffix = known[log_format].LOG_SUFFIX if log_format in known else None
         if suffix is not None:
             return log_format, suffix
     return None

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lorien.errors import LorienError, RecordParseError, UnknownFormatError
+from lorien.errors import LorienError, RecordParseError
 from lorien.warehouse import CommitResult, open_store
 
 #: Files picked up when a directory is walked (named files are always read).
@@ -27,7 +27,6 @@ LOG_SUFFIXES = (".log", ".json", ".jsonl")
 #: fields Lorien keeps beside it, are read together).
 META_SCHEDULE_RECORDS = "database_tuning_record.json"
 META_SCHEDULE_FILES = ("database_workload.json", META_SCHEDULE_RECORDS, "lorien_record_fields.json")
-INGEST_FORMATS = ("auto", "autotvm", "ansor", "meta_schedule")
 
 
 @dataclass
@@ -143,10 +142,11 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one.
     """
+    from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
 
-    if format is not None and format not in INGEST_FORMATS:
-        raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(INGEST_FORMATS)})")
+    if format is not None and format != "auto":
+        codec_of(format)  # UnknownFormatError names the known formats
     chosen_format = None if format in (None, "auto") else format
     logs = expand_paths(paths)
     started = time.perf_counter()
@@ -181,9 +181,10 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int,
                 add: Callable[[pa.Table], CommitResult],
                 put_workloads: Callable[[dict[str, str]], int], dictionary: bool = False) -> FileReport:
-    from lorien.formats import detect_format, iter_log_tables, meta_schedule
+    from lorien.formats import codec_of, detect_format, iter_log_tables
 
     log_format = chosen_format or detect_format(log)
+    codec = codec_of(log_format)
     file_report = FileReport(path=str(log), format=log_format)
     workloads_kept: set[str] = set()
     for table, errors in iter_log_tables(log, format=log_format, strict=False, batch_size=batch_size,
@@ -192,11 +193,11 @@ def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: 
             if strict:
                 raise errors[0]
             file_report.errors.extend(errors)
-        if table.num_rows and log_format == "meta_schedule":
+        if table.num_rows and hasattr(codec, "hashes_in_extras"):
             # records name their workload by hash: the entries they name are kept before them
             # (reading the database put its entries in the format's registry)
-            wanted = meta_schedule.hashes_in_extras(pc.unique(table.column("extra")).to_pylist()) - workloads_kept
-            entries = meta_schedule.known_workloads(wanted)
+            wanted = codec.hashes_in_extras(pc.unique(table.column("extra")).to_pylist()) - workloads_kept
+            entries = codec.known_workloads(wanted)
             if wanted - entries.keys():
                 raise LorienError(f"{log}: workload entries {sorted(wanted - entries.keys())} went missing while reading")
             if entries:

@@ -85,7 +85,7 @@ def test_format_owners_come_from_the_dialects_record_formats():
 def test_every_codec_writes_the_dialect_that_owns_its_format():
     from lorien import formats
 
-    for log_format in formats.FORMATS:
+    for log_format in formats.BUILTIN_CODECS:
         assert getattr(formats, log_format).DIALECT == format_owner(log_format)
 
 

@@ -107,6 +107,11 @@ def decode_value(data: Any, source: str = "") -> TuningRecord:
     )
 
 
+def claims_value(value: Any) -> bool:
+    """Whether one JSON-decoded log line is an auto-scheduler record (``{"i", "r", "v": "v0.x"}``)."""
+    return isinstance(value, dict) and "i" in value and "r" in value and isinstance(value.get("v"), str)
+
+
 def decode_line(line: str | bytes, path: str | None = None, lineno: int | None = None) -> TuningRecord:
     """One auto-scheduler log line as a TuningRecord; RecordParseError names the file and line."""
     try:

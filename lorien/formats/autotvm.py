@@ -303,6 +303,14 @@ _DECODERS: dict[str, Decoder] = {}
 _DECODERS_LOCK = threading.Lock()
 
 
+def claims_value(value: Any) -> bool:
+    """Whether one JSON-decoded log line is an AutoTVM record (layout 0.2 ``{"input", "config",
+    "result", ...}`` or 0.1 ``{"i", "r", "v": 0.1}``)."""
+    if not isinstance(value, dict):
+        return False
+    return ("input" in value and "result" in value) or ("i" in value and "r" in value and value.get("v") == 0.1)
+
+
 def decode_line(line: str | bytes, path: str | None = None, lineno: int | None = None) -> TuningRecord:
     """One AutoTVM log line as a TuningRecord; RecordParseError names the file and line.
 

@@ -45,6 +45,8 @@ DIALECT = "meta_schedule"
 LOG_SUFFIX = None
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+#: What a directory of this format holds (named when a directory is not one).
+DIRECTORY_FILES = (WORKLOAD_FILE, RECORD_FILE)
 FIELDS_FILE = "lorien_record_fields.json"
 #: Record fields a tuning-record line cannot hold, kept in FIELDS_FILE when they differ from
 #: what the line gives back (``extra`` only when it names its workload by hash).

@@ -242,7 +242,7 @@ def archive_records(records: Iterable[TuningRecord], dest: str, name: str | None
     for dialect, dialect_records in sorted(by_dialect.items()):
         suffix, text = encode_archive_lines(dialect_records, dialect)
         written.append(write_text_uri(join_uri(dest, f"{stem}-{dialect}{suffix}"), text))
-        entries = _workload_entries(dialect_records) if dialect == "meta_schedule" else {}
+        entries = _workload_entries(dialect_records)
         if entries:  # records name their workload by hash: the entries go beside them
             lines = "".join(orjson.dumps({"workload_hash": digest, "entry": orjson.loads(text)}).decode() + "\n"
                             for digest, text in sorted(entries.items()))
@@ -251,8 +251,9 @@ def archive_records(records: Iterable[TuningRecord], dest: str, name: str | None
 
 
 def _workload_entries(records: list[TuningRecord]) -> dict[str, str]:
-    """The workload entries (hash -> JSON) that MetaSchedule records refer to, as far as this
-    process has read them (see :func:`lorien.formats.meta_schedule.remember_workloads`)."""
+    """The workload entries (hash -> JSON) that records naming their workload by hash (as
+    MetaSchedule's do) refer to, as far as this process has read them (see
+    :func:`lorien.formats.meta_schedule.remember_workloads`)."""
     from lorien.formats import meta_schedule
 
     return meta_schedule.known_workloads(meta_schedule.referenced_hashes(records))

@@ -18,7 +18,7 @@ re-merging when another committer got there first, so no concurrently committed 
 
 Modules, one concern each: ``client`` (locations, the client, errors, retried calls), ``table``
 (key schema, index, table administration), ``codec`` (attribute values, item attributes,
-``BestConfigs`` entries, ``NATIVE_FORMATS``), ``merge`` (merging configs, the conditional
+``BestConfigs`` entries), ``merge`` (merging configs, the conditional
 write), ``store`` (DynamoDBStore), ``dump`` (item summaries, dumps, bulk loads).
 """
 
@@ -42,7 +42,6 @@ from lorien.warehouse.dynamodb.codec import (
     ENTRY_ATTRIBUTE,
     FAILED_ATTRIBUTE,
     ITEM_SIZE_LIMIT_BYTES,
-    NATIVE_FORMATS,
     VERSION_ATTRIBUTE,
     WORKLOADS_HASH_KEY,
     attribute_size,
@@ -94,7 +93,7 @@ from lorien.warehouse.dynamodb.table import (
 __all__ = [
     "ALTERNATE_INDEX", "ALTERNATE_KEY", "CONFIGS_ATTRIBUTE", "CREDENTIAL_CODES", "DEFAULT_REGION",
     "ENTRY_ATTRIBUTE", "FAILED_ATTRIBUTE", "HASH_KEY", "ITEM_SIZE_LIMIT_BYTES", "ITEM_SIZE_TARGET_BYTES",
-    "MAX_CONFIGS_PER_ITEM", "MAX_FAILED_IDS_PER_ITEM", "NATIVE_FORMATS", "RANGE_KEY", "THROTTLING_CODES",
+    "MAX_CONFIGS_PER_ITEM", "MAX_FAILED_IDS_PER_ITEM", "RANGE_KEY", "THROTTLING_CODES",
     "VERSION_ATTRIBUTE", "WORKLOADS_HASH_KEY", "WRITE_THREADS", "DynamoDBLocation", "DynamoDBStore",
     "MergeOutcome", "MissingTableError", "archive_uri", "attribute_size", "backoff_s", "build_group", "call",
     "check_table_schema", "config_entry", "create_table", "delete_table", "describe_table", "entry_record",

@@ -23,9 +23,6 @@ ENTRY_ATTRIBUTE = "WorkloadEntry"
 #: DynamoDB's item size limit.
 ITEM_SIZE_LIMIT_BYTES = 400 * 1024
 
-#: Dialect -> record format of lorien.formats, for the native ``config`` line.
-NATIVE_FORMATS = {"autotvm": "autotvm", "auto_scheduler": "ansor"}
-
 
 # ---- DynamoDB attribute values, encoded the way the seed encodes them -------------------------
 
@@ -114,13 +111,16 @@ def build_group(framework_build_config: Any) -> tuple:
 
 
 def native_line(record: TuningRecord) -> str:
-    """The record as the seed stores it in ``config``: its native TVM log line."""
-    record_format = NATIVE_FORMATS.get(record.dialect)
-    if record_format is None:
+    """The record as the seed stores it in ``config``: its native TVM log line, where its
+    dialect has a line log (:func:`lorien.dialect.native_log_format`), else its config."""
+    from lorien.dialect import native_log_format
+
+    native = native_log_format(record.dialect)
+    if native is None:
         return record.config
     from lorien.formats import encode_record
 
-    return encode_record(record, record_format).strip()
+    return encode_record(record, native[0]).strip()
 
 
 def config_entry(record: TuningRecord, log_path: str | None) -> dict[str, Any]:

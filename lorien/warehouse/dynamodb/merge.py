@@ -18,6 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lorien.dialect import native_log_format
 from lorien.errors import StoreError
 from lorien.record import TuningRecord
 from lorien.warehouse.dynamodb.client import (
@@ -31,7 +32,6 @@ from lorien.warehouse.dynamodb.codec import (
     CONFIGS_ATTRIBUTE,
     FAILED_ATTRIBUTE,
     ITEM_SIZE_LIMIT_BYTES,
-    NATIVE_FORMATS,
     VERSION_ATTRIBUTE,
     attribute_size,
     config_entry,
@@ -83,7 +83,7 @@ def merge_configs(existing: list[dict[str, Any]], records: list[TuningRecord], n
             continue
         entry = config_entry(record, log_path)
         line = entry["M"]["config"]["S"]
-        if line in known_lines and record.dialect in NATIVE_FORMATS:
+        if line in known_lines and native_log_format(record.dialect) is not None:
             duplicates += 1
             continue
         known_ids.add(record.record_id)
