@@ -100,7 +100,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
     workloads whose keys ``exclude`` holds (an explicit one of them is an error)."""
     from lorien.dialect import get_dialect
     from lorien.target import host_target, parse_target
-    from lorien.tune.config import DEFAULTS
+    from lorien.tune.job import JOB_DEFAULTS
 
     if size not in SPREADS and size != "none":
         raise ConfigError(f"unknown size {size!r} (known: {', '.join(SPREADS)}, none)")
@@ -109,7 +109,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
         raise ConfigError(f"unknown op(s) {unknown_ops} (known: {', '.join(OPS)})")
     spread = [] if size == "none" else [(op, p) for op, p in SPREADS[size] if ops is None or op in ops]
     explicit = {len(spread) + i: text for i, text in enumerate(workloads)}
-    dialect = dialect or DEFAULTS["dialect"]
+    dialect = dialect or JOB_DEFAULTS["dialect"]
     plugin = get_dialect(dialect)
     excluded = set(exclude)
     target = parse_target(target).canonical if target else host_target().canonical

@@ -27,8 +27,10 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
         epilogue: {bias: 3, bias+add: 1}           #   elementwise ops seen after it, per pattern
     task_scheduler: {strategy: gradient, trials: 2000, round_trials: 16}   # tune the workloads as one network
 
-Each workload becomes one job dict (the team's job schema), handed to
-``get_dialect(job["dialect"]).tune(job, store_uri, ...)``. ``weight``, ``models`` and
+Each workload becomes one job dict (the team's job schema), checked as a
+:class:`lorien.tune.job.TuneJob` (defaults: :data:`lorien.tune.job.JOB_DEFAULTS`; options a
+dialect declares are accepted for that dialect only) and tuned by the one loop,
+:func:`lorien.tune.loop.tune_job`. ``weight``, ``models`` and
 ``epilogue`` are carried into the job as they are: the weight is what a task scheduler
 splits a network's budget by (``task_scheduler``, docs/auto_scheduler.md); a dialect whose
 tasks are the anchor operator alone (autotvm) tunes the same task whatever the epilogue.
@@ -50,7 +52,6 @@ CONFIG_KEYS = {"store", "log_dir", "workloads", "task_scheduler"}
 #: Keys a workload entry may set (or the top level, for every workload): the common job keys
 #: but the workload's own, and the options the registered dialects declare.
 WORKLOAD_KEYS = {"task_name", "args", "workload_key", "tuner_options", "round"}
-DEFAULTS: dict[str, Any] = {"dialect": "autotvm", **JOB_DEFAULTS}
 
 
 def job_keys() -> set[str]:
@@ -97,7 +98,7 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     workloads = document.get("workloads")
     if not isinstance(workloads, list) or not workloads:
         raise ConfigError(f"{source}: 'workloads' must be a non-empty list")
-    settings = {**DEFAULTS, **{k: v for k, v in document.items() if k in keys}}
+    settings = {**JOB_DEFAULTS, **{k: v for k, v in document.items() if k in keys}}
     jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
     store_uri = document.get("store")
     log_dir = document.get("log_dir")

@@ -20,6 +20,7 @@ __all__ = ["COMMON_KEYS", "JOB_DEFAULTS", "JobOption", "TuneJob", "check_common"
 
 #: Every job gets these unless it says otherwise.
 JOB_DEFAULTS: dict[str, Any] = {
+    "dialect": "autotvm",
     "tuner": "random",
     "trials": 32,
     "batch_size": 8,
@@ -73,7 +74,7 @@ class TuneJob:
             raise ConfigError(f"{where}: a job is a mapping, got {spec!r:.80}")
         from lorien.dialect import get_dialect
 
-        name = spec.get("dialect") or "autotvm"
+        name = spec.get("dialect") or JOB_DEFAULTS["dialect"]
         dialect = get_dialect(str(name))  # DialectError names the dialects there are
         declared = dict(dialect.job_options)
         unknown = set(spec) - COMMON_KEYS - set(declared)

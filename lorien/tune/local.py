@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lorien.tune.config import TuneConfig
+from lorien.tune.job import JOB_DEFAULTS
 
 
 @dataclass
@@ -84,7 +85,7 @@ def log_path_for(log_dir: Path, job: dict[str, Any]) -> Path:
     digest = hashlib.blake2b(canonical_json([job.get("task_name"), job.get("args"), job.get("target")]).encode(),
                              digest_size=6).hexdigest()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job.get("task_name", "job")))
-    suffix = (native_log_format(str(job.get("dialect", "autotvm"))) or ("", ".log"))[1]
+    suffix = (native_log_format(str(job.get("dialect") or JOB_DEFAULTS["dialect"])) or ("", ".log"))[1]
     return log_dir / f"{stem}.{digest}{suffix}"
 
 
@@ -153,7 +154,7 @@ def _flop(job: dict[str, Any]) -> float | None:
     from lorien.errors import LorienError
 
     try:
-        dialect = get_dialect(job.get("dialect", "autotvm"))
+        dialect = get_dialect(job.get("dialect") or JOB_DEFAULTS["dialect"])
         return dialect.describe_workload(dialect.workload_key(str(job.get("task_name")), job.get("args") or []))[1]
     except (LorienError, ValueError):
         return None
