@@ -36,7 +36,8 @@ from lorien.formats.base import LogReadResult, is_skipped
 from lorien.record import TuningRecord, records_to_table
 
 __all__ = [
-    "LogReadResult", "codec_of", "codecs", "decode_line", "detect_format", "encode_record", "iter_log_tables",
+    "LogReadResult", "codec_of", "codecs", "decode_line", "detect_format", "encode_record", "format_of_line",
+    "iter_log_tables",
     "line_formats", "log_suffix", "read_log", "write_log",
 ]
 
@@ -74,6 +75,16 @@ def codec_of(format: str) -> Any:
     if format not in found:
         raise UnknownFormatError(f"unknown log format {format!r} (known: {', '.join(found)})")
     return found[format]
+
+
+def format_of_line(line: str | bytes) -> str:
+    """The line-log format one log line is a record of, asked of every line codec;
+    UnknownFormatError (or orjson's JSONDecodeError for a line that is no JSON) otherwise."""
+    value = orjson.loads(line)
+    for name, codec in codecs().items():
+        if codec.LOG_SUFFIX is not None and codec.claims_value(value):
+            return name
+    raise UnknownFormatError(f"not a record of a known line-log format ({', '.join(line_formats())}): {line!r:.120}")
 
 
 def line_formats() -> list[str]:

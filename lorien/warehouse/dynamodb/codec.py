@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from lorien.errors import RecordParseError, StoreError
+from lorien.errors import RecordParseError, StoreError, UnknownFormatError
 from lorien.record import TuningRecord
 from lorien.target import parse_target
 from lorien.warehouse.dynamodb.table import HASH_KEY, RANGE_KEY
@@ -160,17 +160,6 @@ def entry_group(entry: dict[str, Any]) -> tuple:
     return build_group(from_attribute(value) if value is not None else "unknown")
 
 
-def _guess_line_format(line: str) -> str:
-    """The lorien.formats name of a native line the seed stored (AutoTVM or auto-scheduler)."""
-    data = orjson.loads(line)
-    if isinstance(data, dict) and "input" in data:
-        return "autotvm"
-    inputs = data.get("i") if isinstance(data, dict) else None
-    if isinstance(inputs, list) and inputs and isinstance(inputs[0], list):
-        return "ansor"
-    return "autotvm"
-
-
 def entry_record(entry: dict[str, Any], item: dict[str, Any]) -> TuningRecord:
     """The record held by one config map, whichever project wrote it."""
     fields = entry["M"]
@@ -179,12 +168,12 @@ def entry_record(entry: dict[str, Any], item: dict[str, Any]) -> TuningRecord:
     stored = fields.get("lorien_record")
     if stored is not None:
         return TuningRecord.from_row(orjson.loads(stored["S"]))
-    from lorien.formats import decode_line
+    from lorien.formats import decode_line, format_of_line
 
     line = fields["config"]["S"]
     try:
-        record = decode_line(line, _guess_line_format(line))
-    except (RecordParseError, orjson.JSONDecodeError) as exc:
+        record = decode_line(line, format_of_line(line))
+    except (RecordParseError, UnknownFormatError, orjson.JSONDecodeError) as exc:
         raise StoreError(f"item ({target_text!r}, {workload_key!r}) holds a config that does not "
                          f"decode as a TVM log line: {exc}") from exc
     build = from_attribute(fields["framework_build_config"]) if "framework_build_config" in fields else None
