@@ -33,6 +33,15 @@ def auto_scheduler_job(**changes) -> dict:
     return job
 
 
+@pytest.fixture(autouse=True)
+def journal_dir(tmp_path: Path, monkeypatch) -> Path:
+    """Each test's MetaSchedule commit journals (dialects.meta_schedule.database.CommitJournal)
+    in its own temporary folder, never under the user's home."""
+    folder = tmp_path / "journal"
+    monkeypatch.setenv("LORIEN_JOURNAL_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

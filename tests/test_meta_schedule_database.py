@@ -108,6 +108,59 @@ def test_store_database_keeps_records_in_the_warehouse(matmul, store_uri, capsys
     assert "GetSBlock" in capsys.readouterr().out
 
 
+def test_store_database_commits_in_batches_not_a_file_per_record(matmul, store_uri):
+    with StoreDatabase(store_uri, batch_size=4) as db:
+        _fill(db, matmul, 10)
+        files_before_close = db.store.stats()["files"]
+    from lorien.warehouse import open_store
+
+    with open_store(store_uri) as store:
+        assert store.scan().num_rows == 10
+        assert files_before_close == 2 and store.stats()["files"] == 3  # batches of 4, 4 and 2
+
+
+def test_records_a_killed_process_committed_are_kept_by_its_journal(matmul, store_uri, journal_dir):
+    script = (
+        "import os, sys, signal\n"
+        "sys.path.insert(0, sys.argv[3])\n"
+        "from pathlib import Path\n"
+        "from test_meta_schedule_database import _fill\n"
+        "from dialects.meta_schedule.database import StoreDatabase\n"
+        "db = StoreDatabase(sys.argv[1], batch_size=64)\n"
+        "_fill(db, Path(sys.argv[2]), 5)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    import os
+    import subprocess
+    import sys
+
+    killed = subprocess.run([sys.executable, "-c", script, store_uri, str(matmul), str(Path(__file__).parent)],
+                            env={**os.environ, "LORIEN_JOURNAL_DIR": str(journal_dir)}, capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert len(list(journal_dir.rglob("*.jsonl"))) == 1  # five commits returned; nothing reached the store
+    with StoreDatabase(store_uri) as db:  # the next database on the store commits them
+        assert len(db) == 5
+    assert not list(journal_dir.rglob("*.jsonl"))
+
+
+def test_a_store_database_for_one_target_leaves_other_hardware_out(matmul, store_uri):
+    workload = _workload(matmul)
+    fields = _records(matmul)[:4]
+    with StoreDatabase(store_uri) as db:
+        db.commit_workload(workload)
+        for index, record in enumerate(fields):
+            target = {**TARGET, "mcpu": "skylake-avx512" if index % 2 else "znver3"}
+            db.commit_tuning_record(Record.from_json([record[0], record[1], target, record[3]], workload))
+    with StoreDatabase(store_uri, target={"kind": "llvm", "mcpu": "znver3"}) as db:
+        mine = db.get_top_k(workload, 4)
+        assert len(mine) == 2 and all(r.target["mcpu"] == "znver3" for r in mine)
+        assert db.query_tuning_record(workload).target["mcpu"] == "znver3"
+        assert db.query_tuning_record(workload, {"kind": "llvm", "mcpu": "skylake-avx512"}).target["mcpu"] \
+            == "skylake-avx512"
+    with StoreDatabase(store_uri) as db:
+        assert len(db.get_top_k(workload, 4)) == 4  # no target: every target's, as TVM's databases answer
+
+
 def test_union_gives_the_best_and_ordered_union_the_first_answer(matmul):
     workload = _workload(matmul)
     records = sorted(_records(matmul), key=lambda f: sum(f[1]) / len(f[1]))

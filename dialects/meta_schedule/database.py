@@ -261,21 +261,112 @@ class JSONDatabase(MemoryDatabase):
             handle.write(orjson.dumps([index, record.as_json()]) + b"\n")
 
 
+class CommitJournal:
+    """Records a :class:`StoreDatabase` accepted but has not committed to its store yet, one
+    JSON line each, in a file of this process's own on local disk (``$LORIEN_JOURNAL_DIR``, by
+    default ``~/.cache/lorien/journal``, a folder per store). A process that dies between a
+    commit and the flush of its batch leaves them there; the next database opened on the same
+    store commits them (commits are idempotent, so nothing is stored twice)."""
+
+    def __init__(self, store_uri: str, directory: str | Path | None = None):
+        import hashlib
+        import os
+        import uuid
+
+        root = Path(directory or os.environ.get("LORIEN_JOURNAL_DIR") or Path.home() / ".cache" / "lorien" / "journal")
+        self.folder = root / hashlib.blake2b(store_uri.encode(), digest_size=8).hexdigest()
+        self.path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:10]}.jsonl"
+        self._handle: Any = None
+
+    def append(self, record: TuningRecord) -> None:
+        """Keep one record until :meth:`clear` (written through to the file before returning)."""
+        if self._handle is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "ab")  # noqa: SIM115 - closed by clear()
+        self._handle.write(orjson.dumps(record.to_row()) + b"\n")
+        self._handle.flush()
+
+    def clear(self) -> None:
+        """The kept records are committed: forget them."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        self.path.unlink(missing_ok=True)
+
+    def orphans(self) -> list[Path]:
+        """Journals of this store left by processes that are gone."""
+        import os
+
+        found = []
+        for path in sorted(self.folder.glob("*.jsonl")) if self.folder.is_dir() else []:
+            pid = int(path.name.split("-", 1)[0]) if path.name.split("-", 1)[0].isdigit() else 0
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                found.append(path)
+            except PermissionError:
+                continue
+        return found
+
+    @staticmethod
+    def read(path: Path) -> list[TuningRecord]:
+        """The records of a journal (a line cut short by the death of its writer is skipped)."""
+        records = []
+        for line in path.read_bytes().splitlines():
+            try:
+                records.append(TuningRecord.from_row(orjson.loads(line)))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+        return records
+
+
 class StoreDatabase(Database):
     """A Lorien store (any backend) as a MetaSchedule database: records are the warehouse's
     MetaSchedule records (``lorien query`` finds them by the workload's structural hash),
     workload entries are kept beside them (``Store.put_workloads``) or, for a store that
-    keeps none, inside each record."""
+    keeps none, inside each record.
 
-    def __init__(self, store: Any = None, source: str = "meta_schedule database"):
+    Commits are batched: a record is kept in a :class:`CommitJournal` when
+    ``commit_tuning_record`` returns, and ``batch_size`` of them go to the store as one commit
+    (one file of a parquet store, not one a record) -- also before any read, at :meth:`close`
+    and when the process exits. ``target`` (a target string or TVM's dict) makes the database
+    answer for that hardware only: ``get_top_k`` and ``query_tuning_record`` leave out records
+    of targets that do not match it (TVM's own databases ignore the target, so a merged
+    database hands out records tuned for another CPU); None answers with every target's.
+    """
+
+    def __init__(self, store: Any = None, source: str = "meta_schedule database", target: Any = None,
+                 batch_size: int = 64, journal_dir: str | Path | None = None):
+        import atexit
+
         from lorien.warehouse import Store, open_store
 
+        if batch_size < 1:
+            raise DialectError(f"batch_size must be at least 1, got {batch_size}")
         self.owned = not isinstance(store, Store)
         self.store = open_store(store) if self.owned else store
-        self.source = source
+        self.source, self.target, self.batch_size = source, target, batch_size
         self._workloads: dict[str, Workload] = {}
+        self._entries_kept: set[str] = set()
+        self._pending: list[TuningRecord] = []
+        self.journal = CommitJournal(self.store.uri, journal_dir)
+        for orphan in self.journal.orphans():
+            self.store.commit(CommitJournal.read(orphan))
+            orphan.unlink(missing_ok=True)
+        atexit.register(self.flush)
+
+    def flush(self) -> None:
+        """Commit the records accepted so far to the store."""
+        if self._pending:
+            self.store.commit(self._pending)
+            self._pending = []
+        self.journal.clear()
 
     def close(self) -> None:
+        import atexit
+
+        self.flush()
+        atexit.unregister(self.flush)
         if self.owned:
             self.store.close()
 
@@ -286,6 +377,7 @@ class StoreDatabase(Database):
         self.close()
 
     def _rows(self, workload: Workload | None = None) -> list[TuningRecord]:
+        self.flush()
         filters: dict[str, Any] = {"dialect": "meta_schedule"}
         if workload is not None:
             filters["workload_key"] = workload.shash
@@ -305,13 +397,20 @@ class StoreDatabase(Database):
         text = entry_text(workload.as_json())
         entry = WorkloadEntry(workload.as_json(), safe_summarize(workload.module), text, entry_hash(text))
         stored = decode_value([0, record.as_json()], {0: entry}, self.source)
-        try:
-            self.store.put_workloads({entry.digest: text})
-        except StoreError:
+        if entry.digest not in self._entries_kept:
+            try:
+                self.store.put_workloads({entry.digest: text})
+                self._entries_kept.add(entry.digest)
+            except StoreError:
+                pass
+        if entry.digest not in self._entries_kept:
             stored = stored.with_changes(extra=orjson.dumps({"workload_index": 0, "workload": workload.as_json()}).decode())
         if workload.module and isinstance(workload.module, dict) and stored.flop is None:
             stored = stored.with_changes(flop=workload.dag().flop())
-        self.store.commit([stored])
+        self.journal.append(stored)
+        self._pending.append(stored)
+        if len(self._pending) >= self.batch_size:
+            self.flush()
 
     def _record(self, stored: TuningRecord) -> Record:
         from lorien.formats.meta_schedule import encode_record
@@ -331,8 +430,19 @@ class StoreDatabase(Database):
     def get_all_tuning_records(self) -> list[Record]:
         return [self._record(stored) for stored in sorted(self._rows(), key=lambda r: r.timestamp)]
 
+    def _top_k_on(self, workload: Workload, k: int, target: Any) -> list[Record]:
+        stored = self._rows(workload)
+        if target is not None:
+            stored = [record for record in stored if _same_target(record.target, target)]
+        return _top_k([self._record(record) for record in stored], workload, k)
+
     def get_top_k(self, workload: Workload, k: int) -> list[Record]:
-        return _top_k([self._record(stored) for stored in self._rows(workload)], workload, k)
+        return self._top_k_on(workload, k, self.target)
+
+    def query_tuning_record(self, workload: Workload, target: Any = None, workload_name: str = "main") -> Record | None:
+        """The best valid record of a workload on ``target`` (default: the database's own)."""
+        found = self._top_k_on(workload, 1, self.target if target is None else target)
+        return found[0] if found else None
 
     def __len__(self) -> int:
         return len(self._rows())

@@ -40,9 +40,11 @@ def _tvm() -> tuple[Any, Any]:
     return ms, derived_object
 
 
-def warehouse_database(store: Any = None) -> Any:
+def warehouse_database(store: Any = None, target: Any = None, batch_size: int = 64) -> Any:
     """A ``tvm.s_tir.meta_schedule.database.PyDatabase`` over a Lorien store (URI or Store;
-    None: the default store)."""
+    None: the default store). ``target``: answer with records of that hardware only (TVM's
+    databases ignore the target); records are committed ``batch_size`` at a time, each kept
+    in a journal from the moment TVM commits it (:class:`StoreDatabase`)."""
     ms, derived_object = _tvm()
 
     @derived_object
@@ -51,7 +53,7 @@ def warehouse_database(store: Any = None) -> Any:
 
         def __init__(self, lorien_store: Any):
             super().__init__()
-            self.lorien = StoreDatabase(lorien_store, source="tvm meta_schedule")
+            self.lorien = StoreDatabase(lorien_store, source="tvm meta_schedule", target=target, batch_size=batch_size)
             self.tvm_workloads: dict[str, Any] = {}
 
         def _workload(self, mod: Any) -> tuple[Any, Workload]:
