@@ -301,8 +301,9 @@ class _Lowering:
                     if isinstance(node, te.Load) and name not in readers[node.tensor.name]:
                         readers[node.tensor.name].append(name)
         for name, st in self.stages.items():
-            if isinstance(st.attach, tuple) and readers[name] != [st.attach[0]]:
-                raise ScheduleError(f"compute_at: {name!r} is read by {readers[name]}, not only by {st.attach[0]!r}")
+            if isinstance(st.attach, tuple) and any(not self._reads_inside(reader, st.attach) for reader in readers[name]):
+                raise ScheduleError(f"compute_at: {name!r} is read by {readers[name]}, not only inside loop "
+                                    f"{st.attach[1]!r} of {st.attach[0]!r}")
         for tname in readers:
             if tname not in self.stages and tname not in arg_names:
                 raise ScheduleError(f"tensor {tname!r} is read but is not a kernel argument")
@@ -413,9 +414,55 @@ class _Lowering:
         self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
         self.env.pop(var, None)
 
+    def _reads_inside(self, reader: str, attach: tuple[str, str]) -> bool:
+        """Whether stage ``reader`` runs inside loop ``attach`` (its host, or a stage computed
+        at that loop or a deeper loop of the same host)."""
+        host = self.stages[attach[0]]
+        where = self.stages[reader].attach
+        return reader == attach[0] or (isinstance(where, tuple) and where[0] == attach[0]
+                                       and host.leaf.index(where[1]) >= host.leaf.index(attach[1]))
+
+    def _sibling_loads(self, child: Stage, nest: _Nest, pos: int) -> tuple[list[te.Load], set]:
+        """Loads of ``child`` by the other stages computed inside loop ``pos`` of ``nest``, their
+        own loop variables replaced by fresh variables over the regions they compute; and those
+        variables (they vary inside the loop)."""
+        loads, varying = [], set()
+        for leaf in nest.leaves[pos:]:
+            for sibling in self.children.get((nest.stage.name, leaf), []):
+                body = self.body_of(sibling.name)
+                if sibling is child or not any(isinstance(n, te.Load) and n.tensor.name == child.name
+                                               for n in te.walk(body)):
+                    continue
+                mapping = {}
+                for iv, (offset, extent) in zip(sibling.op.axis,
+                                                self.region(sibling, nest, nest.leaves.index(leaf)), strict=True):
+                    fresh = te.Var(f"{sibling.name}.{iv.name}.r")
+                    self.var_ext[fresh] = extent
+                    varying.add(fresh)
+                    mapping[iv] = offset + fresh
+                for iv in sibling.op.reduce_axis:
+                    self.var_ext[iv] = iv.extent
+                    varying.add(iv)
+                source = body.source if isinstance(body, te.Reduce) else body
+                loads += [n for n in te.walk(te.substitute(source, mapping))
+                          if isinstance(n, te.Load) and n.tensor.name == child.name]
+        return loads, varying
+
     def emit_child(self, child: Stage, nest: _Nest, pos: int) -> None:
+        region = self.region(child, nest, pos)
+        size = _prod(e for _, e in region)
+        buf = self.emit("ALLOC", child.tensor.dtype, 1, (), (child.name, size, "local"))
+        self.buffers[child.name] = (buf, [o for o, _ in region], _strides([e for _, e in region]), size)
+        self.emit_stage(child, region)
+
+    def region(self, child: Stage, nest: _Nest, pos: int) -> list[tuple[te.Expr, int]]:
+        """(offset, extent) per dimension of the part of ``child`` that one iteration of loop
+        ``pos`` of ``nest`` reads (its body and the stages computed inside that loop)."""
         inner_vars = {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]}
         loads = [n for n in te.walk(nest.body) if isinstance(n, te.Load) and n.tensor.name == child.name]
+        sibling_loads, varying = self._sibling_loads(child, nest, pos)
+        loads += sibling_loads
+        inner_vars |= varying
         region = []
         for d, size in enumerate(child.tensor.shape):
             forms = [linear(ld.indices[d]) for ld in loads]
@@ -439,10 +486,7 @@ class _Lowering:
                 region.append((te.const(0), size))
             else:
                 region.append((from_linear({**outers[0], 1: min(los)}), extent))
-        size = _prod(e for _, e in region)
-        buf = self.emit("ALLOC", child.tensor.dtype, 1, (), (child.name, size, "local"))
-        self.buffers[child.name] = (buf, [o for o, _ in region], _strides([e for _, e in region]), size)
-        self.emit_stage(child, region)
+        return region
 
     def emit_init(self, nest: _Nest, pos: int) -> None:
         spatial = [leaf for leaf in nest.leaves[pos:] if nest.stage.axes[leaf].kind == "spatial"]
