@@ -414,39 +414,46 @@ class _Lowering:
         self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
         self.env.pop(var, None)
 
-    def _reads_inside(self, reader: str, attach: tuple[str, str]) -> bool:
-        """Whether stage ``reader`` runs inside loop ``attach`` (its host, or a stage computed
-        at that loop or a deeper loop of the same host)."""
-        host = self.stages[attach[0]]
-        where = self.stages[reader].attach
-        return reader == attach[0] or (isinstance(where, tuple) and where[0] == attach[0]
-                                       and host.leaf.index(where[1]) >= host.leaf.index(attach[1]))
+    def _runs_inside(self, name: str, host: str, pos: int) -> bool:
+        """Whether stage ``name`` runs inside loop ``pos`` of stage ``host``: computed at that
+        loop or a deeper one, directly or inside a stage that is."""
+        where = self.stages[name].attach
+        while isinstance(where, tuple):
+            if where[0] == host:
+                return self.stages[host].leaf.index(where[1]) >= pos
+            where = self.stages[where[0]].attach
+        return False
 
-    def _sibling_loads(self, child: Stage, nest: _Nest, pos: int) -> tuple[list[te.Load], set]:
-        """Loads of ``child`` by the other stages computed inside loop ``pos`` of ``nest``, their
-        own loop variables replaced by fresh variables over the regions they compute; and those
-        variables (they vary inside the loop)."""
-        loads, varying = [], set()
-        for leaf in nest.leaves[pos:]:
-            for sibling in self.children.get((nest.stage.name, leaf), []):
-                body = self.body_of(sibling.name)
-                if sibling is child or not any(isinstance(n, te.Load) and n.tensor.name == child.name
-                                               for n in te.walk(body)):
-                    continue
-                mapping = {}
-                for iv, (offset, extent) in zip(sibling.op.axis,
-                                                self.region(sibling, nest, nest.leaves.index(leaf)), strict=True):
-                    fresh = te.Var(f"{sibling.name}.{iv.name}.r")
-                    self.var_ext[fresh] = extent
-                    varying.add(fresh)
-                    mapping[iv] = offset + fresh
-                for iv in sibling.op.reduce_axis:
-                    self.var_ext[iv] = iv.extent
-                    varying.add(iv)
-                source = body.source if isinstance(body, te.Reduce) else body
-                loads += [n for n in te.walk(te.substitute(source, mapping))
-                          if isinstance(n, te.Load) and n.tensor.name == child.name]
+    def _reads_inside(self, reader: str, attach: tuple[str, str]) -> bool:
+        """Whether stage ``reader`` reads inside loop ``attach`` (it is the host or runs inside)."""
+        return reader == attach[0] or self._runs_inside(reader, attach[0], self.stages[attach[0]].leaf.index(attach[1]))
+
+    def _loads_over_span(self, reader: Stage, child: Stage, nest: _Nest, pos: int) -> tuple[list[te.Load], set]:
+        """Loads of ``child`` by ``reader`` (a stage inside loop ``pos`` of ``nest``) with its loop
+        variables replaced by fresh variables over all it computes in one iteration of that
+        loop; and the variables that vary."""
+        mapping, varying = {}, set()
+        for iv, (offset, extent) in zip(reader.op.axis, self._span(reader, nest, pos), strict=True):
+            fresh = te.Var(f"{reader.name}.{iv.name}.r")
+            self.var_ext[fresh] = extent
+            varying.add(fresh)
+            mapping[iv] = offset + fresh
+        for iv in reader.op.reduce_axis:
+            self.var_ext[iv] = iv.extent
+            varying.add(iv)
+        body = self.body_of(reader.name)
+        source = body.source if isinstance(body, te.Reduce) else body
+        loads = [n for n in te.walk(te.substitute(source, mapping)) if isinstance(n, te.Load) and n.tensor.name == child.name]
         return loads, varying
+
+    def _span(self, stage: Stage, nest: _Nest, pos: int) -> list[tuple[te.Expr, int]]:
+        """(offset, extent) per dimension of all that ``stage`` (inside loop ``pos`` of ``nest``)
+        computes in one iteration of that loop."""
+        host, leaf = stage.attach
+        if host == nest.stage.name:
+            return self.region(stage, nest, nest.leaves.index(leaf))
+        loads, varying = self._loads_over_span(self.stages[host], stage, nest, pos)
+        return self._fit(stage, loads, varying | {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]})
 
     def emit_child(self, child: Stage, nest: _Nest, pos: int) -> None:
         region = self.region(child, nest, pos)
@@ -457,12 +464,20 @@ class _Lowering:
 
     def region(self, child: Stage, nest: _Nest, pos: int) -> list[tuple[te.Expr, int]]:
         """(offset, extent) per dimension of the part of ``child`` that one iteration of loop
-        ``pos`` of ``nest`` reads (its body and the stages computed inside that loop)."""
+        ``pos`` of ``nest`` reads (its body and the stages that run inside that loop)."""
         inner_vars = {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]}
         loads = [n for n in te.walk(nest.body) if isinstance(n, te.Load) and n.tensor.name == child.name]
-        sibling_loads, varying = self._sibling_loads(child, nest, pos)
-        loads += sibling_loads
-        inner_vars |= varying
+        for name, reader in self.stages.items():
+            if reader is not child and reader.attach != "inline" and self._runs_inside(name, nest.stage.name, pos) \
+                    and any(isinstance(n, te.Load) and n.tensor.name == child.name for n in te.walk(self.body_of(name))):
+                more, varying = self._loads_over_span(reader, child, nest, pos)
+                loads += more
+                inner_vars |= varying
+        return self._fit(child, loads, inner_vars)
+
+    def _fit(self, child: Stage, loads: list[te.Load], inner_vars: set) -> list[tuple[te.Expr, int]]:
+        """The box of ``child`` that ``loads`` touch while ``inner_vars`` run over their ranges:
+        offsets in the other (outer) variables; the whole dimension where that is not affine."""
         region = []
         for d, size in enumerate(child.tensor.shape):
             forms = [linear(ld.indices[d]) for ld in loads]
