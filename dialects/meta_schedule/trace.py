@@ -14,7 +14,8 @@ GetConsumers / GetProducers             the blocks that read / are read by a blo
 Split / Fuse / Reorder                  split (one factor may be None, or ``"None"`` as TVM writes it), fuse, reorder
 Parallel / Vectorize / Unroll           loop kinds
 Annotate (loop)                         ``pragma_auto_unroll_max_step`` unrolls as TVM's UnrollLoop (see :func:`auto_unroll`); other pragmas are hints
-Annotate / Unannotate (block)           ``meta_schedule.*`` hints, realized by the postprocessing instructions that follow them
+Annotate / Unannotate (block)           ``meta_schedule.*`` hints, realized by the postprocessing instructions that follow them (listed in the replay's notes)
+ReverseComputeInline                    the consumer's stage takes the producer's loops and stands for its block (engine ``reverse_compute_inline``)
 CacheWrite                              the block computes into a cache stage; the returned block copies it out
 ReverseComputeAt                        the copy runs inside a loop of the computing block
 ComputeAt / ComputeInline               compute_at (a block read by several is computed where they all run) / compute_inline
@@ -95,6 +96,8 @@ class TraceState:
         self.notes: list[str] = []
         #: Decisions as TVM realizes them (SampleComputeLocation: a unit loop is no location).
         self.realized: dict[int, Any] = {}
+        #: Instructions and annotations accepted as hints for TVM, without effect here.
+        self.hints: list[str] = []
         #: The block iteration variables of a block made by RFactor, in TVM's order: ComputeAt
         #: gives a block one loop per variable in this order.
         self.var_order: dict[str, list[str]] = {}
@@ -178,6 +181,7 @@ class TraceState:
         self.index = index
         if name in HINTS:
             self.rvs.update({out: None for out in outputs})
+            self._hint(name)
             return
         handler = getattr(self, f"_{name}", None)
         if handler is None:
@@ -200,7 +204,8 @@ class TraceState:
             for stage in self.schedule.stages:
                 if stage is not host and self._inside(stage, host, loop.leaf) and self.own_leaves(stage):
                     auto_unroll(stage, self.own_leaves(stage)[0], max_step)
-        return Replay(self.schedule, list(self.dag.io_tensors), [s.name for s in self.schedule.stages], self.notes)
+        notes = self.notes + ([f"hints for TVM, no effect on the engine: {', '.join(self.hints)}"] if self.hints else [])
+        return Replay(self.schedule, list(self.dag.io_tensors), [s.name for s in self.schedule.stages], notes)
 
     def _inside(self, stage: Stage, host: Stage, leaf: str) -> bool:
         while isinstance(stage.attach, tuple):
@@ -390,6 +395,13 @@ class TraceState:
             if not isinstance(max_step, int):
                 raise _Failure(f"{UNROLL_PRAGMA} value {max_step!r} is not an integer")
             self.unroll_pragmas.append((self.loop(inputs[0]), max_step))
+            return
+        self._hint(str(attrs[0]))
+
+    def _hint(self, what: str) -> None:
+        """Record an instruction or annotation that only informs TVM's own passes."""
+        if what not in self.hints:
+            self.hints.append(what)
 
     def _CacheWrite(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
         stage = self.stage(inputs[0])
@@ -476,6 +488,24 @@ class TraceState:
 
     def _ComputeInline(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
         self.stage(inputs[0]).compute_inline()
+
+    def _ReverseComputeInline(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
+        """TVM keeps the producer's block, now writing the consumer's buffer; here the consumer's
+        stage takes the producer's loops and stands for its block."""
+        consumer = self.stage(inputs[0])
+        producers = self._producers(consumer)
+        consumer.reverse_compute_inline()
+        producer = producers[0].name
+        for rv, value in self.rvs.items():
+            if value == producer:
+                self.rvs[rv] = consumer.name
+            elif isinstance(value, Loop) and value.stage == producer:
+                self.rvs[rv] = Loop(consumer.name, value.leaf)
+        for key, target in list(self.aliases.items()):
+            if target.stage == producer:
+                self.aliases[key] = Loop(consumer.name, target.leaf)
+        self.block_names[self._tvm_name(producer)] = consumer.name
+        self.var_order.pop(producer, None)
 
 
 def _pieces(stage: Stage, axis: str) -> list[str] | None:
