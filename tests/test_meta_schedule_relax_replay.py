@@ -151,3 +151,21 @@ def test_lorien_apply_measures_a_relax_record(capsys):
                  "--measure", '{"repeat": 1, "number": 1}']) == 0
     out = capsys.readouterr().out
     assert "latency" in out and "logged" in out
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("database", DATABASES)
+def test_the_committed_workloads_are_the_tasks_tvm_extracts_from_the_model(database):
+    tvm = pytest.importorskip("tvm")
+    import importlib.util
+
+    import tvm.s_tir.meta_schedule as ms
+
+    spec = importlib.util.spec_from_file_location("make_relax_databases", DATA / "make_relax_databases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tasks = ms.relax_integration.extract_tasks(script.fused_module(database), tvm.target.Target(script.TARGET))
+    extracted = {str(ms.database.Workload(task.dispatched[0]).as_json()[0]) for task in tasks}
+    committed = {str(orjson.loads(line)[0])
+                 for line in (DATA / database / "database_workload.json").read_text().splitlines()}
+    assert extracted == committed
