@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from lorien.engine import te
+from lorien.engine.reference import NUMPY_CALLS
 from lorien.engine.schedule import Schedule, create_schedule
 from lorien.errors import WorkloadError
 from lorien.workload import LAYOUT_NA, OPERATORS, infer_layout
@@ -242,7 +243,6 @@ _NUMPY_BINARY = {
     "mod": np.mod, "lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,
     "and": np.logical_and, "or": np.logical_or,
 }
-_NUMPY_CALLS = {"max": np.maximum, "min": np.minimum, "exp": np.exp, "sqrt": np.sqrt}
 _NUMPY_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 
@@ -257,7 +257,7 @@ def _evaluate_expr(expr: te.Expr, env: dict, values: dict[str, np.ndarray]) -> A
         args = [_evaluate_expr(arg, env, values) for arg in expr.args]
         if expr.fn.startswith("cast:"):
             return np.asarray(args[0]).astype(expr.dtype)
-        return _NUMPY_CALLS[expr.fn](*args)
+        return NUMPY_CALLS[expr.fn](*args)
     if isinstance(expr, te.Select):
         cond = _evaluate_expr(expr.cond, env, values)
         # Indices of the branch not taken may be out of bounds: evaluate each branch clipped.

@@ -9,14 +9,17 @@ drew. Each instruction becomes engine schedule steps on the workload's compute D
 ==================================== ==============================================================
 GetSBlock / GetLoops / GetChildBlocks   the stage of a block name; a block's loops, outermost first, including the loops it shares with the block it is computed at; the blocks in nest order
 SamplePerfectTile / SampleCategorical   the decision's tile sizes / ``candidates[decision]``
-SampleComputeLocation                   ``decision`` indexes the consumer's loops (-1 root, -2 inline); as in TVM a unit loop is no location (the nearest outer loop that is one is taken)
-Split / Fuse / Reorder                  split (outermost factor may be None), fuse, reorder
+SampleComputeLocation                   ``decision`` indexes the loops around all consumers (-1 root, -2 inline); as in TVM a unit loop is no location (the nearest outer loop that is one is taken)
+GetConsumers / GetProducers             the blocks that read / are read by a block (an inlined block stands for its own)
+Split / Fuse / Reorder                  split (one factor may be None, or ``"None"`` as TVM writes it), fuse, reorder
 Parallel / Vectorize / Unroll           loop kinds
 Annotate (loop)                         ``pragma_auto_unroll_max_step`` unrolls as TVM's UnrollLoop (see :func:`auto_unroll`); other pragmas are hints
-Annotate / Unannotate (block)           ``meta_schedule.*`` hints, realized by the postprocessing instructions that follow them
+Annotate / Unannotate (block)           ``meta_schedule.*`` hints, realized by the postprocessing instructions that follow them (listed in the replay's notes)
+ReverseComputeInline                    the consumer's stage takes the producer's loops and stands for its block (engine ``reverse_compute_inline``)
 CacheWrite                              the block computes into a cache stage; the returned block copies it out
 ReverseComputeAt                        the copy runs inside a loop of the computing block
-ComputeAt / ComputeInline               compute_at / compute_inline
+ComputeAt / ComputeInline               compute_at (a block read by several is computed where they all run) / compute_inline
+RFactor                                 the engine's rfactor; the new ``<block>_rf`` keeps the block's loops and loop variables
 DecomposeReduction / EnterPostproc      nothing to do: the engine initializes reductions itself
 ==================================== ==============================================================
 
@@ -93,6 +96,11 @@ class TraceState:
         self.notes: list[str] = []
         #: Decisions as TVM realizes them (SampleComputeLocation: a unit loop is no location).
         self.realized: dict[int, Any] = {}
+        #: Instructions and annotations accepted as hints for TVM, without effect here.
+        self.hints: list[str] = []
+        #: The block iteration variables of a block made by RFactor, in TVM's order: ComputeAt
+        #: gives a block one loop per variable in this order.
+        self.var_order: dict[str, list[str]] = {}
         self.index = 0
 
     # ------------------------------------------------------------ random variables
@@ -173,6 +181,7 @@ class TraceState:
         self.index = index
         if name in HINTS:
             self.rvs.update({out: None for out in outputs})
+            self._hint(name)
             return
         handler = getattr(self, f"_{name}", None)
         if handler is None:
@@ -195,7 +204,8 @@ class TraceState:
             for stage in self.schedule.stages:
                 if stage is not host and self._inside(stage, host, loop.leaf) and self.own_leaves(stage):
                     auto_unroll(stage, self.own_leaves(stage)[0], max_step)
-        return Replay(self.schedule, list(self.dag.io_tensors), [s.name for s in self.schedule.stages], self.notes)
+        notes = self.notes + ([f"hints for TVM, no effect on the engine: {', '.join(self.hints)}"] if self.hints else [])
+        return Replay(self.schedule, list(self.dag.io_tensors), [s.name for s in self.schedule.stages], notes)
 
     def _inside(self, stage: Stage, host: Stage, leaf: str) -> bool:
         while isinstance(stage.attach, tuple):
@@ -245,25 +255,90 @@ class TraceState:
         if decision in (ROOT_LOCATION, INLINE_LOCATION):
             self.bind(outputs, [decision])
             return
-        consumers = self._consumers(stage)
-        if len(consumers) != 1:
-            raise _Failure(f"block {stage.name!r} has consumers {[c.name for c in consumers]}; one is supported")
-        loops = self.loops_of(consumers[0])
-        if not isinstance(decision, int) or decision < 0:
-            raise _Failure(f"decision {decision!r} is not a loop index of {consumers[0].name!r}")
+        loops = self._locations(stage)
+        if not isinstance(decision, int) or not 0 <= decision < len(loops):
+            raise _Failure(f"decision {decision!r} is not an index of the {len(loops)} loops around the consumers "
+                           f"of {stage.name!r}")
         valid = [i for i, loop in enumerate(loops) if leaf_extents(self.schedule[loop.stage])[loop.leaf] > 1]
         lower = [i for i in valid if i <= decision]
         self.realized[self.index] = lower[-1] if lower else ROOT_LOCATION
         self.bind(outputs, [loops[lower[-1]] if lower else ROOT_LOCATION])
 
-    def _consumers(self, stage: Stage) -> list[Stage]:
+    def _readers(self, name: str) -> list[Stage]:
         return [other for other in self.schedule.stages
-                if any(isinstance(n, te.Load) and n.tensor.name == stage.name for n in te.walk(other.op.body))]
+                if any(isinstance(n, te.Load) and n.tensor.name == name for n in te.walk(other.op.body))]
+
+    def _consumers(self, stage: Stage) -> list[Stage]:
+        """The blocks that read ``stage``, as TVM sees them: an inlined reader stands for its own
+        consumers."""
+        found: list[Stage] = []
+        for reader in self._readers(stage.name):
+            for consumer in self._consumers(reader) if reader.attach == "inline" else [reader]:
+                if consumer not in found:
+                    found.append(consumer)
+        return found
+
+    def _producers(self, stage: Stage) -> list[Stage]:
+        """The computed blocks ``stage`` reads (an inlined one stands for its own producers)."""
+        found: list[Stage] = []
+        for tensor in stage.op.input_tensors():
+            if not isinstance(tensor.op, te.ComputeOp) or tensor.name not in {s.name for s in self.schedule.stages}:
+                continue
+            producer = self.schedule[tensor.name]
+            for block in self._producers(producer) if producer.attach == "inline" else [producer]:
+                if block not in found:
+                    found.append(block)
+        return found
+
+    def _GetConsumers(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
+        self.bind(outputs, [c.name for c in self._consumers(self.stage(inputs[0]))])
+
+    def _GetProducers(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
+        self.bind(outputs, [p.name for p in self._producers(self.stage(inputs[0]))])
+
+    def _RFactor(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
+        """The reduction of the loop's block is factored: a new block ``<block>_rf`` keeps the
+        block's loops (the given one becomes spatial, its dimension at ``factor_axis``), and the
+        block reduces the partial results over new loops."""
+        loop = self.loop(inputs[0])
+        stage = self.schedule[loop.stage]
+        order = list(stage.leaf)
+        rf = self.schedule[self.schedule.rfactor(stage.tensor, loop.leaf, int(attrs[0])).name]
+        rf.reorder(*order)
+        self.var_order[rf.name] = [loop.leaf] + [iv.name for iv in rf.op.axis if iv.name != loop.leaf] + \
+            [iv.name for iv in rf.op.reduce_axis]
+        self.var_order[stage.name] = [iv.name for iv in stage.op.reduce_axis] + [iv.name for iv in stage.op.axis]
+        for rv, value in self.rvs.items():
+            if isinstance(value, Loop) and value.stage == stage.name:
+                self.rvs[rv] = Loop(rf.name, value.leaf)
+        for key, target in list(self.aliases.items()):
+            if target.stage == stage.name:
+                self.aliases[key] = Loop(rf.name, target.leaf)
+        self.block_names[f"{self._tvm_name(stage.name)}_rf"] = rf.name
+        self.bind(outputs, [rf.name])
+
+    def _tvm_name(self, name: str) -> str:
+        """The block name TVM gives to an engine stage."""
+        return next((tvm for tvm, ours in self.block_names.items() if ours == name), name)
+
+    def _locations(self, stage: Stage) -> list[Loop]:
+        """The loops a block can be computed at: those around all its consumers, outermost first."""
+        consumers = self._consumers(stage)
+        if not consumers:
+            raise _Failure(f"block {stage.name!r} has no consumer to be computed at")
+        common = self.loops_of(consumers[0])
+        for consumer in consumers[1:]:
+            theirs = self.loops_of(consumer)
+            shared = 0
+            while shared < min(len(common), len(theirs)) and common[shared] == theirs[shared]:
+                shared += 1
+            common = common[:shared]
+        return common
 
     def _Split(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
         loop = self.loop(inputs[0])
         stage = self.schedule[loop.stage]
-        factors = [self.value(v) for v in inputs[1:]]
+        factors = [None if v in (None, "None") else self.value(v) for v in inputs[1:]]
         extent = leaf_extents(stage)[loop.leaf]
         if factors.count(None) > 1 or any(f is not None and (not isinstance(f, int) or f < 1) for f in factors):
             raise _Failure(f"split factors {factors} are not positive integers with at most one None")
@@ -320,6 +395,13 @@ class TraceState:
             if not isinstance(max_step, int):
                 raise _Failure(f"{UNROLL_PRAGMA} value {max_step!r} is not an integer")
             self.unroll_pragmas.append((self.loop(inputs[0]), max_step))
+            return
+        self._hint(str(attrs[0]))
+
+    def _hint(self, what: str) -> None:
+        """Record an instruction or annotation that only informs TVM's own passes."""
+        if what not in self.hints:
+            self.hints.append(what)
 
     def _CacheWrite(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
         stage = self.stage(inputs[0])
@@ -391,22 +473,39 @@ class TraceState:
             stage.compute_inline()
             return
         point = self.loop(inputs[1])
+        if point not in self._locations(stage):
+            raise _Failure(f"loop {point.leaf!r} of {point.stage!r} is not around every consumer of {stage.name!r}")
         consumers = self._consumers(stage)
-        if len(consumers) != 1:
-            raise _Failure(f"block {stage.name!r} has consumers {[c.name for c in consumers]}; one is supported")
-        consumer = consumers[0]
-        if point.stage != consumer.name:
-            stand_in = [key for key, target in self.aliases.items()
-                        if key.stage == consumer.name and self.resolve(key) == point]
-            if not stand_in:
-                raise _Failure(f"loop {point.leaf!r} of {point.stage!r} is not around {consumer.name!r}")
-            self.notes.append(f"{stage.name} is computed at the unit loop {stand_in[0].leaf} of {consumer.name}, "
+        stand_in = [key for key, target in self.aliases.items()
+                    if len(consumers) == 1 and key.stage == consumers[0].name and self.resolve(key) == point]
+        if stand_in:
+            self.notes.append(f"{stage.name} is computed at the unit loop {stand_in[0].leaf} of {consumers[0].name}, "
                               f"which stands for {point.leaf} of {point.stage}")
             point = stand_in[0]
-        stage.compute_at(consumer, point.leaf)
+        if stage.name in self.var_order and not stage.relations:
+            stage.reorder(*self.var_order[stage.name])
+        stage.compute_at(self.schedule[point.stage], point.leaf)
 
     def _ComputeInline(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
         self.stage(inputs[0]).compute_inline()
+
+    def _ReverseComputeInline(self, inputs, attrs, outputs, decision) -> None:  # noqa: N802
+        """TVM keeps the producer's block, now writing the consumer's buffer; here the consumer's
+        stage takes the producer's loops and stands for its block."""
+        consumer = self.stage(inputs[0])
+        producers = self._producers(consumer)
+        consumer.reverse_compute_inline()
+        producer = producers[0].name
+        for rv, value in self.rvs.items():
+            if value == producer:
+                self.rvs[rv] = consumer.name
+            elif isinstance(value, Loop) and value.stage == producer:
+                self.rvs[rv] = Loop(consumer.name, value.leaf)
+        for key, target in list(self.aliases.items()):
+            if target.stage == producer:
+                self.aliases[key] = Loop(consumer.name, target.leaf)
+        self.block_names[self._tvm_name(producer)] = consumer.name
+        self.var_order.pop(producer, None)
 
 
 def _pieces(stage: Stage, axis: str) -> list[str] | None:

@@ -79,6 +79,8 @@ class _Reader:
             args = [self.expr(i) for i in self.graph.array(data["args"])]
             if op.endswith("if_then_else") and len(args) == 3:
                 return te.Select(*args)
+            if op.rsplit(".", 1)[-1] in te.INTRINSICS and len(args) == 1:
+                return te.intrinsic(op.rsplit(".", 1)[-1], args[0])
             raise WorkloadError(f"call of {op!r} is not supported in a MetaSchedule workload")
         raise WorkloadError(f"expression node {node.get('type')!r} is not supported in a MetaSchedule workload")
 

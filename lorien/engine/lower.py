@@ -301,8 +301,9 @@ class _Lowering:
                     if isinstance(node, te.Load) and name not in readers[node.tensor.name]:
                         readers[node.tensor.name].append(name)
         for name, st in self.stages.items():
-            if isinstance(st.attach, tuple) and readers[name] != [st.attach[0]]:
-                raise ScheduleError(f"compute_at: {name!r} is read by {readers[name]}, not only by {st.attach[0]!r}")
+            if isinstance(st.attach, tuple) and any(not self._reads_inside(reader, st.attach) for reader in readers[name]):
+                raise ScheduleError(f"compute_at: {name!r} is read by {readers[name]}, not only inside loop "
+                                    f"{st.attach[1]!r} of {st.attach[0]!r}")
         for tname in readers:
             if tname not in self.stages and tname not in arg_names:
                 raise ScheduleError(f"tensor {tname!r} is read but is not a kernel argument")
@@ -413,9 +414,70 @@ class _Lowering:
         self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
         self.env.pop(var, None)
 
+    def _runs_inside(self, name: str, host: str, pos: int) -> bool:
+        """Whether stage ``name`` runs inside loop ``pos`` of stage ``host``: computed at that
+        loop or a deeper one, directly or inside a stage that is."""
+        where = self.stages[name].attach
+        while isinstance(where, tuple):
+            if where[0] == host:
+                return self.stages[host].leaf.index(where[1]) >= pos
+            where = self.stages[where[0]].attach
+        return False
+
+    def _reads_inside(self, reader: str, attach: tuple[str, str]) -> bool:
+        """Whether stage ``reader`` reads inside loop ``attach`` (it is the host or runs inside)."""
+        return reader == attach[0] or self._runs_inside(reader, attach[0], self.stages[attach[0]].leaf.index(attach[1]))
+
+    def _loads_over_span(self, reader: Stage, child: Stage, nest: _Nest, pos: int) -> tuple[list[te.Load], set]:
+        """Loads of ``child`` by ``reader`` (a stage inside loop ``pos`` of ``nest``) with its loop
+        variables replaced by fresh variables over all it computes in one iteration of that
+        loop; and the variables that vary."""
+        mapping, varying = {}, set()
+        for iv, (offset, extent) in zip(reader.op.axis, self._span(reader, nest, pos), strict=True):
+            fresh = te.Var(f"{reader.name}.{iv.name}.r")
+            self.var_ext[fresh] = extent
+            varying.add(fresh)
+            mapping[iv] = offset + fresh
+        for iv in reader.op.reduce_axis:
+            self.var_ext[iv] = iv.extent
+            varying.add(iv)
+        body = self.body_of(reader.name)
+        source = body.source if isinstance(body, te.Reduce) else body
+        loads = [n for n in te.walk(te.substitute(source, mapping)) if isinstance(n, te.Load) and n.tensor.name == child.name]
+        return loads, varying
+
+    def _span(self, stage: Stage, nest: _Nest, pos: int) -> list[tuple[te.Expr, int]]:
+        """(offset, extent) per dimension of all that ``stage`` (inside loop ``pos`` of ``nest``)
+        computes in one iteration of that loop."""
+        host, leaf = stage.attach
+        if host == nest.stage.name:
+            return self.region(stage, nest, nest.leaves.index(leaf))
+        loads, varying = self._loads_over_span(self.stages[host], stage, nest, pos)
+        return self._fit(stage, loads, varying | {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]})
+
     def emit_child(self, child: Stage, nest: _Nest, pos: int) -> None:
+        region = self.region(child, nest, pos)
+        size = _prod(e for _, e in region)
+        buf = self.emit("ALLOC", child.tensor.dtype, 1, (), (child.name, size, "local"))
+        self.buffers[child.name] = (buf, [o for o, _ in region], _strides([e for _, e in region]), size)
+        self.emit_stage(child, region)
+
+    def region(self, child: Stage, nest: _Nest, pos: int) -> list[tuple[te.Expr, int]]:
+        """(offset, extent) per dimension of the part of ``child`` that one iteration of loop
+        ``pos`` of ``nest`` reads (its body and the stages that run inside that loop)."""
         inner_vars = {nest.vars[leaf] for leaf in nest.leaves[pos + 1:]}
         loads = [n for n in te.walk(nest.body) if isinstance(n, te.Load) and n.tensor.name == child.name]
+        for name, reader in self.stages.items():
+            if reader is not child and reader.attach != "inline" and self._runs_inside(name, nest.stage.name, pos) \
+                    and any(isinstance(n, te.Load) and n.tensor.name == child.name for n in te.walk(self.body_of(name))):
+                more, varying = self._loads_over_span(reader, child, nest, pos)
+                loads += more
+                inner_vars |= varying
+        return self._fit(child, loads, inner_vars)
+
+    def _fit(self, child: Stage, loads: list[te.Load], inner_vars: set) -> list[tuple[te.Expr, int]]:
+        """The box of ``child`` that ``loads`` touch while ``inner_vars`` run over their ranges:
+        offsets in the other (outer) variables; the whole dimension where that is not affine."""
         region = []
         for d, size in enumerate(child.tensor.shape):
             forms = [linear(ld.indices[d]) for ld in loads]
@@ -439,10 +501,7 @@ class _Lowering:
                 region.append((te.const(0), size))
             else:
                 region.append((from_linear({**outers[0], 1: min(los)}), extent))
-        size = _prod(e for _, e in region)
-        buf = self.emit("ALLOC", child.tensor.dtype, 1, (), (child.name, size, "local"))
-        self.buffers[child.name] = (buf, [o for o, _ in region], _strides([e for _, e in region]), size)
-        self.emit_stage(child, region)
+        return region
 
     def emit_init(self, nest: _Nest, pos: int) -> None:
         spatial = [leaf for leaf in nest.leaves[pos:] if nest.stage.axes[leaf].kind == "spatial"]

@@ -11,6 +11,20 @@ from numpy.lib.stride_tricks import sliding_window_view
 from lorien.engine.ops import _padding, _pair
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(x)
+
+
+#: NumPy of the DSL's elementwise calls (``max``, ``min`` and :data:`lorien.engine.te.INTRINSICS`).
+NUMPY_CALLS = {
+    "max": np.maximum, "min": np.minimum, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh, "erf": _erf,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "fabs": np.abs,
+}
+
+
 def _epilogue(out: np.ndarray, bias: np.ndarray | None, bias_shape: tuple, relu: bool,
               residual: np.ndarray | None) -> np.ndarray:
     if bias is not None:

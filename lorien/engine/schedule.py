@@ -103,6 +103,13 @@ class Stage:
         """Substitute this stage's expression into its consumers."""
         self.schedule.apply({"kind": "compute_inline", "stage": self.name})
 
+    def reverse_compute_inline(self) -> None:
+        """Compute this element-wise stage inside the loops of its one producer (TVM's
+        reverse_compute_inline): this stage takes the producer's loops, splits and place, and
+        the producer is inlined into it. The producer must be a spatial stage this one reads only
+        at its own indices."""
+        self.schedule.apply({"kind": "reverse_compute_inline", "stage": self.name})
+
     def compute_root(self) -> None:
         self.schedule.apply({"kind": "compute_root", "stage": self.name})
 
@@ -286,6 +293,35 @@ class Schedule:
         if any(stage.tensor is out for out in self.outputs):
             raise ScheduleError(f"compute_inline: {stage.name!r} is an output")
         stage.attach = "inline"
+
+    def _apply_reverse_compute_inline(self, stage: Stage, step: dict):
+        op = stage.op
+        producers = {load.tensor.name for load in _loads(op.body)} & {st.name for st in self.stages}
+        if len(producers) != 1 or op.reduce_axis:
+            raise ScheduleError(f"reverse_compute_inline: {stage.name!r} must be element-wise and read one computed "
+                                f"stage, it reads {sorted(producers)}")
+        producer = self[producers.pop()]
+        if producer.op.reduce_axis or producer.attach == "inline" or stage.relations or \
+                producer.tensor.shape != stage.tensor.shape or any(producer.tensor is out for out in self.outputs):
+            raise ScheduleError(f"reverse_compute_inline: producer {producer.name!r} of {stage.name!r} must be a "
+                                "spatial, not inlined, non-output stage of the same shape")
+        if any(load.tensor.name == producer.name and list(load.indices) != list(op.axis) for load in _loads(op.body)):
+            raise ScheduleError(f"reverse_compute_inline: {stage.name!r} reads {producer.name!r} at other indices "
+                                "than its own")
+        axes = producer.op.axis
+        mapping = dict(zip(op.axis, axes, strict=True))
+
+        def fold(load: te.Load, indices: tuple) -> te.Expr:
+            return producer.op.body if load.tensor.name == producer.name else te.Load(load.tensor, indices)
+
+        stage.op = te.ComputeOp(stage.name, axes, te.substitute(op.body, mapping, fold), op.tag, op.attrs)
+        stage.axes, stage.leaf = dict(producer.axes), list(producer.leaf)
+        stage.relations, stage.annotations = list(producer.relations), dict(producer.annotations)
+        stage.attach, stage.alignments = producer.attach, dict(producer.alignments)
+        for other in self.stages:
+            if isinstance(other.attach, tuple) and other.attach[0] == producer.name:
+                other.attach = (stage.name, other.attach[1])
+        producer.attach = "inline"
 
     def _apply_compute_root(self, stage: Stage, step: dict):
         stage.attach = None

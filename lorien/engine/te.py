@@ -135,7 +135,7 @@ class BinOp(Expr):
 
 
 class Call(Expr):
-    """A pure elementwise function: max, min, exp, sqrt, cast:<dtype>."""
+    """A pure elementwise function: max, min, one of :data:`INTRINSICS`, cast:<dtype>."""
 
     def __init__(self, fn: str, args: Sequence[Expr], dtype: str):
         self.fn, self.args, self.dtype = fn, tuple(args), dtype
@@ -283,12 +283,37 @@ def minimum(a: Expr, b: Expr | float) -> Call:
     return Call("min", (a, b), a.dtype)
 
 
+#: Float functions of one argument (TVM's math intrinsics the fused PrimFuncs of models use).
+INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "fabs")
+
+
+def intrinsic(fn: str, x: Expr) -> Call:
+    """``fn(x)`` for one of :data:`INTRINSICS`, elementwise on a float expression."""
+    if fn not in INTRINSICS:
+        raise DSLError(f"unknown intrinsic {fn!r}; known: {INTRINSICS}")
+    return Call(fn, (x,), x.dtype)
+
+
 def exp(x: Expr) -> Call:
-    return Call("exp", (x,), x.dtype)
+    return intrinsic("exp", x)
 
 
 def sqrt(x: Expr) -> Call:
-    return Call("sqrt", (x,), x.dtype)
+    return intrinsic("sqrt", x)
+
+
+def rsqrt(x: Expr) -> Call:
+    """``1 / sqrt(x)``."""
+    return intrinsic("rsqrt", x)
+
+
+def tanh(x: Expr) -> Call:
+    return intrinsic("tanh", x)
+
+
+def erf(x: Expr) -> Call:
+    """The Gauss error function (GELU's ``0.5 * x * (1 + erf(x / sqrt(2)))``)."""
+    return intrinsic("erf", x)
 
 
 def cast(x: Expr, dtype: str) -> Call:
@@ -369,7 +394,7 @@ def topo_order(outputs: Sequence[Tensor]) -> list[Tensor]:
 
 
 #: Float calls that count one FLOP each (index arithmetic and casts count nothing).
-FLOP_CALLS = ("max", "min", "exp", "sqrt")
+FLOP_CALLS = ("max", "min", *INTRINSICS)
 
 
 def _expr_flop(expr: Expr) -> int:

@@ -57,6 +57,26 @@ def _icmp(pred):
     return lambda r, x, y: r.b.icmp_signed(pred, x, y)
 
 
+def _libm(name: str):
+    """A C math library function (``erff``/``erf``...), called lane by lane on a vector."""
+    def call(r, x):
+        element = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+        fn = r.extern(name + ("f" if isinstance(element, ir.FloatType) else ""), element, [element])
+        if not isinstance(x.type, ir.VectorType):
+            return r.b.call(fn, [x])
+        vec = ir.Constant(x.type, ir.Undefined)
+        for lane in range(x.type.count):
+            part = r.b.call(fn, [r.b.extract_element(x, ir.Constant(I32, lane))])
+            vec = r.b.insert_element(vec, part, ir.Constant(I32, lane))
+        return vec
+    return call
+
+
+def _one(x: ir.Value) -> ir.Constant:
+    return ir.Constant(x.type, 1.0) if not isinstance(x.type, ir.VectorType) else \
+        ir.Constant(x.type, [ir.Constant(x.type.element, 1.0)] * x.type.count)
+
+
 FLOAT_ALU = {
     "add": lambda r, x, y: r.b.fadd(x, y), "sub": lambda r, x, y: r.b.fsub(x, y),
     "mul": lambda r, x, y: r.b.fmul(x, y), "div": lambda r, x, y: r.b.fdiv(x, y),
@@ -66,6 +86,12 @@ FLOAT_ALU = {
     "fma": lambda r, x, y, z: r.b.call(r.intrinsic("llvm.fma", x.type), [x, y, z]),
     "exp": lambda r, x: r.b.call(r.intrinsic("llvm.exp", x.type), [x]),
     "sqrt": lambda r, x: r.b.call(r.intrinsic("llvm.sqrt", x.type), [x]),
+    "log": lambda r, x: r.b.call(r.intrinsic("llvm.log", x.type), [x]),
+    "fabs": lambda r, x: r.b.call(r.intrinsic("llvm.fabs", x.type), [x]),
+    "rsqrt": lambda r, x: r.b.fdiv(_one(x), r.b.call(r.intrinsic("llvm.sqrt", x.type), [x])),
+    "sigmoid": lambda r, x: r.b.fdiv(_one(x), r.b.fadd(_one(x), r.b.call(
+        r.intrinsic("llvm.exp", x.type), [r.b.fneg(x)]))),
+    "tanh": _libm("tanh"), "erf": _libm("erf"),
 }
 INT_ALU = {
     "add": lambda r, x, y: r.b.add(x, y), "sub": lambda r, x, y: r.b.sub(x, y),

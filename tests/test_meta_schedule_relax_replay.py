@@ -1,0 +1,171 @@
+"""Every record TVM 0.27's llvm design space made for two relax models replays on Lorien's engine,
+each kernel checked against NumPy.
+
+The databases under tests/data (a conv net and a BERT-style encoder layer, tuned by real TVM
+MetaSchedule: tests/data/make_relax_databases.py) are data: replaying them needs no TVM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from dialects.meta_schedule.apply import read_database_line
+from dialects.meta_schedule.compile import check_kernel, replay_database, workload_dag
+from dialects.meta_schedule.trace import replay_trace
+from lorien.cli import main
+from lorien.engine import te
+from lorien.engine.build import build
+from lorien.engine.reference import NUMPY_CALLS
+from lorien.engine.schedule import create_schedule
+from lorien.formats.meta_schedule import workload_texts
+
+DATA = Path(__file__).parent / "data"
+DATABASES = ["relax_convnet", "relax_bert_layer"]
+
+
+def _lines(database: str) -> list[list]:
+    return [orjson.loads(line) for line in (DATA / database / "database_tuning_record.json").read_text().splitlines()]
+
+
+def _first_line(predicate) -> tuple[str, int]:
+    """(database, 1-based line) of the first record whose instructions satisfy ``predicate``."""
+    for database in DATABASES:
+        for number, line in enumerate(_lines(database), 1):
+            if predicate(line[1][0][0]):
+                return database, number
+    raise AssertionError("no committed record has the instruction")
+
+
+def _replay_and_check(database: str, number: int, trace: list | None = None) -> float:
+    record = read_database_line(DATA / database, number)
+    dag = workload_dag(record, entries=workload_texts(DATA / database))
+    replay = replay_trace(dag, trace if trace is not None else orjson.loads(record.config))
+    return check_kernel(build(replay.schedule, replay.args), dag)
+
+
+@pytest.mark.parametrize("database", DATABASES)
+def test_every_record_of_a_relax_database_replays_and_matches_numpy(database):
+    outcomes = replay_database(DATA / database)
+    replayed = [o for o in outcomes if o.status == "ok"]
+    assert [o.summary() for o in outcomes if o.status != "ok"] == []
+    assert len(replayed) == len(_lines(database)) == {"relax_convnet": 37, "relax_bert_layer": 70}[database]
+
+
+@pytest.mark.parametrize("instruction", ["GetConsumers", "GetProducers", "RFactor", "DecomposeReduction",
+                                         "ComputeAt", "ReverseComputeAt", "ComputeInline", "CacheWrite"])
+def test_a_record_using_the_instruction_replays_and_matches_numpy(instruction):
+    database, number = _first_line(lambda insts: any(inst[0] == instruction for inst in insts))
+    assert _replay_and_check(database, number) < 1e-3
+
+
+def test_a_split_factor_tvm_writes_as_the_string_none_is_inferred():
+    database, number = _first_line(lambda insts: any(inst[0] == "Split" and "None" in inst[1] for inst in insts))
+    assert _replay_and_check(database, number) < 1e-3
+
+
+@pytest.mark.parametrize("key", ["meta_schedule.tiling_structure", "meta_schedule.parallel", "meta_schedule.vectorize",
+                                 "meta_schedule.unroll_explicit", "meta_schedule.random_compute_producer",
+                                 "pragma_auto_unroll_max_step", "pragma_unroll_explicit"])
+def test_a_record_with_the_annotation_replays_and_matches_numpy(key):
+    database, number = _first_line(lambda insts: any(inst[0] == "Annotate" and inst[2][0] == key for inst in insts))
+    assert _replay_and_check(database, number) < 1e-3
+
+
+def test_hint_only_instructions_are_accepted_and_listed_in_the_notes():
+    database, number = _first_line(lambda insts: any(inst[0] == "DecomposeReduction" for inst in insts))
+    record = read_database_line(DATA / database, number)
+    replay = replay_trace(workload_dag(record, entries=workload_texts(DATA / database)), orjson.loads(record.config))
+    hints = [note for note in replay.notes if note.startswith("hints for TVM")]
+    assert len(hints) == 1 and "DecomposeReduction" in hints[0] and "meta_schedule.parallel" in hints[0]
+
+
+def _reverse_inlined_trace() -> tuple[str, int, list]:
+    """A conv-net record (matmul -> bias add -> relu) whose ComputeInline of the bias add is
+    replaced by ReverseComputeInline of the relu into it (TVM applies it: see the tvm test)."""
+    database, number = "relax_convnet", 14
+    trace = _lines(database)[number - 1][1][0]
+    assert trace[0][1] == ["GetSBlock", [], ["T_add", "main"], ["b1"]]
+    assert trace[0][3] == ["ComputeInline", ["b1"], [], []]
+    trace[0][1] = ["GetSBlock", [], ["compute", "main"], ["b1"]]
+    trace[0][3] = ["ReverseComputeInline", ["b1"], [], []]
+    return database, number, trace
+
+
+def test_reverse_compute_inline_computes_the_consumer_in_its_producer_s_loops():
+    database, number, trace = _reverse_inlined_trace()
+    assert _replay_and_check(database, number, trace) < 1e-3
+
+
+@pytest.mark.tvm
+def test_tvm_applies_the_reverse_compute_inline_trace():
+    pytest.importorskip("tvm")
+    import tvm.s_tir.meta_schedule as ms
+    from tvm import s_tir
+
+    database, number, trace = _reverse_inlined_trace()
+    key = _lines(database)[number - 1][0]
+    entry = orjson.loads((DATA / database / "database_workload.json").read_text().splitlines()[key])
+    schedule = s_tir.Schedule(ms.database.Workload.from_json(entry).mod)
+    s_tir.schedule.Trace.apply_json_to_schedule(trace, schedule)
+    assert "T_add" in schedule.mod.script() and "sblock(\"compute\")" not in schedule.mod.script()
+
+
+@pytest.mark.parametrize("task, intrinsic", [("softmax", "exp"), ("layer_norm", "rsqrt"), ("gelu", "erf")])
+def test_records_of_tasks_needing_an_intrinsic_replay_and_match_numpy(task, intrinsic):
+    texts = workload_texts(DATA / "relax_bert_layer")
+    for number in range(1, len(_lines("relax_bert_layer")) + 1):
+        record = read_database_line(DATA / "relax_bert_layer", number)
+        dag = workload_dag(record, entries=texts)
+        calls = {node.fn for t in dag.ops if isinstance(t.op, te.ComputeOp) for node in te.walk(t.op.body)
+                 if isinstance(node, te.Call)}
+        if intrinsic in calls:
+            assert _replay_and_check("relax_bert_layer", number) < 1e-3
+            return
+    raise AssertionError(f"no {task} record uses {intrinsic}")
+
+
+@pytest.mark.parametrize("intrinsic", te.INTRINSICS)
+def test_an_intrinsic_vectorized_on_the_engine_matches_numpy(intrinsic):
+    data = te.placeholder((4, 16), "float32", "data")
+    positive = intrinsic in ("log", "sqrt", "rsqrt")
+    out = te.compute((4, 16), lambda i, j: te.intrinsic(intrinsic, te.intrinsic("fabs", data[i, j]) + 0.5
+                                                         if positive else data[i, j]), name="out")
+    schedule = create_schedule(out)
+    _, inner = schedule[out].split("j", factor=8)
+    schedule[out].vectorize(inner)
+    kernel = build(schedule, [data, out])
+    x = np.random.default_rng(0).uniform(-3, 3, (4, 16)).astype("float32")
+    got = np.zeros_like(x)
+    kernel(x, got)
+    want = NUMPY_CALLS[intrinsic](np.abs(x) + 0.5 if positive else x)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lorien_apply_measures_a_relax_record(capsys):
+    database, number = _first_line(lambda insts: any(inst[0] == "RFactor" for inst in insts))
+    assert main(["apply", "--log", str(DATA / database), "--line", str(number),
+                 "--measure", '{"repeat": 1, "number": 1}']) == 0
+    out = capsys.readouterr().out
+    assert "latency" in out and "logged" in out
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("database", DATABASES)
+def test_the_committed_workloads_are_the_tasks_tvm_extracts_from_the_model(database):
+    tvm = pytest.importorskip("tvm")
+    import importlib.util
+
+    import tvm.s_tir.meta_schedule as ms
+
+    spec = importlib.util.spec_from_file_location("make_relax_databases", DATA / "make_relax_databases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tasks = ms.relax_integration.extract_tasks(script.fused_module(database), tvm.target.Target(script.TARGET))
+    extracted = {str(ms.database.Workload(task.dispatched[0]).as_json()[0]) for task in tasks}
+    committed = {str(orjson.loads(line)[0])
+                 for line in (DATA / database / "database_workload.json").read_text().splitlines()}
+    assert extracted == committed
