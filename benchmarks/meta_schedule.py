@@ -59,8 +59,8 @@ def log(message: str) -> None:
 
 def lorien_dag(spec: tuple):
     """The workload in Lorien's compute DSL, blocks named as in TVM's definition."""
-    from dialects.auto_scheduler.dag import ComputeDAG
     from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
 
     if spec[0] == "matmul":
         _, m, k, n = spec

@@ -1,4 +1,5 @@
-"""Workloads: readable AutoTVM workload keys, layout inference and FLOP counting.
+"""Workloads: readable AutoTVM workload keys, JSON workload keys (``[func_name_or_hash, args...]``),
+layout inference and FLOP counting.
 
 An AutoTVM workload is ``(task_name, args)`` exactly as a TVM log line carries it, e.g.
 ``("conv2d_NCHWc.x86", [["TENSOR", [1, 3, 224, 224], "float32"], ..., "float32"])``.
@@ -23,6 +24,7 @@ Conventions (see docs/formats.md):
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import re
@@ -402,6 +404,15 @@ def negative_dimension(args: Sequence[Any]) -> list[Any] | None:
                 if isinstance(part, list) and any(type(dim) is int and dim < 0 for dim in part):
                     return arg
     return None
+
+
+# ---------------------------------------------------------------- JSON workload keys
+
+def json_workload_key(values: Sequence[Any]) -> str:
+    """A workload key ``[func_name_or_hash, args...]`` as TVM's auto-scheduler writes it
+    (``json.dumps`` with its default separators): the key of a registered workload function
+    (:mod:`lorien.workload_registry`) and of a hashed compute DAG (:mod:`lorien.engine.dag`)."""
+    return json.dumps(list(values))
 
 
 # ---------------------------------------------------------------- readable AutoTVM keys

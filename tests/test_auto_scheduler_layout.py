@@ -10,12 +10,12 @@ import orjson
 import pytest
 from conftest import F32, LAYER_OPS, auto_scheduler_job
 
-from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_record
 from dialects.auto_scheduler.layout import layout_free_placeholders
 from dialects.auto_scheduler.records import layout_rewritten
 from dialects.auto_scheduler.space import SketchSpace
 from dialects.auto_scheduler.steps import replay_steps
+from lorien import workload_registry
 from lorien.engine import build
 from lorien.engine.arrays import Packing
 from lorien.engine.build import KernelArgumentError
@@ -37,15 +37,15 @@ CONV_STEPS = [
 
 
 def _key(op: str) -> str:
-    return registry.make_workload_key(*LAYER_OPS[op])
+    return workload_registry.make_workload_key(*LAYER_OPS[op])
 
 
 def _replay(op: str, steps: list, rewrite: bool = True):
-    return replay_steps(registry.workload_dag(_key(op)), steps, layout_rewrite=rewrite)
+    return replay_steps(workload_registry.workload_dag(_key(op)), steps, layout_rewrite=rewrite)
 
 
 def test_weights_of_convolutions_and_dense_layers_are_layout_free_and_activations_are_not():
-    names = {op: layout_free_placeholders(registry.workload_dag(_key(op))) for op in LAYER_OPS}
+    names = {op: layout_free_placeholders(workload_registry.workload_dag(_key(op))) for op in LAYER_OPS}
     assert names["conv2d NHWC+bias+relu"] == ["kernel"] and names["dense"] == ["weight"]
     assert names["conv2d NCHW stride 2"] == ["kernel"] and names["batch_matmul"] == []
     assert names["depthwise+bias+relu"] == []  # its kernel is read at [c // multiplier, c % multiplier, ...]
@@ -83,7 +83,7 @@ def test_a_kernel_given_the_weight_unpacked_says_how_to_pack_it():
 
 @pytest.mark.parametrize("op", list(LAYER_OPS))
 def test_every_sketch_with_rewritten_weights_matches_numpy(op):
-    space = SketchSpace(registry.workload_dag(_key(op)))
+    space = SketchSpace(workload_registry.workload_dag(_key(op)))
     rng = np.random.default_rng(11)
     packed = 0
     for sketch_id in range(len(space.sketches)):
@@ -94,7 +94,7 @@ def test_every_sketch_with_rewritten_weights_matches_numpy(op):
         packed += bool(kernel.packed_args)
         assert check_kernel(kernel, _key(op)) < 1e-3
     # a sketch tiles the weight's loops out of its own order where the op has a weight to pack
-    assert bool(packed) == bool(layout_free_placeholders(registry.workload_dag(_key(op))))
+    assert bool(packed) == bool(layout_free_placeholders(workload_registry.workload_dag(_key(op))))
 
 
 def test_a_split_that_does_not_divide_the_loop_leaves_the_weight_as_it_is():
@@ -150,4 +150,4 @@ def test_layout_rewrite_can_be_turned_off_and_is_an_auto_scheduler_option(store_
 
 def _key_of_job() -> str:
     job = _job()
-    return registry.make_workload_key(job["task_name"], job["args"])
+    return workload_registry.make_workload_key(job["task_name"], job["args"])

@@ -12,11 +12,11 @@ import yaml
 from conftest import F32, LAYER_OPS
 from conftest import auto_scheduler_job as _job
 
-from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_default
 from dialects.auto_scheduler.sketch import LOCATIONS
 from dialects.auto_scheduler.space import DERIVED_FEATURES, SketchSpace, factorizations
 from dialects.auto_scheduler.steps import replay_steps
+from lorien import workload_registry
 from lorien.engine import build
 from lorien.errors import ConfigError
 from lorien.formats import read_log
@@ -27,15 +27,15 @@ OPS = LAYER_OPS
 
 
 def _key(op: str) -> str:
-    return registry.make_workload_key(*OPS[op])
+    return workload_registry.make_workload_key(*OPS[op])
 
 
 def _space(op: str) -> SketchSpace:
-    return SketchSpace(registry.workload_dag(_key(op)))
+    return SketchSpace(workload_registry.workload_dag(_key(op)))
 
 
 def _check(key: str, steps: list) -> float:
-    replay = replay_steps(registry.workload_dag(key), steps)
+    replay = replay_steps(workload_registry.workload_dag(key), steps)
     return check_kernel(build(replay.schedule, replay.args), key)
 
 
@@ -63,7 +63,7 @@ def test_a_reduction_without_an_epilogue_gets_a_cache_write_sketch_and_a_plain_o
 
 
 def test_tvm_tutorial_conv2d_sketch_inlines_padding_and_bias_add_and_fuses_into_relu():
-    dag = registry.workload_dag('["conv2d_layer", 1, 7, 7, 512, 512, 3, 3, [1, 1], [1, 1]]')
+    dag = workload_registry.workload_dag('["conv2d_layer", 1, 7, 7, 512, 512, 3, 3, [1, 1], [1, 1]]')
     sketch = SketchSpace(dag).sketches[1]
     assert sketch.description == ("inline T_add; tile conv2d SSRSRS, fused into T_relu at level 2; "
                                   "place conv2d.pad")
@@ -88,7 +88,7 @@ def test_padding_is_placed_inline_at_the_root_or_at_a_level_of_its_tiled_reader(
 
 
 def test_random_programs_keep_a_vector_wide_innermost_tile_on_the_vectorized_loop():
-    space = SketchSpace(registry.workload_dag(registry.make_workload_key(
+    space = SketchSpace(workload_registry.workload_dag(workload_registry.make_workload_key(
         "conv2d_nhwc_layer", [1, 8, 10, 10, 32, 3, 3, [1, 1], [1, 1], [1, 1], False, False, F32])))
     rng = np.random.default_rng(0)
     inner = []
@@ -136,7 +136,7 @@ def test_steps_of_a_point_map_back_to_a_point_with_the_same_program():
 
 def test_a_record_made_elsewhere_is_not_a_point_of_the_space(shared_data):
     record = read_log(shared_data / "ansor" / "matmul.json").records[0]
-    space = SketchSpace(registry.workload_dag(record.workload_key))
+    space = SketchSpace(workload_registry.workload_dag(record.workload_key))
     assert space.index_of_steps(orjson.loads(record.config)) is None
 
 
@@ -162,7 +162,7 @@ def test_tune_job_commits_each_batch_and_a_second_run_measures_only_new_programs
 
 def test_points_that_render_to_the_same_program_are_measured_once(store_uri):
     job = _job(args=[1, 2, 2, False, False, F32], trials=10_000, batch_size=64)
-    space = SketchSpace(registry.workload_dag(registry.make_workload_key("dense_layer", job["args"])))
+    space = SketchSpace(workload_registry.workload_dag(workload_registry.make_workload_key("dense_layer", job["args"])))
     programs = {json.dumps(space.get(i)) for i in range(len(space))}
     assert len(programs) < len(space)  # a parallel depth beyond what a sketch fuses changes nothing
     progress = tune_job(job, store_uri)
@@ -173,8 +173,8 @@ def test_records_of_another_shape_give_features_in_this_spaces_layout():
     from lorien.search.xgb import KnobFeatures
 
     key = _key("conv2d NHWC+bias+relu")
-    args = registry.parse_workload_key(key)[1]
-    space = SketchSpace(registry.workload_dag(key), args)
+    args = workload_registry.parse_workload_key(key)[1]
+    space = SketchSpace(workload_registry.workload_dag(key), args)
     features = KnobFeatures(space)
     rng = np.random.default_rng(5)
     for index in rng.integers(len(space), size=10).tolist():
@@ -185,7 +185,8 @@ def test_records_of_another_shape_give_features_in_this_spaces_layout():
         assert len(row) == features.knob_width + len(DERIVED_FEATURES)
         np.testing.assert_allclose(row[known], features(np.array([index]))[0][known])
     other_args = [1, 8, 12, 12, 32, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]
-    other = SketchSpace(registry.workload_dag(registry.make_workload_key("conv2d_nhwc_layer", other_args)), other_args)
+    other_key = workload_registry.make_workload_key("conv2d_nhwc_layer", other_args)
+    other = SketchSpace(workload_registry.workload_dag(other_key), other_args)
     row = space.features_of_steps(other.get(0), other_args)
     assert row is not None and row[-len(space.shape_features):].tolist() == other.shape_features
 
@@ -194,7 +195,7 @@ def test_the_model_learns_from_other_workloads_of_the_same_function(store_uri):
     from dialects.auto_scheduler.tuning import cached_space, transfer_history
 
     tune_job(_job(trials=8), store_uri)
-    other = registry.make_workload_key("dense_layer", [4, 16, 16, True, True, F32])
+    other = workload_registry.make_workload_key("dense_layer", [4, 16, 16, True, True, F32])
     with open_store(store_uri) as store:
         features, scores = transfer_history(store, cached_space(other), other, "llvm -keys=cpu")
     assert features.shape[0] == 8 and scores.max() == 1.0 and scores.min() > 0
@@ -233,7 +234,7 @@ def test_derived_features_are_the_tile_volumes_of_a_program():
     from lorien.search.xgb import KnobFeatures
 
     key = _key("conv2d NHWC+bias+relu")
-    space = SketchSpace(registry.workload_dag(key), registry.parse_workload_key(key)[1])
+    space = SketchSpace(workload_registry.workload_dag(key), workload_registry.parse_workload_key(key)[1])
     index = int(np.random.default_rng(2).integers(len(space)))
     steps = space.get(index)
     splits = [step for step in steps if step[0] == "SP"]
@@ -252,12 +253,13 @@ def test_derived_features_are_the_tile_volumes_of_a_program():
 
 def test_the_nearest_point_of_another_shapes_program_keeps_its_tiles_where_this_extent_allows():
     key = _key("conv2d NHWC+bias+relu")
-    space = SketchSpace(registry.workload_dag(key), registry.parse_workload_key(key)[1])
+    space = SketchSpace(workload_registry.workload_dag(key), workload_registry.parse_workload_key(key)[1])
     for index in np.random.default_rng(3).integers(len(space), size=5).tolist():
         steps = space.get(index)
         assert space.get(space.nearest_point(steps)) == steps  # its own programs map to themselves
     other_args = [1, 24, 20, 20, 32, 3, 3, [1, 1], [1, 1], [1, 1], True, True, F32]
-    other = SketchSpace(registry.workload_dag(registry.make_workload_key("conv2d_nhwc_layer", other_args)), other_args)
+    other_key = workload_registry.make_workload_key("conv2d_nhwc_layer", other_args)
+    other = SketchSpace(workload_registry.workload_dag(other_key), other_args)
     positions = [0] * len(other.dims)
     positions[0] = 1  # another sketch than the first
     for k, tile in enumerate(other.tiles):  # inner tiles (1, 1, 2) on spatial loops (n = 1: none), 3 on reduce loops
@@ -294,10 +296,11 @@ def test_a_job_measures_the_adapted_best_programs_of_other_shapes_early(store_ur
 
     tune_job(_job(trials=8), store_uri)  # dense_layer 8x16x16
     other = _job(args=[4, 16, 32, True, True, F32], tuner="xgb", trials=4, batch_size=4)
-    key = registry.make_workload_key("dense_layer", other["args"])
+    key = workload_registry.make_workload_key("dense_layer", other["args"])
     with open_store(store_uri) as store:
         seeds = transfer_seeds(store, cached_space(key), key, "llvm -keys=cpu")
-        rows = store.scan(filters={"workload_key": registry.make_workload_key("dense_layer", _job()["args"])}).to_pylist()
+        tuned_key = workload_registry.make_workload_key("dense_layer", _job()["args"])
+        rows = store.scan(filters={"workload_key": tuned_key}).to_pylist()
     fastest = min(np.mean(r["costs"]) for r in rows)
     assert len(seeds) == 1 and seeds[0] in {cached_space(key).nearest_point(json.loads(r["config"]))
                                             for r in rows if np.mean(r["costs"]) == fastest}

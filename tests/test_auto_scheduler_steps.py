@@ -9,18 +9,19 @@ import numpy as np
 import orjson
 import pytest
 
-from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.compile import check_kernel, compile_record, replay_log
-from dialects.auto_scheduler.steps import StepError, auto_unroll, replay_steps, split_lengths
+from dialects.auto_scheduler.steps import StepError, replay_steps, split_lengths
+from lorien import workload_registry
 from lorien.engine import build, te
+from lorien.engine.replay import auto_unroll
 from lorien.formats import read_log
 
-SMALL_MATMUL = registry.make_workload_key("matmul_add", [16, 12, 24, "float32"])
+SMALL_MATMUL = workload_registry.make_workload_key("matmul_add", [16, 12, 24, "float32"])
 
 
 def _replay(key: str, steps: list) -> float:
     """Largest error of the kernel of ``steps`` against NumPy (raises when it differs)."""
-    replay = replay_steps(registry.workload_dag(key), steps)
+    replay = replay_steps(workload_registry.workload_dag(key), steps)
     return check_kernel(build(replay.schedule, replay.args), key)
 
 
@@ -70,16 +71,16 @@ def test_cache_read_rfactor_split_by_nparts_and_storage_align_replay_and_compute
              ["SP", 3, 2, 12, [4], 1], ["RF", 3, 3, 0],  # k split, k.1 factored: matmul.rf is stage 3
              ["SP", 3, 2, 24, [2, 3], 0],  # j of matmul.rf -> 2 x 3 x 4 by nparts
              ["CA", 2, 3, 1], ["SA", 2, 0, 16, 1], ["AN", 4, 0, 3]]
-    replay = replay_steps(registry.workload_dag(SMALL_MATMUL), steps)
+    replay = replay_steps(workload_registry.workload_dag(SMALL_MATMUL), steps)
     assert replay.stage_names == ["A", "B", "B.local", "matmul.rf", "matmul", "C", "out"]
     assert _replay(SMALL_MATMUL, steps) < 1e-3
 
 
 def test_auto_unroll_unrolls_inner_loops_while_extent_times_statements_fit():
-    key = registry.make_workload_key("matmul_add", [8, 8, 8, "float32"])
+    key = workload_registry.make_workload_key("matmul_add", [8, 8, 8, "float32"])
     steps = [["SP", 2, 0, 8, [2, 2], 1], ["SP", 2, 4, 8, [8], 1], ["RE", 2, [0, 1, 4, 5, 2, 3]],
              ["AN", 2, 5, 2]]
-    replay = replay_steps(registry.workload_dag(key), steps)
+    replay = replay_steps(workload_registry.workload_dag(key), steps)
     matmul = replay.schedule["matmul"]
     # loops i.0 (2), i.1 (2), k.0 (1), k.1 (8), i.2 (2), j (8, vectorized: one statement)
     assert auto_unroll(matmul, matmul.leaf[0], 16) == ["i.inner", "k.inner"]  # 2 x 1, then 8 x 2 = 16
@@ -88,9 +89,9 @@ def test_auto_unroll_unrolls_inner_loops_while_extent_times_statements_fit():
 
 
 def test_auto_unroll_pragma_is_applied_when_the_replay_ends():
-    key = registry.make_workload_key("matmul_add", [8, 8, 8, "float32"])
+    key = workload_registry.make_workload_key("matmul_add", [8, 8, 8, "float32"])
     steps = [["SP", 2, 1, 8, [8], 1], ["PR", 2, 0, "auto_unroll_max_step$64"], ["AN", 2, 2, 2]]
-    replay = replay_steps(registry.workload_dag(key), steps)
+    replay = replay_steps(workload_registry.workload_dag(key), steps)
     assert replay.schedule["matmul"].annotations == {"j.inner": "vectorized", "k": "unrolled"}
     assert _replay(key, steps) < 1e-3
 
@@ -111,7 +112,7 @@ def test_auto_unroll_pragma_is_applied_when_the_replay_ends():
 def test_a_step_that_cannot_be_applied_is_reported_with_its_index_and_why(step, message):
     steps = [["CR", 4], step]
     with pytest.raises(StepError, match=re.escape(message)) as info:
-        replay_steps(registry.workload_dag(SMALL_MATMUL), steps)
+        replay_steps(workload_registry.workload_dag(SMALL_MATMUL), steps)
     assert info.value.index == 1 and info.value.step == step
     assert str(info.value).startswith(f"step 1 {json.loads(json.dumps(step))}")
 
@@ -124,23 +125,24 @@ def test_a_record_of_another_computation_is_caught_by_its_split_extent(shared_da
 
 
 def test_a_record_of_a_registered_hashed_dag_replays(monkeypatch):
-    from dialects.auto_scheduler.dag import ComputeDAG
+    from lorien.engine.dag import ComputeDAG
 
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", dict(registry.WORKLOAD_FUNC_REGISTRY))
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", dict(workload_registry.WORKLOAD_FUNC_REGISTRY))
     a = te.placeholder((8, 6), name="a")
     k = te.reduce_axis(6, name="k")
     out = te.compute((8,), lambda i: te.sum(a[i, k] * a[i, k], axis=k), name="sumsq")
-    key = registry.register_workload_tensors(ComputeDAG([a, out]).workload_key(), [a, out])
+    key = workload_registry.register_workload_tensors(ComputeDAG([a, out]).workload_key(), [a, out])
     steps = [["SP", 1, 1, 6, [3], 1], ["RF", 1, 2, 1], ["AN", 1, 0, 3]]
     assert _replay(key, steps) < 1e-4
     x = np.ones((8, 6), "float32")
-    assert registry.reference_of(key)(x)[0].tolist() == [6.0] * 8
+    assert workload_registry.reference_of(key)(x)[0].tolist() == [6.0] * 8
 
 
 def test_steps_of_a_record_survive_json(shared_data):
     record = read_log(shared_data / "ansor" / "conv2d.json").records[0]
     steps = orjson.loads(record.config)
-    assert replay_steps(registry.workload_dag(record.workload_key), json.loads(json.dumps(steps))).stage_names[-1] == "T_relu"
+    dag = workload_registry.workload_dag(record.workload_key)
+    assert replay_steps(dag, json.loads(json.dumps(steps))).stage_names[-1] == "T_relu"
 
 
 def test_cli_apply_replays_an_ansor_log_line_and_measures_it_beside_the_logged_latency(shared_data, capsys):

@@ -14,11 +14,11 @@ import yaml
 from conftest import F32, LAYER_OPS
 
 import lorien
-from dialects.auto_scheduler import registry
 from dialects.meta_schedule.compile import check_kernel, replay_database
 from dialects.meta_schedule.space import TraceSpace
 from dialects.meta_schedule.trace import replay_trace
 from dialects.meta_schedule.tuning import tune_dag
+from lorien import workload_registry
 from lorien.cli import main
 from lorien.dialect import get_dialect
 from lorien.engine.build import build
@@ -31,7 +31,7 @@ MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
 
 def _dag(op: str):
     name, args = OPS[op]
-    return registry.workload_dag(registry.make_workload_key(name, args))
+    return workload_registry.workload_dag(workload_registry.make_workload_key(name, args))
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -94,8 +94,8 @@ def test_tune_job_commits_meta_schedule_records_that_compile_from_the_store(stor
 
 
 def test_any_computation_in_the_dsl_tunes(store_uri):
-    from dialects.auto_scheduler.dag import ComputeDAG
     from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
 
     a, b = te.placeholder((16, 8), F32, "A"), te.placeholder((8, 24), F32, "B")
     k = te.reduce_axis(8, "k")

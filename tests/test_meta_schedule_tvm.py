@@ -89,10 +89,10 @@ def test_lorien_export_gives_a_json_database_tvm_loads_and_compiles_for_workload
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     import orjson
 
-    from dialects.auto_scheduler.dag import ComputeDAG
     from dialects.meta_schedule.tuning import tune_dag
     from dialects.meta_schedule.tvm_database import tvm_module_of
     from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
 
     a, b = te.placeholder((16, 8), "float32", "A"), te.placeholder((8, 24), "float32", "B")
     k = te.reduce_axis(8, "k")

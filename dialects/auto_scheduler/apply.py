@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from dialects.auto_scheduler import registry
 from dialects.auto_scheduler.steps import replay_steps
+from lorien import workload_registry
 from lorien.dialect import AppliedConfig, apply_logged
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
@@ -37,7 +37,7 @@ def apply_steps(workload_key: str, steps: Any, target: str | None = None, measur
             raise ConfigError(f"steps are not JSON: {steps[:200]!r}") from exc
     if not isinstance(steps, list) or not all(isinstance(step, list) and step for step in steps):
         raise ConfigError(f"an Ansor config is a list of steps, got {steps!r:.200}")
-    replay = replay_steps(registry.workload_dag(workload_key), steps, layout_rewrite)
+    replay = replay_steps(workload_registry.workload_dag(workload_key), steps, layout_rewrite)
     target_text = parse_target(target).canonical if target else host_target().canonical
     (result,) = measure_steps(workload_key, [steps], measure, engine_target(target_text), layout_rewrite)
     record = make_record(target_text, workload_key, steps, list(result.costs), int(result.error_no),

@@ -3,17 +3,18 @@ and replay whole Ansor logs with every kernel checked against NumPy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
-from dialects.auto_scheduler.steps import Replay, replay_steps
+import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
+from dialects.auto_scheduler.steps import replay_steps
+from lorien import workload_registry
 from lorien.engine.arrays import logical_arrays
 from lorien.engine.cpu import engine_target
+from lorien.engine.replay import Replay, ReplayOutcome
 from lorien.errors import LorienError, WorkloadError
 from lorien.record import TuningRecord
 
@@ -24,7 +25,7 @@ def replay_record(record: TuningRecord, dag: Any = None) -> Replay:
     (``layout_rewrite_option`` 2)."""
     from dialects.auto_scheduler.records import layout_rewritten
 
-    dag = dag if dag is not None else registry.workload_dag(record.workload_key)
+    dag = dag if dag is not None else workload_registry.workload_dag(record.workload_key)
     return replay_steps(dag, orjson.loads(record.config), layout_rewritten(record))
 
 
@@ -51,7 +52,7 @@ def compile_default(workload_key: str, target: str | None = None):
     """The kernel of a workload built with the default schedule of its first sketch."""
     from dialects.auto_scheduler.sketch import default_steps
 
-    dag = registry.workload_dag(workload_key)
+    dag = workload_registry.workload_dag(workload_key)
     steps = default_steps(dag)
     return _kernel(replay_steps(dag, steps), engine_target(target), workload_key, steps)
 
@@ -62,7 +63,7 @@ def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e
     logical = logical_arrays(kernel.args, seed)
     arrays = kernel.pack_arguments(*logical)
     kernel(*arrays)
-    expected = registry.reference_of(workload_key)(*[a for a, spec in zip(logical, kernel.args, strict=True)
+    expected = workload_registry.reference_of(workload_key)(*[a for a, spec in zip(logical, kernel.args, strict=True)
                                                      if not spec.is_output])
     expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
     outputs = [(a, spec) for a, spec in zip(arrays, kernel.args, strict=True) if spec.is_output]
@@ -73,26 +74,6 @@ def check_kernel(kernel: Any, workload_key: str, seed: int = 0, rtol: float = 1e
             raise WorkloadError(f"output {spec.name!r} differs from the NumPy reference (max abs error {error:.3g})")
         worst = max(worst, error)
     return worst
-
-
-@dataclass
-class ReplayOutcome:
-    """What replaying one log record here gave: ``ok``, ``unregistered`` or ``failed``."""
-
-    path: str
-    line: int
-    workload_key: str
-    status: str
-    message: str = ""
-    max_error: float | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        where = f"{Path(self.path).name}:{self.line}" + (f" {self.workload_key}" if self.workload_key else "")
-        if self.status == "ok":
-            extra = f"; {'; '.join(self.notes)}" if self.notes else ""
-            return f"{where}: replayed, output matches NumPy (max abs error {self.max_error:.2g}){extra}"
-        return f"{where}: {self.status}: {self.message}"
 
 
 def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
@@ -113,8 +94,8 @@ def replay_log(path: str | Path, check: bool = True) -> list[ReplayOutcome]:
             continue
         key, steps = record.workload_key, orjson.loads(record.config)
         try:
-            dag = registry.workload_dag(key)
-        except registry.UnregisteredWorkloadError as exc:
+            dag = workload_registry.workload_dag(key)
+        except workload_registry.UnregisteredWorkloadError as exc:
             outcomes.append(ReplayOutcome(str(path), line, key, "unregistered", str(exc)))
             continue
         try:

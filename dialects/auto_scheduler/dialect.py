@@ -33,9 +33,10 @@ class AutoSchedulerDialect(Dialect):
         return features.featurize(record)
 
     def workload_key(self, task_name: str, args: list[Any]) -> str:
-        from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+        import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
+        from lorien import workload_registry
 
-        return registry.make_workload_key(task_name, args)
+        return workload_registry.make_workload_key(task_name, args)
 
     def claims_workload_key(self, workload_key: str) -> bool | None:
         """A JSON list ``["func_name_or_hash", args...]``."""
@@ -44,14 +45,15 @@ class AutoSchedulerDialect(Dialect):
     def describe_workload(self, workload_key: str) -> tuple[str, float | None]:
         """Layout and FLOPs of a registered workload from its compute DAG; a workload nobody
         registered (a DAG hash from a graph) has unknown FLOPs."""
-        from dialects.auto_scheduler import registry, workloads  # noqa: F401
+        import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
+        from lorien import workload_registry
 
         try:
-            dag = registry.workload_dag(workload_key)
+            dag = workload_registry.workload_dag(workload_key)
         except WorkloadError as exc:
             name = workload_key
             try:
-                name = registry.parse_workload_key(workload_key)[0]
+                name = workload_registry.parse_workload_key(workload_key)[0]
             except WorkloadError:
                 pass
             warn_unknown_flop(name, str(exc))
@@ -61,14 +63,14 @@ class AutoSchedulerDialect(Dialect):
         except OverflowError:
             flop = math.inf
         if not (math.isfinite(flop) and flop >= 0):
-            warn_unknown_flop(registry.parse_workload_key(workload_key)[0],
+            warn_unknown_flop(workload_registry.parse_workload_key(workload_key)[0],
                               f"{workload_key} gives a float-operation count no double holds: {flop}")
             return dag.layout(), None
         return dag.layout(), flop
 
     def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         """(workload function, args) of a tuning-YAML op shorthand (``conv2d: {C:.., ...}``)."""
-        from dialects.auto_scheduler.workloads import expand_workload
+        from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
 

@@ -17,9 +17,9 @@ split of one of those loops does not divide it.
 
 from __future__ import annotations
 
-from dialects.auto_scheduler.dag import ComputeDAG, input_tensors
 from lorien.engine import te
 from lorien.engine.arrays import Packing
+from lorien.engine.dag import ComputeDAG, input_tensors
 from lorien.engine.schedule import Schedule, Stage, derived_extents
 
 #: TVM's value of ``layout_rewrite_option`` for weights transformed before the kernel runs.

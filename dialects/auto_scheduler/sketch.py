@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dialects.auto_scheduler.dag import ComputeDAG, loads_in_order
 from dialects.auto_scheduler.steps import AUTO_UNROLL, LoopState
 from lorien.engine import te
+from lorien.engine.dag import ComputeDAG, loads_in_order, needs_multi_level_tiling
 from lorien.engine.schedule import Stage, leaf_extents
 
 #: Spatial levels and reduce levels of CPU multi-level tiling (``SSRSRS``).
@@ -113,26 +113,6 @@ def _has_branch(stage: Stage) -> bool:
     return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
 
 
-def needs_multi_level_tiling(stage: Stage) -> bool:
-    """A reduction where some input misses a spatial loop (so a tile reuses what it loads)."""
-    if not stage.op.reduce_axis:
-        return False
-    spatial = [iv for iv in stage.op.axis if iv.extent > 1]
-    for tensor_loads in _loads_by_tensor(stage.op.body).values():
-        used = {node for load in tensor_loads for index in load.indices for node in te.walk(index)
-                if isinstance(node, te.Var)}
-        if any(iv not in used for iv in spatial):
-            return True
-    return False
-
-
-def _loads_by_tensor(body: te.Expr) -> dict[str, list[te.Load]]:
-    found: dict[str, list[te.Load]] = {}
-    for load in loads_in_order(body):
-        found.setdefault(load.tensor.name, []).append(load)
-    return found
-
-
 def _matched_consumer(state: LoopState, stage: Stage) -> Stage | None:
     """The only reader of ``stage`` when it is element-wise, of the same shape, and reads
     ``stage`` at its own loop indices (an epilogue that can follow the tiling)."""
@@ -202,7 +182,7 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
             frontier.append((_extend(sketch, [], f"place {name}", located=[index]), index - 1))
         elif _inlinable(state, stage):
             frontier.append((_extend(sketch, [["CI", index]], f"inline {name}"), index - 1))
-        elif needs_multi_level_tiling(stage):
+        elif needs_multi_level_tiling(stage.op):
             frontier.extend(reversed(_tiling_sketches(state, sketch, index)))
         else:
             frontier.append((sketch, index - 1))

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.auto_scheduler.sketch import (
     AUTO_UNROLL_STEPS,
     LOCATIONS,
@@ -43,6 +42,7 @@ from dialects.auto_scheduler.sketch import (
     render,
     sketch_state,
 )
+from lorien.engine.dag import ComputeDAG
 from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
 from lorien.search.tiles import MAX_INNERMOST, divisors, factorizations, move_factor, other_choice

@@ -1,8 +1,9 @@
 """Ansor's transform steps replayed on Lorien's engine.
 
 A record's config is a list of steps in Ansor's vocabulary. Stage ids index the compute
-DAG's ops in Ansor's order, inputs included (:func:`dag.ansor_order`); iterator ids index
-the stage's current loops, outermost first. Each step becomes engine schedule steps:
+DAG's ops in Ansor's order, inputs included (:func:`lorien.engine.dag.ansor_order`);
+iterator ids index the stage's current loops, outermost first. Each step becomes engine
+schedule steps:
 
 ==== ============================================ ==========================================
 SP   ``[SP, stage, iter, extent, lengths, inner_to_outer]``  successive splits (by factor from the inside, or by nparts)
@@ -11,7 +12,7 @@ FFSP ``[FFSP, stage, iter, src_steps, level, factor_or_nparts]``  one split by t
 RE   ``[RE, stage, order]``                           reorder (all loops)
 FU   ``[FU, stage, iters]``                           fuse adjacent loops
 AN   ``[AN, stage, iter, code]``                      0 none, 1 unroll, 2 vectorize, 3 parallel; 4-10 GPU bindings
-PR   ``[PR, stage, iter, pragma]``                    ``auto_unroll_max_step$N`` (see :func:`auto_unroll`)
+PR   ``[PR, stage, iter, pragma]``                    ``auto_unroll_max_step$N`` (see :func:`lorien.engine.replay.auto_unroll`)
 CA   ``[CA, stage, target_stage, target_iter]``       compute_at
 CI / CR ``[CI, stage]``                               compute_inline / compute_root
 CHR  ``[CHR, stage, scope, readers]``                 cache_read: a stage after ``stage``
@@ -29,12 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from dialects.auto_scheduler.dag import ComputeDAG
-from lorien.engine import te
-from lorien.engine.schedule import Schedule, ScheduleError, Stage, leaf_extents
+from lorien.engine.dag import ComputeDAG
+from lorien.engine.replay import Replay, auto_unroll
+from lorien.engine.schedule import ScheduleError, Stage
 from lorien.errors import DialectError
 
 #: Ansor's annotation codes (TVM's ``IteratorAnnotation``) and the engine loop kind of each on the CPU.
@@ -53,21 +53,6 @@ class StepError(DialectError):
     def __init__(self, index: int, step: Sequence[Any], reason: str):
         super().__init__(f"step {index} {list(step)}: {reason}")
         self.index, self.step, self.reason = index, list(step), reason
-
-
-@dataclass
-class Replay:
-    """An engine schedule rebuilt from Ansor steps, its kernel arguments and notes."""
-
-    schedule: Schedule
-    args: list[te.Tensor]
-    stage_names: list[str]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def packed(self) -> list[str]:
-        """Arguments whose layout was rewritten (placeholders carrying a ``packing``)."""
-        return [t.name for t in self.args if getattr(t.op, "packing", None) is not None]
 
 
 def split_lengths(steps: Sequence[Sequence[Any]], index: int) -> tuple[list[int | None], bool]:
@@ -264,37 +249,6 @@ class LoopState:
         stage = self.stage(stage_id)
         rf = self.schedule.rfactor(stage.tensor, self.loop(stage, iter_id), factor_iter_id)
         self.names.insert(stage_id, rf.name)
-
-
-def auto_unroll(stage: Stage, axis: str, max_step: int) -> list[str]:
-    """Apply ``auto_unroll_max_step`` at loop ``axis`` of a stage as TVM's UnrollLoop does:
-    from the innermost loop outwards, a serial loop is unrolled while every loop inside it is
-    and ``extent x statements in its body <= max_step`` (a vectorized innermost loop is one
-    statement, extent-1 and already unrolled loops count as unrolled). The walk stops at a
-    loop other stages are computed at and at the first reduce loop (which encloses the
-    reduction's initialization). Extents are static (split factors), so a loop limited by a
-    compute_at region counts at most its split extent. Returns the loops unrolled."""
-    extents = leaf_extents(stage)
-    attach_points = {st.attach[1] for st in stage.schedule.stages
-                     if isinstance(st.attach, tuple) and st.attach[0] == stage.name}
-    first_reduce = next((p for p, leaf in enumerate(stage.leaf) if stage.axes[leaf].kind == "reduce"), None)
-    statements, unrolled = 1, []
-    for position in range(len(stage.leaf) - 1, stage.leaf.index(axis) - 1, -1):
-        leaf = stage.leaf[position]
-        kind = stage.annotations.get(leaf, "serial")
-        if leaf in attach_points or kind == "parallel" or (first_reduce is not None and position < first_reduce):
-            break
-        if kind == "vectorized" and position == len(stage.leaf) - 1:
-            continue
-        if kind == "unrolled" or extents[leaf] == 1:
-            statements *= extents[leaf]
-            continue
-        if kind != "serial" or extents[leaf] * statements > max_step:
-            break
-        stage.unroll(leaf)
-        statements *= extents[leaf]
-        unrolled.append(leaf)
-    return unrolled
 
 
 def replay_steps(dag: ComputeDAG, steps: Sequence[Sequence[Any]], layout_rewrite: bool = False) -> Replay:

@@ -19,35 +19,32 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
+import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
 from dialects.auto_scheduler.records import make_record
 from dialects.auto_scheduler.space import SketchSpace, shape_features
 from dialects.auto_scheduler.steps import replay_steps
+from lorien import workload_registry
 from lorien.engine.cpu import engine_target
 from lorien.errors import ConfigError
 from lorien.record import TuningRecord
-from lorien.search import Tuner, create
 from lorien.search.xgb import history_by_workload
-from lorien.tune.job import TuneJob
+from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
-
-#: Options the ``xgb`` tuner gets in this dialect unless the job says otherwise.
-XGB_DEFAULTS = {"optimizer": "evolution", "plan_size": 16, "weighted": True}
 
 
 @functools.lru_cache(maxsize=16)
 def cached_dag(workload_key: str):
     """Workload DAGs are rebuilt in measurement workers from their key; cache them."""
-    return registry.workload_dag(workload_key)
+    return workload_registry.workload_dag(workload_key)
 
 
 @functools.lru_cache(maxsize=16)
 def cached_space(workload_key: str) -> SketchSpace:
-    return SketchSpace(cached_dag(workload_key), registry.parse_workload_key(workload_key)[1])
+    return SketchSpace(cached_dag(workload_key), workload_registry.parse_workload_key(workload_key)[1])
 
 
 def _ensure_registered(entry: tuple[str, dict[str, Any]]) -> None:
-    registry.deserialize_workload_registry_entry(entry)
+    workload_registry.deserialize_workload_registry_entry(entry)
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,11 @@ class WorkloadReference:
 
     def __call__(self, *inputs: Any) -> Any:
         _ensure_registered(self.entry)
-        return registry.reference_of(self.workload_key)(*inputs)
+        return workload_registry.reference_of(self.workload_key)(*inputs)
 
 
 def _entry(workload_key: str) -> tuple[str, Any]:
-    name, entry = registry.serialize_workload_registry_entry(workload_key)
+    name, entry = workload_registry.serialize_workload_registry_entry(workload_key)
     return name, orjson.loads(orjson.dumps(entry))
 
 
@@ -103,13 +100,6 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
     return measure_batch(inputs, option)
 
 
-def job_workload_key(job: TuneJob) -> str:
-    """The workload key of a job (``workload_key``, or ``task_name`` + ``args``)."""
-    if job.workload_key:
-        return job.workload_key
-    return registry.make_workload_key(job.task_name, list(job.args))
-
-
 def job_layout_rewrite(job: TuneJob, workload_key: str) -> bool:
     """Whether a job measures its candidates with the weights' layout rewritten: the job's
     ``layout_rewrite`` (default true, as TVM tunes a network's tasks) where the workload has
@@ -119,18 +109,12 @@ def job_layout_rewrite(job: TuneJob, workload_key: str) -> bool:
     return bool(job.option("layout_rewrite")) and bool(layout_free_placeholders(cached_dag(workload_key)))
 
 
-def make_tuner(job: TuneJob, space: Any) -> Tuner:
-    """The job's tuner over a sketch or trace space; ``xgb`` searches the model by evolution."""
-    options = {**XGB_DEFAULTS, **job.tuner_options} if job.tuner == "xgb" else dict(job.tuner_options)
-    return create(job.tuner, space, seed=job.seed, **options)
-
-
 def transfer_rows(store: Any, workload_key: str, target: str, limit: int = 4000) -> list[dict[str, Any]]:
     """Valid records (as rows: workload_key, args, config, costs) of other workloads of the
     same function on the target's family, the newest ``limit`` records scanned."""
     from lorien.target import parse_target
 
-    name, _ = registry.parse_workload_key(workload_key)
+    name, _ = workload_registry.parse_workload_key(workload_key)
     table = store.scan(filters={"task_name": name, "dialect": "auto_scheduler",
                                 "target_key": parse_target(target).alternate_key},
                        columns=["workload_key", "args", "config", "costs", "error_no"])
@@ -188,7 +172,7 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
     workload_key = job_workload_key(job)
     target = parse_target(job.target).canonical
     space = cached_space(workload_key)
-    tuner = make_tuner(job, space)
+    tuner = template_free_tuner(job, space)
     if store is not None and job.option("transfer") and hasattr(tuner, "load_history"):
         rows = transfer_rows(store, workload_key, target)  # one scan for the model and the seeds
         tuner.load_history(*transfer_history(store, space, workload_key, target, rows=rows))
@@ -202,7 +186,8 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
                 for steps, r in zip(candidates, results, strict=True)]
 
     return TuneContext(
-        workload_key=workload_key, task_name=registry.parse_workload_key(workload_key)[0], space=space, tuner=tuner,
+        workload_key=workload_key, task_name=workload_registry.parse_workload_key(workload_key)[0], space=space,
+        tuner=tuner,
         measure=lambda candidates: measure_steps(workload_key, candidates, job.measure, engine_target(target),
                                                  rewrite),
         to_records=to_records, index_of=lambda record: space.index_of_steps(orjson.loads(record.config)),

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from dialects.auto_scheduler.compile import ReplayOutcome
-from dialects.auto_scheduler.dag import ComputeDAG
 from dialects.meta_schedule.trace import replay_trace
 from dialects.meta_schedule.workload import dag_of_module, workload_key_of
+from lorien.engine.dag import ComputeDAG
+from lorien.engine.replay import ReplayOutcome
 from lorien.errors import ConfigError, LorienError, RecordParseError, WorkloadError
 from lorien.record import TuningRecord
 

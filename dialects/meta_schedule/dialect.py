@@ -33,11 +33,11 @@ class MetaScheduleDialect(Dialect):
 
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         """The structural hash of the compute DAG of a registered workload function's args."""
-        from dialects.auto_scheduler import registry
         from dialects.meta_schedule.tuning import job_dag
         from dialects.meta_schedule.workload import workload_key_of
+        from lorien import workload_registry
 
-        dag = job_dag(registry.make_workload_key(task_name, args))
+        dag = job_dag(workload_registry.make_workload_key(task_name, args))
         key = workload_key_of(dag)
         self._described[key] = (dag.layout(), dag.flop())
         return key
@@ -54,8 +54,8 @@ class MetaScheduleDialect(Dialect):
         return LAYOUT_NA, None
 
     def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
-        """(workload function, args) of a tuning-YAML op shorthand, as the auto_scheduler's."""
-        from dialects.auto_scheduler.workloads import expand_workload
+        """(workload function, args) of a tuning-YAML op shorthand (:mod:`lorien.builtin_workloads`)."""
+        from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
 

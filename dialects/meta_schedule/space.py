@@ -4,7 +4,7 @@ instructions left open, and the postprocessing that completes a trace.
 Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
 
 - **multi-level tiling** ``SSRSRS`` on every block that needs it (a reduction whose loops
-  are reused, :func:`dialects.auto_scheduler.sketch.needs_multi_level_tiling`): each spatial
+  are reused, :func:`lorien.engine.dag.needs_multi_level_tiling`): each spatial
   loop split in four by ``SamplePerfectTile``, each reduce loop in two, reordered
   S0 S1 R0 S2 R1 S3; the result is written through a cache (``CacheWrite`` +
   ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.sketch import needs_multi_level_tiling
 from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
 from lorien.engine import te
+from lorien.engine.dag import ComputeDAG, needs_multi_level_tiling
 from lorien.engine.schedule import leaf_extents
 from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
@@ -126,7 +125,7 @@ class TraceSpace(MixedRadixSpace):
         self.tile_entities: list[tuple[tuple[int, ...], ...]] = []
         epilogues: set[str] = set()
         for stage in schedule.stages:
-            if not needs_multi_level_tiling(stage):
+            if not needs_multi_level_tiling(stage.op):
                 continue
             consumers = [s for s in schedule.stages if _reads(s, stage.name)]
             epilogue = None

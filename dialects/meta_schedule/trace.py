@@ -13,7 +13,7 @@ SampleComputeLocation                   ``decision`` indexes the loops around al
 GetConsumers / GetProducers             the blocks that read / are read by a block (an inlined block stands for its own)
 Split / Fuse / Reorder                  split (one factor may be None, or ``"None"`` as TVM writes it), fuse, reorder
 Parallel / Vectorize / Unroll           loop kinds
-Annotate (loop)                         ``pragma_auto_unroll_max_step`` unrolls as TVM's UnrollLoop (see :func:`auto_unroll`); other pragmas are hints
+Annotate (loop)                         ``pragma_auto_unroll_max_step`` unrolls as TVM's UnrollLoop (see :func:`lorien.engine.replay.auto_unroll`); other pragmas are hints
 Annotate / Unannotate (block)           ``meta_schedule.*`` hints, realized by the postprocessing instructions that follow them (listed in the replay's notes)
 ReverseComputeInline                    the consumer's stage takes the producer's loops and stands for its block (engine ``reverse_compute_inline``)
 CacheWrite                              the block computes into a cache stage; the returned block copies it out
@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.steps import Replay, auto_unroll
 from lorien.engine import te
+from lorien.engine.dag import ComputeDAG
+from lorien.engine.replay import Replay, auto_unroll
 from lorien.engine.schedule import ScheduleError, Stage, leaf_extents
 from lorien.errors import DialectError
 

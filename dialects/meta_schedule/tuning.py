@@ -4,10 +4,11 @@ on trace features (``lorien.search``: ``xgb`` with ``optimizer: evolution``), tr
 measured by the engine, records in MetaSchedule's form streamed out batch by batch.
 
 A job names a workload as the other dialects do (an op shorthand, or ``task_name`` and
-``args`` of one of the auto-scheduler's registered layer functions: dense, batch_matmul,
-conv2d NHWC/NCHW, depthwise); its MetaSchedule workload key is the structural hash of the
-DAG. Every record carries its workload entry (``[hash, {"lorien_dag": ...}]``), so it compiles
-and exports with nothing else at hand. The one tuning loop (:mod:`lorien.tune.loop`) resumes
+``args`` of a registered workload function such as the layers of
+:mod:`lorien.builtin_workloads`: dense, batch_matmul, conv2d NHWC/NCHW, depthwise); its
+MetaSchedule workload key is the structural hash of the DAG. Every record carries its
+workload entry (``[hash, {"lorien_dag": ...}]``), so it compiles and exports with nothing
+else at hand. The one tuning loop (:mod:`lorien.tune.loop`) resumes
 from the store's traces of the workload and commits batch by batch.
 """
 
@@ -16,16 +17,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from dialects.auto_scheduler import registry, workloads  # noqa: F401 - registers the built-in workloads
-from dialects.auto_scheduler.dag import ComputeDAG
-from dialects.auto_scheduler.tuning import job_workload_key, make_tuner
+import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
 from dialects.meta_schedule.compile import lorien_entry, measure_traces
 from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.space import TraceSpace
 from dialects.meta_schedule.workload import workload_key_of
+from lorien import workload_registry
 from lorien.engine.cpu import engine_target
+from lorien.engine.dag import ComputeDAG
 from lorien.record import TuningRecord
-from lorien.tune.job import TuneJob
+from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
 from lorien.tune.progress import TuneProgress
 
@@ -35,7 +36,7 @@ DIALECT = "meta_schedule"
 @functools.lru_cache(maxsize=16)
 def job_dag(registry_key: str) -> ComputeDAG:
     """The compute DAG of a registered workload (cached: one space per workload)."""
-    return registry.workload_dag(registry_key)
+    return workload_registry.workload_dag(registry_key)
 
 
 @functools.lru_cache(maxsize=16)
@@ -71,7 +72,7 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
                 for trace, r in zip(traces, results, strict=True)]
 
     return TuneContext(
-        workload_key=workload_key, task_name=task_name, space=space, tuner=make_tuner(job, space),
+        workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
         measure=lambda traces: measure_traces(dag, traces, job.measure, engine_target(target)),
         to_records=to_records, index_of=lambda record: None)
 

@@ -6,7 +6,7 @@ one block per computed buffer, each block with spatial and reduce iteration vari
 apart and adds, maxes or mins into the stored buffer). :func:`dag_of_module` reads such a
 function into Lorien's compute DSL, one compute op per block named after it, axes in block
 order, so a trace's block and loop names mean the same thing here. Lorien's own workloads
-(the auto-scheduler's registered layers) are keyed the MetaSchedule way by
+(the registered layer functions of :mod:`lorien.builtin_workloads`) are keyed the MetaSchedule way by
 :func:`workload_key_of`, a structural hash of their compute DAG.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from dialects.auto_scheduler.dag import ComputeDAG
 from lorien.engine import te
+from lorien.engine.dag import ComputeDAG
 from lorien.errors import WorkloadError
 from lorien.formats.tir import _Graph, _kind, decode_module
 

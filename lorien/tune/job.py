@@ -11,12 +11,16 @@ by that dialect (:attr:`lorien.dialect.Dialect.job_options`) and checked against
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lorien.dialect import JobOption
 from lorien.errors import ConfigError, DialectError
 
-__all__ = ["COMMON_KEYS", "JOB_DEFAULTS", "JobOption", "TuneJob", "check_common", "dialect_option_keys"]
+if TYPE_CHECKING:
+    from lorien.search.base import Tuner
+
+__all__ = ["COMMON_KEYS", "JOB_DEFAULTS", "TEMPLATE_FREE_XGB_DEFAULTS", "JobOption", "TuneJob", "check_common",
+           "dialect_option_keys", "job_workload_key", "template_free_tuner"]
 
 #: Every job gets these unless it says otherwise.
 JOB_DEFAULTS: dict[str, Any] = {
@@ -35,6 +39,9 @@ JOB_DEFAULTS: dict[str, Any] = {
 COMMON_KEYS = {"dialect", "target", "task_name", "args", "workload_key", "name", "tuner", "tuner_options",
                "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "weight", "models",
                "epilogue", "round"}
+#: Options the ``xgb`` tuner gets over a template-free space (auto-scheduler sketches,
+#: MetaSchedule traces) unless the job says otherwise: its model is searched by evolution.
+TEMPLATE_FREE_XGB_DEFAULTS: dict[str, Any] = {"optimizer": "evolution", "plan_size": 16, "weighted": True}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 
@@ -110,6 +117,26 @@ class TuneJob:
     def option(self, key: str) -> Any:
         """A dialect option of this job (its declared default when the job did not set it)."""
         return self.options[key]
+
+
+def job_workload_key(job: TuneJob) -> str:
+    """The key of a job's workload among the registered workload functions
+    (:mod:`lorien.workload_registry`): its ``workload_key``, or that of ``task_name`` + ``args``."""
+    if job.workload_key:
+        return job.workload_key
+    from lorien.workload_registry import make_workload_key
+
+    return make_workload_key(job.task_name, list(job.args))
+
+
+def template_free_tuner(job: TuneJob, space: Any) -> Tuner:
+    """The job's tuner over a template-free space (sketches, traces); ``xgb`` searches its model
+    by evolution (:data:`TEMPLATE_FREE_XGB_DEFAULTS`, unless the job's ``tuner_options`` say otherwise)."""
+    from lorien.search import create
+
+    options = ({**TEMPLATE_FREE_XGB_DEFAULTS, **job.tuner_options} if job.tuner == "xgb"
+               else dict(job.tuner_options))
+    return create(job.tuner, space, seed=job.seed, **options)
 
 
 def check_common(job: dict[str, Any], where: str) -> None:

@@ -1,5 +1,7 @@
-"""The compute DAG of an auto-scheduler workload: its ops in Ansor's stage order, FLOPs,
-layout, a structural hash, a JSON form, and a NumPy evaluation of the whole computation.
+"""The compute DAG of a computation in the engine's DSL: its ops in Ansor's stage order, FLOPs,
+layout, a structural hash, a JSON form, a NumPy evaluation of the whole computation, and
+which of its ops need multi-level tiling (:func:`needs_multi_level_tiling`). The dialects that
+schedule a DAG without templates (auto_scheduler steps, meta_schedule traces) share it.
 
 Ansor numbers stages by its own topological order of *all* ops, inputs included (TVM's
 ``TopoSortOps``: a depth-first walk from the I/O tensors gives each op a priority, then ops
@@ -9,7 +11,7 @@ those numbers, so a record replays only on a DAG with the same ops in the same o
 The DAG hash is Lorien's own: the MD5 of the canonical JSON of the DAG (:meth:`ComputeDAG.to_json`,
 keys sorted, no spaces). TVM hashes its printed DAG instead, so TVM's hashed keys cannot be
 recomputed here; such workloads are known only when someone registers their tensors under
-TVM's key (``registry.register_workload_tensors``).
+TVM's key (:func:`lorien.workload_registry.register_workload_tensors`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from lorien.engine import te
 from lorien.engine.reference import NUMPY_CALLS
 from lorien.engine.schedule import Schedule, create_schedule
 from lorien.errors import WorkloadError
-from lorien.workload import LAYOUT_NA, OPERATORS, infer_layout
+from lorien.workload import LAYOUT_NA, OPERATORS, infer_layout, json_workload_key
 
 
 def loads_in_order(expr: te.Expr) -> list[te.Load]:
@@ -63,6 +65,26 @@ def input_tensors(tensor: te.Tensor) -> list[te.Tensor]:
     for load in loads_in_order(tensor.op.body):
         seen.setdefault(load.tensor.name, load.tensor)
     return list(seen.values())
+
+
+def needs_multi_level_tiling(op: te.ComputeOp) -> bool:
+    """A reduction where some input misses a spatial loop (so a tile reuses what it loads)."""
+    if not op.reduce_axis:
+        return False
+    spatial = [iv for iv in op.axis if iv.extent > 1]
+    for tensor_loads in _loads_by_tensor(op.body).values():
+        used = {node for load in tensor_loads for index in load.indices for node in te.walk(index)
+                if isinstance(node, te.Var)}
+        if any(iv not in used for iv in spatial):
+            return True
+    return False
+
+
+def _loads_by_tensor(body: te.Expr) -> dict[str, list[te.Load]]:
+    found: dict[str, list[te.Load]] = {}
+    for load in loads_in_order(body):
+        found.setdefault(load.tensor.name, []).append(load)
+    return found
 
 
 def ansor_order(io_tensors: Sequence[te.Tensor]) -> list[te.Tensor]:
@@ -216,9 +238,7 @@ class ComputeDAG:
 
     def workload_key(self) -> str:
         """The hashed workload key ``[hash, *shapes of the I/O tensors]`` (TVM's form)."""
-        from dialects.auto_scheduler.keys import dump_key
-
-        return dump_key([self.hash_key(), *(d for t in self.io_tensors for d in t.shape)])
+        return json_workload_key([self.hash_key(), *(d for t in self.io_tensors for d in t.shape)])
 
     # ------------------------------------------------------------ NumPy evaluation
     def evaluate(self, *inputs: np.ndarray, budget: int = 1 << 22) -> list[np.ndarray]:

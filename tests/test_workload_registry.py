@@ -1,4 +1,5 @@
-"""The auto_scheduler workload registry: keys, tensors, Ansor's stage order, FLOPs, hashed DAGs."""
+"""The workload registry (lorien.workload_registry) and the built-in workloads: keys, tensors,
+Ansor's stage order, FLOPs, hashed DAGs, shorthands; and the auto_scheduler's TVM-named re-export."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 
-from dialects.auto_scheduler import registry, workloads
-from dialects.auto_scheduler.dag import ComputeDAG
+from lorien import builtin_workloads, workload_registry
 from lorien.dialect import get_dialect
 from lorien.engine import ops, reference, te
+from lorien.engine.dag import ComputeDAG
 from lorien.errors import DialectError, WorkloadError
 from lorien.formats import read_log
 
@@ -20,12 +21,12 @@ CONV_KEY = '["conv2d_layer", 1, 7, 7, 512, 512, 3, 3, [1, 1], [1, 1]]'
 
 
 def test_registered_function_gives_the_workload_key_tvm_writes():
-    assert registry.make_workload_key(workloads.matmul_add, (1024, 1024, 1024, "float32")) == MATMUL_KEY
-    assert registry.make_workload_key("conv2d_layer", [1, 7, 7, 512, 512, 3, 3, (1, 1), (1, 1)]) == CONV_KEY
+    assert workload_registry.make_workload_key(builtin_workloads.matmul_add, (1024, 1024, 1024, "float32")) == MATMUL_KEY
+    assert workload_registry.make_workload_key("conv2d_layer", [1, 7, 7, 512, 512, 3, 3, (1, 1), (1, 1)]) == CONV_KEY
 
 
 def test_workload_key_gives_back_the_input_and_output_tensors_in_order():
-    tensors = registry.workload_key_to_tensors(MATMUL_KEY)
+    tensors = workload_registry.workload_key_to_tensors(MATMUL_KEY)
     assert [t.name for t in tensors] == ["A", "B", "C", "out"]
     assert [t.shape for t in tensors] == [(1024, 1024)] * 4
 
@@ -36,25 +37,26 @@ def test_workload_key_gives_back_the_input_and_output_tensors_in_order():
 ])
 def test_stages_are_numbered_in_ansors_topological_order(key, stages):
     # TVM's logs name these stages by these numbers (matmul is stage 2, T_relu stage 6).
-    assert registry.workload_dag(key).stage_names == stages
+    assert workload_registry.workload_dag(key).stage_names == stages
 
 
 def test_flops_are_counted_from_the_dag_with_epilogues():
-    assert registry.workload_dag(MATMUL_KEY).flop() == 2.0 * 1024**3 + 1024**2
-    conv = registry.workload_dag(CONV_KEY)
+    assert workload_registry.workload_dag(MATMUL_KEY).flop() == 2.0 * 1024**3 + 1024**2
+    conv = workload_registry.workload_dag(CONV_KEY)
     assert conv.flop() == 2.0 * 512 * 7 * 7 * 512 * 9 + 2.0 * 512 * 7 * 7  # conv, then bias add and relu
     assert conv.layout() == "NCHW"
 
 
 def test_an_unregistered_function_name_is_an_error_naming_it():
-    with pytest.raises(registry.UnregisteredWorkloadError, match="'no_such_workload' is not registered"):
-        registry.workload_key_to_tensors('["no_such_workload", 1]')
+    with pytest.raises(workload_registry.UnregisteredWorkloadError, match="'no_such_workload' is not registered"):
+        workload_registry.workload_key_to_tensors('["no_such_workload", 1]')
 
 
 def test_a_dag_hash_nobody_registered_is_reported_with_its_hash_never_guessed():
     key = '["d7b65649a4dd54becea0a52aabbc5af5", 1, 1000, 1, 1000]'
-    with pytest.raises(registry.UnregisteredWorkloadError, match="d7b65649a4dd54becea0a52aabbc5af5.*register_workload_tensors"):
-        registry.workload_key_to_tensors(key)
+    with pytest.raises(workload_registry.UnregisteredWorkloadError,
+                       match="d7b65649a4dd54becea0a52aabbc5af5.*register_workload_tensors"):
+        workload_registry.workload_key_to_tensors(key)
 
 
 def _softmax_tensors(n: int = 6):
@@ -69,15 +71,15 @@ def _softmax_tensors(n: int = 6):
 
 
 def test_hashed_key_is_lorien_dag_hash_and_io_shapes_and_registers_tensors(monkeypatch):
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", dict(registry.WORKLOAD_FUNC_REGISTRY))
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", dict(workload_registry.WORKLOAD_FUNC_REGISTRY))
     dag = ComputeDAG(_softmax_tensors())
     key = dag.workload_key()
-    name, args = registry.parse_workload_key(key)
-    assert registry.is_hashed(name) and args == [2, 6, 2, 6]
+    name, args = workload_registry.parse_workload_key(key)
+    assert workload_registry.is_hashed(name) and args == [2, 6, 2, 6]
     assert ComputeDAG(_softmax_tensors()).workload_key() == key  # structural: fresh tensors, same hash
     assert ComputeDAG(_softmax_tensors(7)).workload_key() != key
-    registry.register_workload_tensors(key, dag.io_tensors)
-    assert [t.name for t in registry.workload_key_to_tensors(key)] == ["x", "out"]
+    workload_registry.register_workload_tensors(key, dag.io_tensors)
+    assert [t.name for t in workload_registry.workload_key_to_tensors(key)] == ["x", "out"]
 
 
 def test_dag_json_round_trips_to_the_same_hash_and_computes_the_same():
@@ -91,56 +93,64 @@ def test_dag_json_round_trips_to_the_same_hash_and_computes_the_same():
 
 
 def test_generic_numpy_evaluation_matches_the_operator_reference():
-    key = registry.make_workload_key("conv2d_nhwc_layer", [1, 6, 9, 9, 4, 3, 3, [2, 2], [1, 1], [1, 1], True, True,
+    key = workload_registry.make_workload_key("conv2d_nhwc_layer", [1, 6, 9, 9, 4, 3, 3, [2, 2], [1, 1], [1, 1], True, True,
                                                            "float32"])
     rng = np.random.default_rng(1)
     data, kernel, bias = (rng.standard_normal(t.shape).astype("float32")
-                          for t in registry.workload_key_to_tensors(key)[:3])
-    (generic,) = registry.workload_dag(key).evaluate(data, kernel, bias, budget=64)  # chunked reductions
-    expected = registry.reference_of(key)(data, kernel, bias)
+                          for t in workload_registry.workload_key_to_tensors(key)[:3])
+    (generic,) = workload_registry.workload_dag(key).evaluate(data, kernel, bias, budget=64)  # chunked reductions
+    expected = workload_registry.reference_of(key)(data, kernel, bias)
     np.testing.assert_allclose(generic, expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(expected, reference.conv2d_nhwc(data, kernel, 2, 1, bias=bias, relu=True), rtol=1e-6)
 
 
 def test_registry_saves_and_loads_functions_and_hashed_dags(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", dict(registry.WORKLOAD_FUNC_REGISTRY))
-    monkeypatch.setattr(registry, "REFERENCES", dict(registry.REFERENCES))
-    hashed = registry.register_workload_tensors(ComputeDAG(_softmax_tensors()).workload_key(), _softmax_tensors())
-    path = tmp_path / "registry.json"
-    written = registry.save_workload_func_registry(path)
-    registry.WORKLOAD_FUNC_REGISTRY.clear()
-    registry.REFERENCES.clear()
-    assert registry.load_workload_func_registry(path) == written
-    assert registry.WORKLOAD_FUNC_REGISTRY["matmul_add"] is workloads.matmul_add
-    assert registry.reference_of(CONV_KEY) is not None
-    assert registry.workload_dag(hashed).hash_key() == registry.parse_workload_key(hashed)[0]
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", dict(workload_registry.WORKLOAD_FUNC_REGISTRY))
+    monkeypatch.setattr(workload_registry, "REFERENCES", dict(workload_registry.REFERENCES))
+    hashed = workload_registry.register_workload_tensors(ComputeDAG(_softmax_tensors()).workload_key(), _softmax_tensors())
+    path = tmp_path / "workload_registry.json"
+    written = workload_registry.save_workload_func_registry(path)
+    workload_registry.WORKLOAD_FUNC_REGISTRY.clear()
+    workload_registry.REFERENCES.clear()
+    assert workload_registry.load_workload_func_registry(path) == written
+    assert workload_registry.WORKLOAD_FUNC_REGISTRY["matmul_add"] is builtin_workloads.matmul_add
+    assert workload_registry.reference_of(CONV_KEY) is not None
+    assert workload_registry.workload_dag(hashed).hash_key() == workload_registry.parse_workload_key(hashed)[0]
 
 
 def test_entries_serialize_as_plain_data_for_other_processes(monkeypatch):
-    name, entry = registry.serialize_workload_registry_entry(MATMUL_KEY)
-    assert (name, entry["function"]) == ("matmul_add", "dialects.auto_scheduler.workloads:matmul_add")
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", {})
-    registry.deserialize_workload_registry_entry(json.loads(json.dumps([name, entry])))
-    assert registry.workload_key_to_tensors(MATMUL_KEY)[-1].name == "out"
+    name, entry = workload_registry.serialize_workload_registry_entry(MATMUL_KEY)
+    assert (name, entry["function"]) == ("matmul_add", "lorien.builtin_workloads:matmul_add")
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", {})
+    workload_registry.deserialize_workload_registry_entry(json.loads(json.dumps([name, entry])))
+    assert workload_registry.workload_key_to_tensors(MATMUL_KEY)[-1].name == "out"
+
+
+def test_the_auto_scheduler_keeps_tvms_registry_names_as_the_core_registry():
+    from dialects.auto_scheduler import registry
+
+    for name in registry.__all__:
+        assert getattr(registry, name) is getattr(workload_registry, name), name
+    assert registry.make_workload_key(builtin_workloads.matmul_add, (1024, 1024, 1024, "float32")) == MATMUL_KEY
 
 
 def test_a_lambda_workload_cannot_be_serialized(monkeypatch):
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", dict(registry.WORKLOAD_FUNC_REGISTRY))
-    registry.register_workload("lambda_workload", lambda n: [te.placeholder((n,), name="a")])
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", dict(workload_registry.WORKLOAD_FUNC_REGISTRY))
+    workload_registry.register_workload("lambda_workload", lambda n: [te.placeholder((n,), name="a")])
     with pytest.raises(WorkloadError, match="cannot be serialized"):
-        registry.serialize_workload_registry_entry('["lambda_workload", 4]')
+        workload_registry.serialize_workload_registry_entry('["lambda_workload", 4]')
 
 
 def test_registering_another_function_under_a_taken_name_needs_override(monkeypatch):
-    monkeypatch.setattr(registry, "WORKLOAD_FUNC_REGISTRY", dict(registry.WORKLOAD_FUNC_REGISTRY))
+    monkeypatch.setattr(workload_registry, "WORKLOAD_FUNC_REGISTRY", dict(workload_registry.WORKLOAD_FUNC_REGISTRY))
 
     def matmul_add(n):
         return [ops.matmul(te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b"))]
 
     with pytest.raises(WorkloadError, match="already registered"):
-        registry.register_workload(matmul_add)
-    registry.register_workload(matmul_add, override=True)
-    assert registry.WORKLOAD_FUNC_REGISTRY["matmul_add"] is matmul_add
+        workload_registry.register_workload(matmul_add)
+    workload_registry.register_workload(matmul_add, override=True)
+    assert workload_registry.WORKLOAD_FUNC_REGISTRY["matmul_add"] is matmul_add
 
 
 def test_ingested_logs_know_flops_of_registered_workloads_and_warn_only_for_unregistered(shared_data, caplog,
@@ -178,7 +188,7 @@ def test_dialect_expands_shorthands_to_registered_workloads():
 
 
 @pytest.mark.parametrize(("op", "params", "message"), [
-    ("conv2d", {"C": 4, "H": 8, "W": 8, "K": 4, "layout": "NCHWc"}, "tunes layouts"),
+    ("conv2d", {"C": 4, "H": 8, "W": 8, "K": 4, "layout": "NCHWc"}, "have layouts"),
     ("dense", {"M": 1, "N": 10, "K": 8, "relu": "yes"}, "relu must be true or false"),
     ("dense", {"M": 1, "N": 10}, "missing"),
     ("softmax", {}, "unknown op shorthand 'softmax'"),
@@ -192,6 +202,6 @@ def test_conv2d_shorthand_takes_four_paddings_and_refuses_groups():
     dialect = get_dialect("auto_scheduler")
     name, args = dialect.expand_workload("conv2d", {"C": 4, "H": 7, "W": 7, "K": 8, "padding": [1, 0, 2, 1]})
     assert args[8] == [1, 0, 2, 1]
-    assert registry.workload_key_to_tensors(dialect.workload_key(name, args))[-1].shape == (1, 8, 6, 8)
+    assert workload_registry.workload_key_to_tensors(dialect.workload_key(name, args))[-1].shape == (1, 8, 6, 8)
     with pytest.raises(DialectError, match="groups=2: no grouped convolution"):
         dialect.expand_workload("conv2d", {"C": 4, "H": 7, "W": 7, "K": 8, "groups": 2})

@@ -1,4 +1,5 @@
-"""Workloads registered with the dialect, and the tuning-YAML op shorthands that name them.
+"""The built-in workload functions (:mod:`lorien.workload_registry`), and the tuning-YAML op
+shorthands that name them. Importing this module registers them.
 
 ``matmul_add`` and ``conv2d_layer`` are TVM's tutorial workloads, with the same arguments
 and the same ops in the same order (so the steps of TVM's logs replay on them). The
@@ -22,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from dialects.auto_scheduler.registry import register_workload
 from lorien.engine import ops, reference, te
 from lorien.errors import DialectError, WorkloadError
 from lorien.workload import pad4, shorthand_pair, shorthand_params
+from lorien.workload_registry import register_workload
 
 # ---------------------------------------------------------------- TVM's tutorial workloads
 
@@ -210,7 +211,7 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
             raise DialectError(f"conv2d: groups={p['groups']}: no grouped convolution workload yet (a depthwise "
                                "convolution, groups == C, is depthwise_conv2d)")
         if p["layout"] not in CONV2D_LAYOUTS:
-            raise DialectError(f"conv2d: the auto_scheduler dialect tunes layouts {sorted(CONV2D_LAYOUTS)}, "
+            raise DialectError(f"conv2d: the built-in conv2d workloads have layouts {sorted(CONV2D_LAYOUTS)}, "
                                f"got {p['layout']!r}")
         kh, kw = shorthand_pair(p["kernel"], "kernel")
         return CONV2D_LAYOUTS[p["layout"]], [
