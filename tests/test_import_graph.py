@@ -24,7 +24,9 @@ The layers of ``lorien/``, lowest first; a module may import its own layer and t
 
 The rule is checked for the four lower layers. ``lorien/`` never imports ``dialects`` by
 name (statically or through ``importlib.import_module("dialects...")``): dialects are
-found through the ``lorien.dialects`` entry points only.
+found through the ``lorien.dialects`` entry points only. No dialect package imports another
+one (``dialects/meta_schedule`` nothing of ``dialects/auto_scheduler``, and so on): code two
+dialects share lives in ``lorien/``, so each dialect ships, and can be removed, on its own.
 """
 
 from __future__ import annotations
@@ -140,6 +142,13 @@ def layer_of(module: str) -> int:
     return len(LAYERS)
 
 
+def dialect_package(module: str) -> str | None:
+    """The dialect package a module belongs to (``dialects.auto_scheduler`` of
+    ``dialects.auto_scheduler.steps``); None outside one."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "dialects" and len(parts) > 1 else None
+
+
 def _describe(graph: dict[str, dict[str, int]], component: list[str]) -> str:
     members = set(component)
     edges = [f"{FILES[a].relative_to(ROOT)}:{line} -> {FILES[b].relative_to(ROOT)}"
@@ -151,6 +160,9 @@ def test_the_import_graph_sees_the_known_edges():
     graph = import_graph()
     assert "lorien.formats.base" in graph["lorien.formats"]
     assert "lorien.dialect" in graph["dialects.autotvm.dialect"]
+    assert "lorien.engine.dag" in graph["dialects.meta_schedule.trace"]
+    assert dialect_package("dialects.meta_schedule.trace") == "dialects.meta_schedule"
+    assert dialect_package("dialects") is None and dialect_package("lorien.engine.dag") is None
 
 
 def test_no_file_of_lorien_or_dialects_is_in_an_import_circle():
@@ -183,3 +195,11 @@ def test_lorien_never_imports_the_dialects_package_by_name():
                  if module.split(".")[0] == "lorien"
                  for node in ast.walk(ast.parse(path.read_text())) if _imports_dialects(node)]
     assert offenders == []
+
+
+def test_no_dialect_package_imports_another_dialect_package():
+    offenders = [f"{FILES[module].relative_to(ROOT)}:{line} imports {imported}"
+                 for module, edges in import_graph().items() if dialect_package(module)
+                 for imported, line in edges.items()
+                 if dialect_package(imported) not in (None, dialect_package(module))]
+    assert offenders == [], "code dialects share belongs in lorien/:\n  " + "\n  ".join(offenders)
