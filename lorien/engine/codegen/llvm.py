@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import threading
+from typing import Any
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -209,83 +210,15 @@ class LLVMRenderer:
         return self.values[i]
 
     def render_uop(self, i: int, u: UOp, loops: list) -> None:
-        b, ty = self.b, vtype(u.dtype, u.lanes)
-        src = [self.values[s] for s in u.src] if u.op not in ("ENDLOOP", "ENDIF") else []
-        if u.op == "ARG":
-            self.values[i] = self.f.fn.args[u.arg[0]]
-        elif u.op == "ALLOC":
-            name, size, scope = u.arg
-            if scope == "global":
-                alloc = self.extern("lorien_alloc", PTR, [I64])
-                nbytes = size * ITEMSIZE[u.dtype]
-                self.values[i] = b.call(alloc, [ir.Constant(I64, nbytes)])
-            else:
-                slot = self.f.allocas.alloca(ir.ArrayType(DTYPES[u.dtype], size), name=name.replace(".", "_"))
-                slot.align = 64
-                self.values[i] = _opaque(self.f.allocas, slot)
-        elif u.op == "FREE":
-            b.call(self.extern("lorien_free", ir.VoidType(), [PTR]), [self.values[u.src[0]]])
-        elif u.op == "CONST":
-            elem = DTYPES[u.dtype]
-            if u.lanes == 1:
-                self.values[i] = ir.Constant(elem, u.arg)
-            else:
-                self.values[i] = ir.Constant(ty, [ir.Constant(elem, v) for v in u.arg])
-        elif u.op == "LOOP":
-            pre = b.block
-            header = self.f.fn.append_basic_block(f"loop_{u.arg[0].replace('.', '_')}")
-            b.branch(header)
-            b.position_at_end(header)
-            phi = b.phi(I64, name=u.arg[0].replace(".", "_"))
-            phi.add_incoming(ir.Constant(I64, 0), pre)
-            self.values[i] = phi
-            loops.append((phi, ir.Constant(I64, u.arg[1])))
-        elif u.op == "ENDLOOP":
-            self.close_loop(*loops.pop())
-        elif u.op == "IF":
-            then, after = self.f.fn.append_basic_block("then"), self.f.fn.append_basic_block("endif")
-            b.cbranch(src[0], then, after)
-            b.position_at_end(then)
-            loops.append(after)
-        elif u.op == "ENDIF":
-            after = loops.pop()
-            b.branch(after)
-            b.position_at_end(after)
-        elif u.op == "LOAD":
-            ptr = b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
-            if len(src) == 3:
-                mask_ty = ir.VectorType(I1, u.lanes)
-                masked = self.extern(f"llvm.masked.load.{_mangle(ty)}.p0", ty, [PTR, I32, mask_ty, ty])
-                zero = ir.Constant(ty, None)
-                self.values[i] = b.call(masked, [ptr, ir.Constant(I32, 4), src[2], zero])
-            else:
-                self.values[i] = b.load(ptr, typ=ty, align=4)
-        elif u.op == "STORE":
-            ptr = b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
-            b.store(src[2], ptr, align=4)
-        elif u.op == "ALU":
-            operand_dtype = self.p.uops[u.src[-1]].dtype if u.arg == "where" else self.p.uops[u.src[0]].dtype
-            if u.arg == "where":
-                self.values[i] = b.select(*src)
-            else:
-                table = FLOAT_ALU if operand_dtype in FLOATS else INT_ALU
-                self.values[i] = table[u.arg](self, *src)
-        elif u.op == "CAST":
-            s = self.p.uops[u.src[0]]
-            self.values[i] = _cast(self, src[0], s.dtype, u.dtype, ty)
-        elif u.op == "BROADCAST":
-            undef = ir.Constant(ty, ir.Undefined)
-            first = b.insert_element(undef, src[0], ir.Constant(I32, 0))
-            self.values[i] = b.shuffle_vector(first, undef, ir.Constant(ir.VectorType(I32, u.lanes), [0] * u.lanes))
-        elif u.op == "VECTOR":
-            vec = ir.Constant(ty, ir.Undefined)
-            for lane, part in enumerate(src):
-                vec = b.insert_element(vec, part, ir.Constant(I32, lane))
-            self.values[i] = vec
-        elif u.op == "EXTRACT":
-            self.values[i] = b.extract_element(src[0], ir.Constant(I32, u.arg))
-        else:
+        """Emit uop ``i``: one row of :data:`UOP_RULES`, handed the uop, its operands' values, its
+        LLVM type and the stack of open loops and conditionals; its result (if any) is kept."""
+        rule = UOP_RULES.get(u.op)
+        if rule is None:
             raise ValueError(f"LLVM renderer: unknown uop {u.op!r} at %{i}")
+        src = [self.values[s] for s in u.src] if u.op not in ("ENDLOOP", "ENDIF") else []
+        value = rule(self, u, src, vtype(u.dtype, u.lanes), loops)
+        if value is not None:
+            self.values[i] = value
 
     def close_loop(self, phi, extent) -> None:
         b = self.b
@@ -437,3 +370,99 @@ def load_object(obj: bytes, fn_name: str) -> int:
             engine.finalize_object()
             cache[key] = engine.get_function_address(fn_name)
         return cache[key]
+
+
+# ---- one row per uop: (renderer, uop, operand values, LLVM type, open loops) -> value or None ----
+
+def _alloc(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    name, size, scope = u.arg
+    if scope == "global":
+        alloc = r.extern("lorien_alloc", PTR, [I64])
+        return r.b.call(alloc, [ir.Constant(I64, size * ITEMSIZE[u.dtype])])
+    slot = r.f.allocas.alloca(ir.ArrayType(DTYPES[u.dtype], size), name=name.replace(".", "_"))
+    slot.align = 64
+    return _opaque(r.f.allocas, slot)
+
+
+def _free(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
+    r.b.call(r.extern("lorien_free", ir.VoidType(), [PTR]), src)
+
+
+def _const(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    elem = DTYPES[u.dtype]
+    return ir.Constant(elem, u.arg) if u.lanes == 1 else ir.Constant(ty, [ir.Constant(elem, v) for v in u.arg])
+
+
+def _loop(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    pre = r.b.block
+    header = r.f.fn.append_basic_block(f"loop_{u.arg[0].replace('.', '_')}")
+    r.b.branch(header)
+    r.b.position_at_end(header)
+    phi = r.b.phi(I64, name=u.arg[0].replace(".", "_"))
+    phi.add_incoming(ir.Constant(I64, 0), pre)
+    loops.append((phi, ir.Constant(I64, u.arg[1])))
+    return phi
+
+
+def _if(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
+    then, after = r.f.fn.append_basic_block("then"), r.f.fn.append_basic_block("endif")
+    r.b.cbranch(src[0], then, after)
+    r.b.position_at_end(then)
+    loops.append(after)
+
+
+def _endif(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
+    after = loops.pop()
+    r.b.branch(after)
+    r.b.position_at_end(after)
+
+
+def _load(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    ptr = r.b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
+    if len(src) == 3:  # masked
+        masked = r.extern(f"llvm.masked.load.{_mangle(ty)}.p0", ty, [PTR, I32, ir.VectorType(I1, u.lanes), ty])
+        return r.b.call(masked, [ptr, ir.Constant(I32, 4), src[2], ir.Constant(ty, None)])
+    return r.b.load(ptr, typ=ty, align=4)
+
+
+def _store(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
+    r.b.store(src[2], r.b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype]), align=4)
+
+
+def _alu(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    if u.arg == "where":
+        return r.b.select(*src)
+    table = FLOAT_ALU if r.p.uops[u.src[0]].dtype in FLOATS else INT_ALU
+    return table[u.arg](r, *src)
+
+
+def _broadcast(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    undef = ir.Constant(ty, ir.Undefined)
+    first = r.b.insert_element(undef, src[0], ir.Constant(I32, 0))
+    return r.b.shuffle_vector(first, undef, ir.Constant(ir.VectorType(I32, u.lanes), [0] * u.lanes))
+
+
+def _vector(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
+    vec = ir.Constant(ty, ir.Undefined)
+    for lane, part in enumerate(src):
+        vec = r.b.insert_element(vec, part, ir.Constant(I32, lane))
+    return vec
+
+
+UOP_RULES: dict[str, Any] = {
+    "ARG": lambda r, u, src, ty, loops: r.f.fn.args[u.arg[0]],
+    "ALLOC": _alloc,
+    "FREE": _free,
+    "CONST": _const,
+    "LOOP": _loop,
+    "ENDLOOP": lambda r, u, src, ty, loops: r.close_loop(*loops.pop()),
+    "IF": _if,
+    "ENDIF": _endif,
+    "LOAD": _load,
+    "STORE": _store,
+    "ALU": _alu,
+    "CAST": lambda r, u, src, ty, loops: _cast(r, src[0], r.p.uops[u.src[0]].dtype, u.dtype, ty),
+    "BROADCAST": _broadcast,
+    "VECTOR": _vector,
+    "EXTRACT": lambda r, u, src, ty, loops: r.b.extract_element(src[0], ir.Constant(I32, u.arg)),
+}
