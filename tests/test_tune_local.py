@@ -4,6 +4,7 @@ warehouse uses the best record or says it fell back."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def test_records_that_do_not_fit_the_jobs_space_are_refused_naming_them(shared_d
     foreign = read_log(shared_data / "tophub" / "llvm_v0.04.log").records[0]
     with pytest.raises(DialectError, match=f"record {foreign.record_id} of dense_pack.x86 does not fit its search"):
         tune_job(RESUME_JOB, None, commit=False, resume=[foreign])
+
+
+def test_another_jobs_record_that_does_not_fit_the_space_is_known_but_not_an_error(store_uri):
+    measured = tune_job(RESUME_JOB, None, commit=False).records[0]
+    entity = json.loads(measured.config)
+    entity["entity"][0][2] = [-1, 999, 1]  # no split of this workload's extent
+    older = measured.with_changes(config=json.dumps(entity), source="an older template's run", record_id="")
+    with open_store(store_uri) as store:
+        store.commit([older])
+    progress = tune_job({**RESUME_JOB, "seed": 3}, store_uri)
+    assert progress.trials == RESUME_JOB["trials"] and progress.resumed == 0 and progress.errors == 0
 
 
 def test_lorien_tune_killed_mid_workload_resumes_where_it_stopped(tmp_path, store_uri):

@@ -131,7 +131,9 @@ def replay_history(context: TuneContext, progress: TuneProgress, history: Sequen
                    resume: Sequence[TuningRecord], batch_size: int) -> dict[bytes, Any]:
     """Replay stored records into the tuner, oldest first, in batches as they were measured:
     their points are never proposed again and the tuner learns from them. This job's own
-    earlier measurements (``resume``) count as trials; the others are known but cost nothing.
+    earlier measurements (``resume``) count as trials (one that does not fit the space is an
+    error naming it); the others are known but cost nothing (one that does not fit the space,
+    e.g. measured with an older template, is only never measured again).
     Returns every known config's result by its key (what the loop never measures again)."""
     own = {context.record_key(record) for record in resume}
     measured: dict[bytes, Any] = {}
@@ -145,6 +147,9 @@ def replay_history(context: TuneContext, progress: TuneProgress, history: Sequen
         try:
             points[key] = context.index_of(record)
         except DialectError as exc:
+            if key not in own:  # another job's record (an older template, an ingested log): known, not a point
+                points[key] = None
+                continue
             raise DialectError(f"record {record.record_id} of {context.task_name} does not fit its search space "
                                f"({exc}); was the workload's space changed since it was measured?") from None
         if points[key] is not None and points[key] not in context.tuner.visited:
