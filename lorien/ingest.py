@@ -166,7 +166,7 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
         with flop_warnings_counted_by_caller():
             transaction = getattr(store, "transaction", None)
             if transaction is not None:
-                with transaction(nbest, publish_each_batch=not strict) as commit:
+                with transaction(nbest, publish_each_batch=not strict, merge_rows=batch_size) as commit:
                     ingest_all(commit.add, store.put_workloads)
             else:
                 if strict:  # validate every line before committing any

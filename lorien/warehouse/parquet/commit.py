@@ -7,13 +7,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import pyarrow as pa
 
 from lorien.errors import StoreError
 from lorien.record import TuningRecord
 from lorien.warehouse.base import CommitResult
 from lorien.warehouse.parquet.files import LocalFiles, S3Files
+from lorien.warehouse.parquet.ids import RecordIds
 from lorien.warehouse.parquet.layout import (
     DEFAULT_NBEST,
     PARTITION_COLUMNS,
@@ -50,15 +50,15 @@ class CommitHost(Protocol):
     """What a commit needs of the store it publishes into (a :class:`ParquetStore`)."""
 
     _files: LocalFiles | S3Files
-    _known_ids: set[str]
+    _known_ids: RecordIds
 
-    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]: ...
+    def _known_record_ids(self, remove_abandoned: bool = False) -> RecordIds: ...
 
     def _publish_commit(self, serving: list[PendingFile], records: list[PendingFile]) -> list[str]: ...
 
     def _invalidate(self) -> None: ...
 
-    def _merge_serving(self, target_key: str) -> None: ...
+    def _merge_serving(self, target_key: str, merge_rows: int | None = None) -> None: ...
 
 
 class ParquetCommit:
@@ -66,19 +66,23 @@ class ParquetCommit:
 
     With ``publish_each_batch`` (the default for :meth:`ParquetStore.commit`) each batch is
     published as soon as it is written, as a commit of its own, which keeps memory bounded for
-    long ingests. Either way, what is published together becomes visible together.
+    long ingests. Either way, what is published together becomes visible together. A serving
+    merge that follows a batch reads at most ``merge_rows`` rows (default
+    :data:`SERVING_MERGE_ROWS`), so that it costs no more memory than the batches do.
     """
 
-    def __init__(self, store: CommitHost, nbest: int | None, publish_each_batch: bool):
+    def __init__(self, store: CommitHost, nbest: int | None, publish_each_batch: bool,
+                 merge_rows: int | None = None):
         if nbest is not None and nbest < 1:
             raise StoreError(f"nbest must be a positive number of records, got {nbest!r}")
         self.store = store
         self.nbest = DEFAULT_NBEST if nbest is None else nbest
         self.publish_each_batch = publish_each_batch
+        self.merge_rows = merge_rows
         self.result = CommitResult()
         self._pending_records: list[PendingFile] = []
         self._pending_serving: list[PendingFile] = []
-        self._unpublished_ids: set[str] = set()
+        self._unpublished_ids = RecordIds()
         self._known = store._known_record_ids(remove_abandoned=True)
         # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
         self._direct = publish_each_batch and not store._files.is_local
@@ -89,17 +93,11 @@ class ParquetCommit:
         table = conform(records)
         batch = CommitResult(received=table.num_rows)
         table = dedupe(table)
-        ids = table.column("record_id").to_pylist()
-        known, unpublished = self._known, self._unpublished_ids
-        if known.isdisjoint(ids) and unpublished.isdisjoint(ids):  # the usual case, checked in C
-            fresh = None
-        else:
-            fresh = np.fromiter((rid not in known and rid not in unpublished for rid in ids), dtype=bool,
-                                count=len(ids))
-        if fresh is not None and not fresh.all():
+        ids = table.column("record_id")
+        fresh = self._known.fresh(ids) & self._unpublished_ids.fresh(ids)
+        if not fresh.all():
             table = table.filter(pa.array(fresh))
-            ids = [rid for rid, keep in zip(ids, fresh, strict=True) if keep]
-        unpublished.update(ids)
+        self._unpublished_ids.update(table.column("record_id"))
         batch.stored = table.num_rows
         batch.duplicates = batch.received - batch.stored
         if table.num_rows:
@@ -170,7 +168,7 @@ class ParquetCommit:
         self._unpublished_ids.clear()
         self.store._invalidate()
         for target_key in sorted(touched):
-            self.store._merge_serving(target_key)
+            self.store._merge_serving(target_key, self.merge_rows)
         return published
 
     def finish(self) -> CommitResult:
