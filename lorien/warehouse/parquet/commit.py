@@ -7,6 +7,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from lorien.errors import StoreError
@@ -40,6 +41,9 @@ class PendingFile:
     row_group_size: int | None = None
     writing: Future | None = None
 
+
+#: A column numbering the rows of a batch whose parts are counted apart (never written).
+_ROW = "__row"
 
 #: Threads that write a batch's staged files while the committing thread prepares its other
 #: files (Arrow encodes and compresses without the GIL); they end with the batch.
@@ -88,15 +92,23 @@ class ParquetCommit:
         self._direct = publish_each_batch and not store._files.is_local
         self._writers: ThreadPoolExecutor | None = None
 
-    def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
-        """Write one batch; returns the counts of this batch."""
+    def add(self, records: Iterable[TuningRecord] | pa.Table, parts: list[int] | None = None) -> CommitResult:
+        """Write one batch; returns the counts of this batch. ``parts`` (row counts that add up
+        to the batch: the logs it came from) asks for the stored count of each part as well."""
         table = conform(records)
         batch = CommitResult(received=table.num_rows)
+        if parts is not None:
+            table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
         table = dedupe(table)
         ids = table.column("record_id")
         fresh = self._known.fresh(ids) & self._unpublished_ids.fresh(ids)
         if not fresh.all():
             table = table.filter(pa.array(fresh))
+        if parts is not None:
+            kept_rows = table.column(_ROW).to_numpy()
+            part_of_row = np.searchsorted(np.cumsum(parts), kept_rows, side="right")
+            batch.stored_per_part = np.bincount(part_of_row, minlength=len(parts)).tolist()
+            table = table.drop_columns([_ROW])
         self._unpublished_ids.update(table.column("record_id"))
         batch.stored = table.num_rows
         batch.duplicates = batch.received - batch.stored
