@@ -138,13 +138,18 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
     ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
     file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
-    committed. ``on_file(report, files_in_all)`` is called as each file is done (progress).
+    committed. Records are committed ``batch_size`` at a time as they are decoded, whichever
+    logs they come from; memory grows with ``batch_size``, not with the logs (the store's
+    record ids aside: 16 bytes each). ``on_file(report, files_in_all)`` is called as each file
+    is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one.
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
 
+    if batch_size < 1:
+        raise LorienError(f"batch size must be a positive number of records, got {batch_size!r}")
     if format is not None and format != "auto":
         codec_of(format)  # UnknownFormatError names the known formats
     chosen_format = None if format in (None, "auto") else format
