@@ -33,8 +33,15 @@ peak memory is its own), then:
 
 The last line is ``records=... ingest_rps=... best_p50_ms=... best_p99_ms=... index_build_s=...
 cold_query_s=... duckdb_p50_ms=... duckdb_cold_s=... vs_duckdb_warm=... vs_duckdb_cold=...
-pandas_p50_ms=... pandas_load_s=... pandas_index_s=... vs_pandas_indexed_warm=...``; each
-``vs_*`` is the baseline's time / Lorien's (> 1: Lorien is faster). Every answer is checked
+pandas_p50_ms=... pandas_load_s=... pandas_index_s=... vs_pandas_indexed_warm=...
+ingest_peak_rss_mib=... ingest_rss_growth=...`` (and ``tenset_tree_vs_one_log=...`` with
+``--tenset-files``); each ``vs_*`` is the baseline's time / Lorien's (> 1: Lorien is faster).
+``ingest_rss_growth`` is the ingest's peak RSS at N records over its peak RSS at
+``--rss-reference`` records (1,000,000 by default; a second ingest in the same invocation when N
+is larger, 1.00 otherwise). With ``--tenset-files F`` a tree laid out as TenSet's measure
+records (F auto-scheduler logs of ``--tenset-lines`` lines, one per task and platform, made from
+../shared/data/ansor with DAG-hashed keys) is ingested and timed against one log of the same
+lines. Every answer is checked
 against Lorien's (the same best cost).
 """
 
@@ -180,6 +187,67 @@ def write_synthetic_log(path: Path, records: int, seed: int = 0) -> int:
                 out.write(json.dumps(varied).encode() + b"\n")  # TVM writes json.dumps lines
                 written += 1
     return workloads
+
+
+TENSET_PLATFORMS = ("llvm -mcpu=skylake-avx512", "llvm -mcpu=core-avx2", "cuda -model=t4")
+
+
+def write_tenset_tree(root: Path, files: int, lines_per_file: int, data: Path = SHARED_DATA, seed: int = 0) -> int:
+    """A directory laid out as TenSet's measure records: ``<platform>/([<dag hash>,<args>],<target>).json``,
+    one auto-scheduler log per task and platform, made from the real lines in ``data/ansor`` (each
+    file its own DAG hash, its lines varied in cost and timestamp). Returns the records written."""
+    rng = random.Random(seed)
+    base = [orjson.loads(line) for path in sorted((data / "ansor").glob("*.json"))
+            for line in path.read_bytes().splitlines() if line.strip() and not line.lstrip().startswith(b"#")]
+    for number in range(files):
+        line = base[number % len(base)]
+        target = TENSET_PLATFORMS[number % len(TENSET_PLATFORMS)]
+        key = orjson.loads(line["i"][0][0])
+        key[0] = f"{rng.getrandbits(128):032x}"
+        directory = root / target.split()[0] / target.split()[-1].split("=")[-1]
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"([{','.join(str(part) for part in key)}],{target.split()[0]}).json"
+        with open(directory / name, "wb") as out:
+            for index in range(lines_per_file):
+                varied = dict(line)
+                varied["i"] = [[json.dumps(key), target, *line["i"][0][2:]], line["i"][1]]
+                costs, error_no, all_cost, timestamp = line["r"]
+                varied["r"] = [[cost * (1 + rng.random()) for cost in costs], error_no, all_cost, timestamp + index]
+                out.write(orjson.dumps(varied) + b"\n")
+    return files * lines_per_file
+
+
+def ingest_child(log: Path, store_dir: Path, nbest: int, keep: bool = False) -> dict:
+    """Ingest a log into a fresh parquet store in a child process (its peak RSS its own)."""
+    shutil.rmtree(store_dir, ignore_errors=True)
+    child = subprocess.run([sys.executable, "-c", INGEST_CHILD, str(log), f"parquet:{store_dir}", str(nbest)],
+                           capture_output=True, text=True, check=True)
+    if not keep:
+        shutil.rmtree(store_dir, ignore_errors=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def tenset_rates(workdir: Path, files: int, lines_per_file: int, nbest: int) -> dict:
+    """Ingest rate of a TenSet-like tree of ``files`` logs against one log of the same lines."""
+    tree = workdir / "tenset-tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    records = write_tenset_tree(tree, files, lines_per_file)
+    single = workdir / "tenset-one.json"
+    with open(single, "wb") as out:
+        for path in sorted(tree.rglob("*.json")):
+            out.write(path.read_bytes())
+    rates = {}
+    for name, source in (("tree", tree), ("one_log", single)):
+        result = ingest_child(source, workdir / f"tenset-warehouse-{name}", nbest)
+        assert result["records"] == records and not result["errors"], result
+        rates[name] = result
+    shutil.rmtree(tree, ignore_errors=True)
+    single.unlink()
+    tree_rps, one_rps = (records / rates[name]["seconds"] for name in ("tree", "one_log"))
+    print(f"TenSet layout: {files:,} files x {lines_per_file} lines: {tree_rps:,.0f} records/s "
+          f"(peak RSS {rates['tree']['peak_rss_mib']:.0f} MiB); the same lines as one log {one_rps:,.0f} records/s "
+          f"(peak RSS {rates['one_log']['peak_rss_mib']:.0f} MiB); tree / one log {tree_rps / one_rps:.2f}")
+    return {"tree_rps": tree_rps, "one_log_rps": one_rps}
 
 
 def duckdb_baseline(root: Path, glob: str, queries: list[tuple[str, str]], expected: dict, cold_runs: int) -> dict:
@@ -415,6 +483,13 @@ def main() -> int:
                         help="records of the MetaSchedule database for the TVM baseline "
                              "(default 20,000; 2,000 with --quick)")
     parser.add_argument("--workdir", help="keep the log and store here (default: a temporary directory)")
+    parser.add_argument("--rss-reference", type=int, default=1_000_000,
+                        help="records of the reference ingest for ingest_rss_growth (peak RSS at --records / "
+                             "peak RSS at this size; run in the same invocation when --records is larger)")
+    parser.add_argument("--tenset-files", type=int, default=0,
+                        help="also time a TenSet-like tree of this many auto-scheduler logs against one log of "
+                             "the same lines (0: skip)")
+    parser.add_argument("--tenset-lines", type=int, default=500, help="lines per log of the TenSet-like tree")
     options = parser.parse_args()
     records = options.records or (50_000 if options.quick else 1_000_000)
     tvm_records = options.tvm_records or (2_000 if options.quick else 20_000)
@@ -430,10 +505,7 @@ def main() -> int:
         print(f"synthetic log: {records:,} records, {workloads:,} workloads, "
               f"{log_path.stat().st_size / 2**20:.0f} MiB, made in {time.perf_counter() - started:.1f} s")
 
-        shutil.rmtree(store_dir, ignore_errors=True)
-        child = subprocess.run([sys.executable, "-c", INGEST_CHILD, str(log_path), store_uri, str(options.nbest)],
-                               capture_output=True, text=True, check=True)
-        ingest = json.loads(child.stdout.strip().splitlines()[-1])
+        ingest = ingest_child(log_path, store_dir, options.nbest, keep=True)
         ingest_rps = ingest["records"] / ingest["seconds"]
         workers_rss = ingest["peak_rss_workers_mib"]
         print(f"ingest: {ingest['records']:,} records ({ingest['stored']:,} stored, {ingest['errors']} bad) "
@@ -441,6 +513,18 @@ def main() -> int:
               f"{ingest['records'] / ingest['cpu_s']:,.0f} records per CPU second (decoding workers included), "
               f"peak RSS {ingest['peak_rss_mib']:.0f} MiB"
               + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else ""))
+        reference_rss = ingest["peak_rss_mib"]
+        if records > options.rss_reference:
+            reference_log = workdir / f"synthetic-{options.rss_reference}.log"
+            write_synthetic_log(reference_log, options.rss_reference)
+            reference = ingest_child(reference_log, workdir / "reference-warehouse", options.nbest)
+            reference_log.unlink()
+            reference_rss = reference["peak_rss_mib"]
+            print(f"reference ingest: {reference['records']:,} records, "
+                  f"{reference['records'] / reference['seconds']:,.0f} records/s wall, peak RSS {reference_rss:.0f} MiB")
+        rss_growth = ingest["peak_rss_mib"] / reference_rss
+        tenset = tenset_rates(workdir, options.tenset_files, options.tenset_lines, options.nbest) \
+            if options.tenset_files else None
         split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, str(log_path), str(workdir / "split-store"),
                                 str(options.nbest)], capture_output=True, text=True, check=True)
         split = json.loads(split.stdout.strip().splitlines()[-1])
@@ -504,7 +588,9 @@ def main() -> int:
               f"duckdb_p50_ms={duckdb['p50_ms']:.3f} duckdb_cold_s={duckdb_cold_s:.3f} "
               f"vs_duckdb_warm={vs_duckdb:.1f} vs_duckdb_cold={duckdb_cold_s / cold_query_s:.2f} "
               f"pandas_p50_ms={pandas['p50_ms']:.3f} pandas_load_s={pandas['load_s']:.2f} "
-              f"pandas_index_s={pandas['index_s']:.2f} vs_pandas_indexed_warm={vs_pandas:.1f}")
+              f"pandas_index_s={pandas['index_s']:.2f} vs_pandas_indexed_warm={vs_pandas:.1f} "
+              f"ingest_peak_rss_mib={ingest['peak_rss_mib']:.0f} ingest_rss_growth={rss_growth:.2f}"
+              + (f" tenset_tree_vs_one_log={tenset['tree_rps'] / tenset['one_log_rps']:.2f}" if tenset else ""))
     finally:
         if not options.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--strict", action="store_true",
                         help="refuse the whole ingest, committing nothing, if any line fails to parse")
     ingest.add_argument("--nbest", type=int, help="best records kept per workload for serving (default 20)")
+    ingest.add_argument("--batch-size", type=int, default=65536, metavar="RECORDS",
+                        help="records per commit (default 65536); ingest memory grows with it, not with the "
+                             "logs' size: smaller batches use less memory and make more, smaller files")
     ingest.add_argument("--store", help=STORE_HELP)
     ingest.add_argument("--json", action="store_true", help="print the report (per file and in total) as JSON")
     ingest.add_argument("--no-progress", action="store_true", help="no progress on stderr")
@@ -626,7 +629,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
     with Progress(files, "ingest", unit="file", enabled=files > 1 and not args.no_progress) as bar:
         try:
             report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
-                                  format=args.format, on_file=lambda done, _total: bar.step(
+                                  format=args.format, batch_size=args.batch_size, on_file=lambda done, _total: bar.step(
                                       f"{done.path}: {done.records} records"))
         except RecordParseError as exc:
             bar.close()

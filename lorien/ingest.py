@@ -138,13 +138,18 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
     ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
     file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
-    committed. ``on_file(report, files_in_all)`` is called as each file is done (progress).
+    committed. Records are committed ``batch_size`` at a time as they are decoded, whichever
+    logs they come from; memory grows with ``batch_size``, not with the logs (the store's
+    record ids aside: 16 bytes each). ``on_file(report, files_in_all)`` is called as each file
+    is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one.
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
 
+    if batch_size < 1:
+        raise LorienError(f"batch size must be a positive number of records, got {batch_size!r}")
     if format is not None and format != "auto":
         codec_of(format)  # UnknownFormatError names the known formats
     chosen_format = None if format in (None, "auto") else format
@@ -155,31 +160,70 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
     dictionary = getattr(store, "accepts_dictionary_columns", False)
 
-    def ingest_all(add, put_workloads, announce: bool = True) -> None:
+    def ingest_all(batches: _Batches, put_workloads, announce: bool = True) -> None:
         report.files = []
         for log in logs:
-            report.files.append(_ingest_one(log, chosen_format, strict, batch_size, add, put_workloads, dictionary))
+            report.files.append(_ingest_one(log, chosen_format, strict, batch_size, batches, put_workloads,
+                                            dictionary))
             if announce and on_file is not None:
                 on_file(report.files[-1], len(logs))
+        batches.flush()
 
     try:
         with flop_warnings_counted_by_caller():
             transaction = getattr(store, "transaction", None)
             if transaction is not None:
-                with transaction(nbest, publish_each_batch=not strict) as commit:
-                    ingest_all(commit.add, store.put_workloads)
+                with transaction(nbest, publish_each_batch=not strict, merge_rows=batch_size) as commit:
+                    ingest_all(_Batches(commit.add, batch_size), store.put_workloads)
             else:
                 if strict:  # validate every line before committing any
-                    ingest_all(lambda table: CommitResult(), lambda entries: 0, announce=False)
-                ingest_all(lambda table: store.commit(table, nbest), store.put_workloads)
+                    ingest_all(_Batches(None, batch_size), lambda entries: 0, announce=False)
+                ingest_all(_Batches(lambda table, parts: store.commit(table, nbest), None), store.put_workloads)
     finally:
         store.close()
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int,
-                add: Callable[[pa.Table], CommitResult],
+class _Batches:
+    """Tables of one or more logs gathered into commits of ``batch_size`` rows, so that a tree of
+    many small logs (TenSet's layout: one file per task and platform) costs as many commits as
+    one large log of the same records; each log's report gets its own stored and duplicate counts.
+    ``add(table, parts)`` commits (None: only count); without ``batch_size`` each table is
+    committed as it comes."""
+
+    def __init__(self, add: Callable[[pa.Table, list[int]], CommitResult] | None, batch_size: int | None):
+        self.add = add
+        self.batch_size = batch_size
+        self.tables: list[pa.Table] = []
+        self.reports: list[FileReport] = []
+        self.rows = 0
+
+    def put(self, table: pa.Table, file_report: FileReport) -> None:
+        file_report.records += table.num_rows
+        if self.tables and table.schema != self.tables[0].schema:
+            self.flush()  # tables of different encodings are committed apart
+        self.tables.append(table)
+        self.reports.append(file_report)
+        self.rows += table.num_rows
+        if self.batch_size is None or self.rows >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.tables:
+            return
+        tables, reports, parts = self.tables, self.reports, [table.num_rows for table in self.tables]
+        self.tables, self.reports, self.rows = [], [], 0
+        if self.add is None:
+            return
+        result = self.add(tables[0] if len(tables) == 1 else pa.concat_tables(tables), parts)
+        stored_per_part = result.stored_per_part or [result.stored]
+        for file_report, rows, stored in zip(reports, parts, stored_per_part, strict=True):
+            file_report.stored += stored
+            file_report.duplicates += rows - stored
+
+
+def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: int, batches: _Batches,
                 put_workloads: Callable[[dict[str, str]], int], dictionary: bool = False) -> FileReport:
     from lorien.formats import codec_of, detect_format, iter_log_tables
 
@@ -206,8 +250,5 @@ def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: 
         if table.num_rows:
             unknown = table.filter(pc.is_null(table.column("flop"))).column("task_name")
             file_report.flop_unknown.update(pc.unique(pc.cast(unknown, pa.string())).to_pylist())
-            result = add(table)
-            file_report.records += table.num_rows
-            file_report.stored += result.stored
-            file_report.duplicates += result.duplicates
+            batches.put(table, file_report)
     return file_report

@@ -31,6 +31,9 @@ class CommitResult:
     stored: int = 0
     duplicates: int = 0
     files: list[str] = field(default_factory=list)
+    #: Newly stored records of each part of the batch, when the caller named its parts (the
+    #: logs a batch of an ingest came from); empty otherwise.
+    stored_per_part: list[int] = field(default_factory=list)
 
 
 class Store(ABC):

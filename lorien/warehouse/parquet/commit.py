@@ -14,6 +14,7 @@ from lorien.errors import StoreError
 from lorien.record import TuningRecord
 from lorien.warehouse.base import CommitResult
 from lorien.warehouse.parquet.files import LocalFiles, S3Files
+from lorien.warehouse.parquet.ids import RecordIds
 from lorien.warehouse.parquet.layout import (
     DEFAULT_NBEST,
     PARTITION_COLUMNS,
@@ -41,6 +42,9 @@ class PendingFile:
     writing: Future | None = None
 
 
+#: A column numbering the rows of a batch whose parts are counted apart (never written).
+_ROW = "__row"
+
 #: Threads that write a batch's staged files while the committing thread prepares its other
 #: files (Arrow encodes and compresses without the GIL); they end with the batch.
 STAGING_THREADS = 2
@@ -50,15 +54,15 @@ class CommitHost(Protocol):
     """What a commit needs of the store it publishes into (a :class:`ParquetStore`)."""
 
     _files: LocalFiles | S3Files
-    _known_ids: set[str]
+    _known_ids: RecordIds
 
-    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]: ...
+    def _known_record_ids(self, remove_abandoned: bool = False) -> RecordIds: ...
 
     def _publish_commit(self, serving: list[PendingFile], records: list[PendingFile]) -> list[str]: ...
 
     def _invalidate(self) -> None: ...
 
-    def _merge_serving(self, target_key: str) -> None: ...
+    def _merge_serving(self, target_key: str, merge_rows: int | None = None) -> None: ...
 
 
 class ParquetCommit:
@@ -66,40 +70,46 @@ class ParquetCommit:
 
     With ``publish_each_batch`` (the default for :meth:`ParquetStore.commit`) each batch is
     published as soon as it is written, as a commit of its own, which keeps memory bounded for
-    long ingests. Either way, what is published together becomes visible together.
+    long ingests. Either way, what is published together becomes visible together. A serving
+    merge that follows a batch reads at most ``merge_rows`` rows (default
+    :data:`SERVING_MERGE_ROWS`), so that it costs no more memory than the batches do.
     """
 
-    def __init__(self, store: CommitHost, nbest: int | None, publish_each_batch: bool):
+    def __init__(self, store: CommitHost, nbest: int | None, publish_each_batch: bool,
+                 merge_rows: int | None = None):
         if nbest is not None and nbest < 1:
             raise StoreError(f"nbest must be a positive number of records, got {nbest!r}")
         self.store = store
         self.nbest = DEFAULT_NBEST if nbest is None else nbest
         self.publish_each_batch = publish_each_batch
+        self.merge_rows = merge_rows
         self.result = CommitResult()
         self._pending_records: list[PendingFile] = []
         self._pending_serving: list[PendingFile] = []
-        self._unpublished_ids: set[str] = set()
+        self._unpublished_ids = RecordIds()
         self._known = store._known_record_ids(remove_abandoned=True)
         # On S3 a single PUT already publishes atomically: no staging copy when publishing at once.
         self._direct = publish_each_batch and not store._files.is_local
         self._writers: ThreadPoolExecutor | None = None
 
-    def add(self, records: Iterable[TuningRecord] | pa.Table) -> CommitResult:
-        """Write one batch; returns the counts of this batch."""
+    def add(self, records: Iterable[TuningRecord] | pa.Table, parts: list[int] | None = None) -> CommitResult:
+        """Write one batch; returns the counts of this batch. ``parts`` (row counts that add up
+        to the batch: the logs it came from) asks for the stored count of each part as well."""
         table = conform(records)
         batch = CommitResult(received=table.num_rows)
+        if parts is not None:
+            table = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
         table = dedupe(table)
-        ids = table.column("record_id").to_pylist()
-        known, unpublished = self._known, self._unpublished_ids
-        if known.isdisjoint(ids) and unpublished.isdisjoint(ids):  # the usual case, checked in C
-            fresh = None
-        else:
-            fresh = np.fromiter((rid not in known and rid not in unpublished for rid in ids), dtype=bool,
-                                count=len(ids))
-        if fresh is not None and not fresh.all():
+        ids = table.column("record_id")
+        fresh = self._known.fresh(ids) & self._unpublished_ids.fresh(ids)
+        if not fresh.all():
             table = table.filter(pa.array(fresh))
-            ids = [rid for rid, keep in zip(ids, fresh, strict=True) if keep]
-        unpublished.update(ids)
+        if parts is not None:
+            kept_rows = table.column(_ROW).to_numpy()
+            part_of_row = np.searchsorted(np.cumsum(parts), kept_rows, side="right")
+            batch.stored_per_part = np.bincount(part_of_row, minlength=len(parts)).tolist()
+            table = table.drop_columns([_ROW])
+        self._unpublished_ids.update(table.column("record_id"))
         batch.stored = table.num_rows
         batch.duplicates = batch.received - batch.stored
         if table.num_rows:
@@ -170,7 +180,7 @@ class ParquetCommit:
         self._unpublished_ids.clear()
         self.store._invalidate()
         for target_key in sorted(touched):
-            self.store._merge_serving(target_key)
+            self.store._merge_serving(target_key, self.merge_rows)
         return published
 
     def finish(self) -> CommitResult:

@@ -71,8 +71,9 @@ class LocalFiles:
         return [f"{sub}/{name}" for name in entries
                 if name.endswith(".parquet") and not name.startswith((".", "_"))]
 
-    def open(self, rel: str) -> pq.ParquetFile:
-        return pq.ParquetFile(self._path(rel), memory_map=True)
+    def open(self, rel: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
+        """A file to read; ``read_dictionary`` names columns to keep dictionary-encoded."""
+        return pq.ParquetFile(self._path(rel), memory_map=True, read_dictionary=read_dictionary)
 
     def stage(self, table: pa.Table, row_group_size: int | None) -> str:
         staging = self._path(STAGING_DIR)
@@ -190,9 +191,10 @@ class S3Files:
     def names(self, sub: str) -> list[str]:
         return list(self.list(sub))
 
-    def open(self, rel: str) -> pq.ParquetFile:
+    def open(self, rel: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
+        """A file to read; ``read_dictionary`` names columns to keep dictionary-encoded."""
         try:
-            return pq.ParquetFile(self.fs.open_input_file(f"{self.root}/{rel}"))
+            return pq.ParquetFile(self.fs.open_input_file(f"{self.root}/{rel}"), read_dictionary=read_dictionary)
         except FileNotFoundError:
             raise
         except OSError as exc:

@@ -35,8 +35,11 @@ SERVING_ROW_GROUP = 2048
 COMPACT_ROW_GROUP = 65536
 #: How often an S3 store re-lists its serving files (a local store re-lists on every query).
 S3_REFRESH_INTERVAL_S = 1.0
-#: A target key's serving files are merged into one when a commit leaves more than this many.
+#: A target key's serving files are merged when a commit leaves more than this many.
 SERVING_MERGE_FILES = 32
+#: Rows one serving merge after a commit reads at most (smallest files first), so that its
+#: memory does not grow with the store; larger files are left to ``compact()``.
+SERVING_MERGE_ROWS = 65536
 #: Staged files older than this are leftovers of killed writers; compaction deletes them.
 STALE_STAGING_S = 3600.0
 #: An incomplete commit whose newest file is older than this was abandoned by a killed writer;

@@ -17,6 +17,7 @@ from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
 from lorien.warehouse.parquet.commit import ParquetCommit, PendingFile
 from lorien.warehouse.parquet.files import open_files
+from lorien.warehouse.parquet.ids import RecordIds
 from lorien.warehouse.parquet.layout import (
     ABANDONED_COMMIT_S,
     COMPACT_ROW_GROUP,
@@ -30,6 +31,7 @@ from lorien.warehouse.parquet.layout import (
     SERVING_DIR,
     SERVING_FILE_SCHEMA,
     SERVING_MERGE_FILES,
+    SERVING_MERGE_ROWS,
     SERVING_ROW_GROUP,
     STALE_STAGING_S,
     WORKLOAD_FILE_SCHEMA,
@@ -49,6 +51,7 @@ from lorien.warehouse.parquet.tables import (
     dedupe,
     may_hold,
     rank_rows,
+    serving_dictionary_columns,
     sort_for_serving,
     top_per_group,
 )
@@ -75,8 +78,9 @@ class ParquetStore(Store):
         self.location = location
         self.uri = f"parquet:{location}"
         self._files = open_files(location)
-        self._known_ids: set[str] = set()
+        self._known_ids = RecordIds()
         self._id_files: set[str] = set()
+        self._serving_rows: dict[str, int] = {}
         self._indexes: dict[str, ServingIndex] = {}
         self._serving_tables: dict[str, pa.Table] = {}
         self._listed: dict[str, Listing] = {}
@@ -89,10 +93,12 @@ class ParquetStore(Store):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def transaction(self, nbest: int | None = None, publish_each_batch: bool = False) -> ParquetCommit:
+    def transaction(self, nbest: int | None = None, publish_each_batch: bool = False,
+                    merge_rows: int | None = None) -> ParquetCommit:
         """A multi-batch commit; nothing becomes visible before ``finish()`` unless
-        ``publish_each_batch``. Use as a context manager: an exception discards staged files."""
-        return ParquetCommit(self, nbest, publish_each_batch)
+        ``publish_each_batch``. Use as a context manager: an exception discards staged files.
+        A serving merge after a batch reads at most ``merge_rows`` rows (the batch size, say)."""
+        return ParquetCommit(self, nbest, publish_each_batch, merge_rows)
 
     def commit(self, records: Iterable[TuningRecord] | pa.Table, nbest: int | None = None) -> CommitResult:
         with self.transaction(nbest, publish_each_batch=True) as commit:
@@ -142,7 +148,7 @@ class ParquetStore(Store):
                 removed += len(rels)
         return removed
 
-    def _known_record_ids(self, remove_abandoned: bool = False) -> set[str]:
+    def _known_record_ids(self, remove_abandoned: bool = False) -> RecordIds:
         """Record ids of every published record file (read once per file per process); with
         ``remove_abandoned``, also delete the leftovers of killed writers."""
         listed = self._files.list(RECORDS_DIR, sizes=False)
@@ -156,7 +162,7 @@ class ParquetStore(Store):
                 ids = self._files.open(rel).read(columns=["record_id"]).column("record_id")
             except FileNotFoundError:
                 continue
-            self._known_ids.update(ids.to_pylist())
+            self._known_ids.update(ids)
             self._id_files.add(rel)
         return self._known_ids
 
@@ -451,26 +457,56 @@ class ParquetStore(Store):
 
     # -- compaction ---------------------------------------------------------------------------
 
-    def _merge_serving(self, target_key: str) -> None:
-        """Fold a target key's serving files into one once commits have piled up more than
-        :data:`SERVING_MERGE_FILES`; the merged file keeps the shallowest depth it covers."""
+    def _merge_serving(self, target_key: str, merge_rows: int | None = None) -> None:
+        """Once commits have piled up more than :data:`SERVING_MERGE_FILES` serving files for a
+        target key, fold the smallest together, in groups of at most ``merge_rows`` rows
+        (:data:`SERVING_MERGE_ROWS` by default), so the memory a merge takes is bounded however
+        large the serving view grows; files larger than that are left to :meth:`compact`. A
+        merged file keeps the shallowest depth it covers."""
         listed = self._files.names(serving_dir(target_key))
         if len(listed) <= SERVING_MERGE_FILES:
             return
         files, _ = self._visible_serving(listed)  # files of incomplete commits stay as they are
-        if len(files) <= 1:
-            return
+        limit = SERVING_MERGE_ROWS if merge_rows is None else merge_rows
         try:
-            tables = [self._files.open(rel).read() for rel in files]
+            sized = sorted((self._rows_of(rel), rel) for rel in files)
+        except FileNotFoundError:
+            return  # another process is merging the same files
+        groups: list[list[str]] = [[]]
+        rows = 0
+        for count, rel in sized:
+            if rows + count > limit:
+                if count > limit:
+                    break
+                groups.append([])
+                rows = 0
+            groups[-1].append(rel)
+            rows += count
+        for group in groups:
+            if len(group) > 1:
+                self._merge_serving_files(target_key, group)
+        self._invalidate()
+
+    def _rows_of(self, rel: str) -> int:
+        rows = self._serving_rows.get(rel)
+        if rows is None:
+            rows = self._serving_rows[rel] = self._files.open(rel).metadata.num_rows
+        return rows
+
+    def _merge_serving_files(self, target_key: str, files: list[str]) -> None:
+        try:
+            tables = [self._files.open(rel, serving_dictionary_columns()).read() for rel in files]
         except FileNotFoundError:
             return  # another process is merging the same files
         depth = min(serving_depth(rel) for rel in files)
         merged = top_per_group(dedupe(pa.concat_tables(tables)), depth)
+        del tables
         final = f"{serving_dir(target_key)}/part-n{depth}-{uuid.uuid4().hex}-of0.parquet"
         self._files.write(merged.select(SERVING_FILE_SCHEMA.names), final, SERVING_ROW_GROUP)
+        self._serving_rows[final] = merged.num_rows
         for rel in files:
             self._files.delete(rel)
-        self._invalidate()
+            self._serving_rows.pop(rel, None)
 
     def compact(self) -> dict[str, Any]:
         """Merge each partition's files into one sorted file; rebuild the serving view from

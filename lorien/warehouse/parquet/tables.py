@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
+from lorien.warehouse.parquet.layout import SERVING_FILE_SCHEMA
 
 #: Columns with few distinct values, dictionary-encoded in files; the rest (configs, ids,
 #: costs) are nearly unique, and trying to dictionary-encode them only costs time.
@@ -19,10 +20,20 @@ DICTIONARY_COLUMNS = ["dialect", "target", "target_key", "target_raw", "workload
                       "layout", "build", "extra", "source"]
 
 
+#: Rows decoded at a time when a table with dictionary-encoded columns is written (and the row
+#: group size of a file written without one).
+WRITE_SLICE_ROWS = 65536
+
+
 def write_parquet(table: pa.Table, where: Any, row_group_size: int | None) -> None:
-    table = decoded(table)
+    """Write a table as one Parquet file; dictionary-encoded columns are decoded a slice of
+    rows at a time, so a write never holds a second, decoded copy of the whole table."""
+    schema = pa.schema([field.with_type(plain_type(field.type)) for field in table.schema])
     dictionary = [name for name in DICTIONARY_COLUMNS if name in table.column_names]
-    pq.write_table(table, where, row_group_size=row_group_size, use_dictionary=dictionary)
+    step = row_group_size or WRITE_SLICE_ROWS
+    with pq.ParquetWriter(where, schema, use_dictionary=dictionary) as writer:
+        for start in range(0, max(table.num_rows, 1), step):
+            writer.write_table(decoded(table.slice(start, step)), row_group_size=step)
 
 
 def plain_type(type_: pa.DataType) -> pa.DataType:
@@ -85,6 +96,11 @@ def id_prefixes(ids: pa.ChunkedArray) -> np.ndarray | None:
         nibbles -= 39 * (nibbles > 9)
         parts.append((nibbles.astype(np.uint64) << shifts).sum(axis=1, dtype=np.uint64))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+def serving_dictionary_columns() -> list[str]:
+    """The columns of a serving file read dictionary-encoded (they repeat per workload)."""
+    return [name for name in DICTIONARY_COLUMNS if name in SERVING_FILE_SCHEMA.names]
 
 
 def dedupe(table: pa.Table) -> pa.Table:

@@ -1,0 +1,124 @@
+"""The record ids a writer has seen, kept compact: 16 bytes per id instead of a Python string.
+
+Lorien's record ids are 32 hex digits (the first 16 bytes of a SHA-256). They are kept as two
+uint64 halves in a few runs sorted by the high half (each run at most half the size of the one
+before it, so an id is merged about log2(count) times in all, and a merge needs no memory
+beyond the merged run); a membership test is one ``searchsorted`` per run. An id of any other spelling (a caller's own ``record_id``) goes to a plain set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
+
+
+def id_halves(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The two uint64 halves of each 32-hex-digit id, read from the Arrow buffers; None when
+    some id is not 32 lowercase hex digits."""
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    highs, lows = [], []
+    for chunk in chunks:
+        if len(chunk) == 0:
+            continue
+        if chunk.type != pa.string() or chunk.null_count:
+            return None
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset:chunk.offset + len(chunk) + 1]
+        if not np.all(np.diff(offsets) == 32):
+            return None
+        digits = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, 32)
+        is_digit = (digits >= 48) & (digits <= 57)
+        if not np.all(is_digit | ((digits >= 97) & (digits <= 102))):
+            return None
+        nibbles = np.where(is_digit, digits - 48, digits - 87).astype(np.uint64)
+        highs.append((nibbles[:, :16] << _SHIFTS).sum(axis=1, dtype=np.uint64))
+        lows.append((nibbles[:, 16:] << _SHIFTS).sum(axis=1, dtype=np.uint64))
+    if not highs:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
+    return np.concatenate(highs), np.concatenate(lows)
+
+
+def _merged(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Two runs sorted by their high halves as one (a merge, not a sort)."""
+    size = len(older[0]) + len(newer[0])
+    at = np.searchsorted(older[0], newer[0], side="right") + np.arange(len(newer[0]))
+    from_newer = np.zeros(size, dtype=bool)
+    from_newer[at] = True
+    merged = []
+    for old, new in zip(older, newer, strict=True):
+        values = np.empty(size, dtype=np.uint64)
+        values[at] = new
+        values[~from_newer] = old
+        merged.append(values)
+    return merged[0], merged[1]
+
+
+class RecordIds:
+    """A set of record ids: :meth:`update` adds an Arrow column of ids, :meth:`fresh` tells
+    which ids of a column are not in the set."""
+
+    def __init__(self) -> None:
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (high, low), sorted by high
+        self._other: set[str] = set()
+
+    def __len__(self) -> int:
+        return sum(len(high) for high, _ in self._runs) + len(self._other)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the compact runs (the ids of other spellings are not counted)."""
+        return sum(high.nbytes + low.nbytes for high, low in self._runs)
+
+    def update(self, ids: pa.Array | pa.ChunkedArray | RecordIds) -> None:
+        if isinstance(ids, RecordIds):
+            for high, low in ids._runs:
+                self._add_run(high, low)
+            self._other |= ids._other
+            return
+        halves = id_halves(ids)
+        if halves is None:
+            self._other.update(ids.to_pylist())
+        elif len(halves[0]):
+            order = np.argsort(halves[0], kind="stable")
+            self._add_run(halves[0][order], halves[1][order])
+
+    def _add_run(self, high: np.ndarray, low: np.ndarray) -> None:
+        self._runs.append((high, low))
+        while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
+            newer, older = self._runs.pop(), self._runs.pop()
+            self._runs.append(_merged(older, newer))
+
+    def fresh(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """A boolean per id: True where the id is not in the set."""
+        halves = id_halves(ids)
+        if halves is None:
+            return np.fromiter((rid not in self._other and not self._has_text(rid) for rid in ids.to_pylist()),
+                               dtype=bool, count=len(ids))
+        high, low = halves
+        fresh = np.ones(len(high), dtype=bool)
+        for run_high, run_low in self._runs:
+            at = np.searchsorted(run_high, high)
+            inside = at < len(run_high)
+            clipped = np.minimum(at, len(run_high) - 1)
+            same_high = inside & (run_high[clipped] == high)
+            found = same_high & (run_low[clipped] == low)
+            fresh &= ~found
+            # ids sharing their high half with another (rare): look at the rest of that run
+            for row in np.flatnonzero(same_high & ~found & fresh).tolist():
+                stop = np.searchsorted(run_high, high[row], side="right")
+                if np.any(run_low[at[row]:stop] == low[row]):
+                    fresh[row] = False
+        if self._other:
+            fresh &= np.fromiter((rid not in self._other for rid in ids.to_pylist()), dtype=bool, count=len(ids))
+        return fresh
+
+    def _has_text(self, rid: str) -> bool:
+        halves = id_halves(pa.array([rid], pa.string()))
+        return halves is not None and not self.fresh(pa.array([rid], pa.string()))[0]
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self._other.clear()

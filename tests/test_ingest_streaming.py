@@ -1,0 +1,121 @@
+"""Streaming ingest: records committed batch by batch whatever the logs, a killed ingest run
+again stores nothing twice, a tree of small logs (TenSet's layout) is batched across files, and
+the compact set of record ids a commit checks against answers as a set would."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lorien.formats import read_log
+from lorien.ingest import ingest_paths
+from lorien.warehouse import open_store
+from lorien.warehouse.parquet.ids import RecordIds
+from lorien.warehouse.parquet.layout import commit_of
+
+SHARED_DATA = Path(os.environ.get("LORIEN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+TOPHUB_LOG = SHARED_DATA / "tophub" / "rocm_v0.05.log"
+ANSOR_LOG = SHARED_DATA / "ansor" / "resnet-50-NHWC-B1-llvm.json"
+
+# An ingest that dies (SIGKILL) while publishing its third commit: after that commit's first
+# serving file is in place, before its record files are.
+KILLED_INGEST = """
+import os, signal, sys
+import lorien.warehouse.parquet.store as store_module
+from lorien.ingest import ingest_paths
+commits = []
+def die_in_third_commit(point):
+    if point == "serving:1":
+        commits.append(point)
+        if len(commits) == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+store_module.pause_point = die_in_third_commit
+ingest_paths([sys.argv[1]], store_uri=sys.argv[2], batch_size=int(sys.argv[3]))
+"""
+
+
+def stored_ids(uri: str) -> list[str]:
+    return open_store(uri).scan(columns=["record_id"]).column("record_id").to_pylist()
+
+
+def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_path):
+    uri = f"parquet:{tmp_path / 'warehouse'}"
+    expected = {record.record_id for record in read_log(TOPHUB_LOG).records}
+    killed = subprocess.run([sys.executable, "-c", KILLED_INGEST, str(TOPHUB_LOG), uri, "40"],
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    before = stored_ids(uri)
+    assert 0 < len(before) < len(expected)  # two whole commits visible, the third not at all
+    assert len(set(before)) == len(before)
+
+    report = ingest_paths([TOPHUB_LOG], store_uri=uri, batch_size=40)
+
+    after = stored_ids(uri)
+    assert sorted(after) == sorted(expected)
+    assert report.stored == len(expected) - len(before)
+    assert report.duplicates == report.records - report.stored
+
+
+def write_tree(root: Path, files: int) -> list[Path]:
+    """Auto-scheduler logs laid out as TenSet's: nested per platform, one per task, each with
+    its own DAG hash in the workload key."""
+    lines = [json.loads(line) for line in ANSOR_LOG.read_text().splitlines() if line.startswith("{")]
+    written = []
+    for number in range(files):
+        line = lines[number % len(lines)]
+        key = json.loads(line["i"][0][0])
+        key[0] = secrets.token_hex(16)
+        directory = root / ("cuda" if number % 2 else "llvm") / f"platform{number % 3}"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"([{','.join(map(str, key))}],llvm).json"
+        with open(path, "w") as out:
+            for index in range(3):
+                out.write(json.dumps(dict(line, i=[[json.dumps(key), *line["i"][0][1:]], line["i"][1]],
+                                          r=[line["r"][0], 0, line["r"][2], line["r"][3] + index])) + "\n")
+        written.append(path)
+    return written
+
+
+def test_a_tree_of_small_logs_is_committed_in_batches_not_one_commit_per_file(tmp_path):
+    written = write_tree(tmp_path / "measure_records", files=30)
+    uri = f"parquet:{tmp_path / 'warehouse'}"
+
+    report = ingest_paths([tmp_path / "measure_records"], store_uri=uri, batch_size=1000)
+
+    assert sorted(Path(file.path) for file in report.files) == sorted(written)
+    assert [(file.records, file.stored, file.duplicates) for file in report.files] == [(3, 3, 0)] * 30
+    record_files = (tmp_path / "warehouse" / "records").rglob("*.parquet")
+    assert len({commit_of(path.name)[0] for path in record_files}) == 1
+    again = ingest_paths([tmp_path / "measure_records"], store_uri=uri, batch_size=7)
+    assert [(file.records, file.stored, file.duplicates) for file in again.files] == [(3, 0, 3)] * 30
+
+
+def test_the_compact_record_id_set_answers_as_a_python_set_would():
+    rng = np.random.default_rng(0)
+    pool = ([secrets.token_hex(16) for _ in range(3000)] + ["custom-1", "custom-2", "ABCDEF" * 5 + "00"]
+            + ["0123456789abcdef" + secrets.token_hex(8) for _ in range(40)])  # the same high half
+    ids, reference = RecordIds(), set()
+    for _ in range(40):
+        batch = list(dict.fromkeys(rng.choice(pool, 300).tolist()))
+        column = pa.array(batch, pa.string())
+        fresh = ids.fresh(column)
+        assert fresh.tolist() == [rid not in reference for rid in batch]
+        ids.update(column.filter(pa.array(fresh)))  # as a commit does: only the ids it stores
+        reference.update(batch)
+        assert len(ids) == len(reference)
+
+
+@pytest.mark.parametrize("batch_size", [0, -5])
+def test_a_batch_size_below_one_is_refused_naming_the_value(tmp_path, batch_size):
+    from lorien.errors import LorienError
+
+    with pytest.raises(LorienError, match=str(batch_size)):
+        ingest_paths([TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}", batch_size=batch_size)
