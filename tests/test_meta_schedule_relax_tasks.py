@@ -68,3 +68,55 @@ def test_a_conv_bias_relu_layer_in_lorien_dsl_has_the_structural_hash_of_tvms_re
     out = te.compute(conv.shape, lambda n, f, y, x: ops.relu(added[n, f, y, x]), name="compute")
     ours = ms.database.Workload(tvm_module_of(ComputeDAG([data, kernel, bias, out]))).as_json()[0]
     assert ours == theirs
+
+
+def test_extracted_relax_tasks_tuned_by_lorien_are_all_applied_by_tvm_and_the_build_computes_the_same(
+        tmp_path, capsys):
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import relax
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module
+    from lorien.cli import main
+
+    model = convnet_onnx(tmp_path / "convnet.onnx")
+    config, store, exported = tmp_path / "tasks" / "convnet.yaml", f"parquet:{tmp_path / 'store'}", tmp_path / "db"
+    config.parent.mkdir()
+    assert main(["extract", str(model), "--dialect", "meta_schedule", "-o", str(config)]) == 0
+    text = config.read_text()
+    assert "workload_file: database_workload.json" in text and text.count("workload_key:") == 5
+    assert main(["tune", str(config), "--store", store, "--trials", "2", "--tuner", "random", "--no-progress"]) == 0
+    assert main(["export", "--format", "meta_schedule", "--target", "llvm", "--alternate-key", "-o", str(exported),
+                 "--store", store]) == 0
+    capsys.readouterr()
+
+    target = tvm.target.Target(TARGET)
+    mod = fused_relax_module(str(model))
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    database = ms.database.JSONDatabase(work_dir=str(exported), allow_missing=False)
+    found = [task.task_name for task in tasks if database.query_tuning_record(task.dispatched[0], target, task.task_name)]
+    assert len(found) == len(tasks) == 5
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase()(mod)
+    scheduled = [gv.name_hint for gv, func in applied.functions.items()
+                 if isinstance(func, tvm.tirx.PrimFunc) and "tirx.is_scheduled" in (func.attrs or {})]
+    assert len(scheduled) == 5
+
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+
+    def run(executable) -> np.ndarray:
+        return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+    untuned = run(relax.build(mod, target=target))
+    tuned = run(ms.relax_integration.compile_relax(database, mod, target, params=None))
+    np.testing.assert_allclose(tuned, untuned, rtol=1e-4, atol=1e-5)
+
+
+def test_extract_for_meta_schedule_names_a_model_that_is_not_onnx(tmp_path, capsys):
+    pytest.importorskip("tvm")
+    from lorien.cli import main
+
+    assert main(["extract", "torchvision.models:resnet18", "--dialect", "meta_schedule",
+                 "-o", str(tmp_path / "t.yaml")]) == 1
+    assert "reads ONNX files only" in capsys.readouterr().err
+    assert not (tmp_path / "t.yaml").exists()
