@@ -208,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
     extract.add_argument("--json", action="store_true",
                          help="print the summary (models, tasks, unsupported operators) as JSON; needs -o")
+    extract.add_argument("--dialect", help="the tasks as this dialect's tuning system sees them, e.g. meta_schedule: "
+                         "TVM's relax tasks of ONNX models, verbatim, named by structural hash, their modules "
+                         "written beside the YAML (needs -o and apache-tvm; docs/models.md)")
+    extract.add_argument("--target", help="with --dialect: the target the tasks are extracted for (TVM's JSON "
+                         "dict or string; default llvm)")
+    extract.add_argument("--skip-untunable", action="store_true",
+                         help="with --dialect: leave out, with a line naming each, the tasks Lorien's engine cannot "
+                              "tune (default: such a task is an error and nothing is written)")
     extract.set_defaults(run=_run_extract)
 
     # ---- mutate -----------------------------------------------------------------------
@@ -715,8 +723,32 @@ def _write_yaml(args: argparse.Namespace, text: str, summary: str, report: dict)
 def _run_extract(args: argparse.Namespace) -> int:
     from lorien.models import extract_models
 
+    if args.dialect:
+        return _extract_for_dialect(args)
+    if args.target or args.skip_untunable:
+        raise LorienError("--target and --skip-untunable go with --dialect (tasks as a dialect's tuning system "
+                          "sees them)")
     extraction = extract_models(args.models, args.input, batch_size=args.batch_size)
     _write_yaml(args, extraction.to_yaml(args.command_line), extraction.summary(), extraction.to_dict())
+    return 0
+
+
+def _extract_for_dialect(args: argparse.Namespace) -> int:
+    """``lorien extract --dialect NAME -o FILE``: the dialect's own tasks; the files that define
+    their workloads go beside the YAML, before it."""
+    from pathlib import Path
+
+    from lorien.dialect import get_dialect
+    from lorien.models.extract import write_text_atomic
+
+    if args.output is None:
+        raise LorienError(f"lorien extract --dialect {args.dialect} writes workload files beside the YAML: "
+                          f"give it a file with -o FILE")
+    tasks = get_dialect(args.dialect).extract_model_tasks(list(args.models), list(args.input), args.batch_size,
+                                                          args.target, args.skip_untunable)
+    for name, text in tasks.files.items():
+        write_text_atomic(Path(args.output).parent / name, text)
+    _write_yaml(args, tasks.to_yaml(args.command_line), tasks.summary(), tasks.report)
     return 0
 
 

@@ -31,6 +31,8 @@ class JobOption:
     default: Any
     types: type | tuple[type, ...]
     help: str = ""
+    #: A file path: a relative one in a tuning YAML is relative to the YAML's directory.
+    path: bool = False
 
 
 class Dialect(ABC):
@@ -142,6 +144,14 @@ class Dialect(ABC):
         (``lorien apply --log F --line N``). Options: ``target``, ``measure``, ``store_uri``
         (commit the measured record there)."""
         raise DialectError(f"dialect {self.name!r} cannot apply a logged config")
+
+    def extract_model_tasks(self, models: list[str], inputs: list[str], batch_size: int | None = None,
+                            target: str | None = None, skip_untunable: bool = False) -> Any:
+        """The tasks of models as this dialect's tuning system sees them (``lorien extract
+        --dialect NAME``): a :class:`lorien.models.extract.ModelTasks` whose jobs name each task
+        by this dialect's workload key, with the files that define the workloads."""
+        raise DialectError(f"dialect {self.name!r} does not extract model tasks of its own; "
+                           f"lorien extract without --dialect writes op shorthands every dialect reads")
 
     def apply_config(self, workload_key: str, config: str, **options: Any) -> AppliedConfig:
         """Build and measure here one config (JSON text, the dialect's form) of a workload key

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dialects.meta_schedule import features
-from lorien.dialect import AppliedConfig, Dialect
+from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.errors import DialectError
 from lorien.record import TuningRecord
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
@@ -21,6 +21,10 @@ class MetaScheduleDialect(Dialect):
     """MetaSchedule: schedules as traces of instructions with sampling decisions."""
 
     name = "meta_schedule"
+    job_options = {
+        "workload_file": JobOption(None, str, "a JSONDatabase workload file holding the job's workload_key (TVM's "
+                                   "module of the task; written by lorien extract --dialect meta_schedule)", path=True),
+    }
 
     def record_formats(self) -> list[str]:
         return ["meta_schedule"]
@@ -58,6 +62,23 @@ class MetaScheduleDialect(Dialect):
         from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
+
+    def check_job(self, job: TuneJob) -> None:
+        """A job with a ``workload_file`` names a workload of that file by its structural hash."""
+        if job.option("workload_file") is not None:
+            from dialects.meta_schedule.relax_tasks import workload_of_file
+
+            if not job.workload_key:
+                raise DialectError(f"workload_file {job.option('workload_file')}: name the task by its structural "
+                                   f"hash with workload_key")
+            workload_of_file(job.option("workload_file"), job.workload_key)
+
+    def extract_model_tasks(self, models: list[str], inputs: list[str], batch_size: int | None = None,
+                            target: str | None = None, skip_untunable: bool = False) -> Any:
+        """TVM's own relax tasks of ONNX models, verbatim (:mod:`dialects.meta_schedule.relax_tasks`)."""
+        from dialects.meta_schedule.relax_tasks import extract_model_tasks
+
+        return extract_model_tasks(models, inputs, batch_size, target, skip_untunable)
 
     def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
         """The design space of the workload's DAG and the job's tuner (:mod:`dialects.meta_schedule.tuning`)."""

@@ -16,6 +16,9 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
 - **parallel / vectorize / unroll**: the root block is annotated with the largest parallel
   extent (jobs per core x cores), the vector width and a ``SampleCategorical`` unroll step.
 
+A workload with no block to tile (a reshape, softmax, layer_norm, a fused element-wise task)
+is scheduled by the other rules alone, as TVM does.
+
 Knobs of the indexed space (``lorien.search``; first knob least significant): the tile
 sizes of every split loop (factorizations of its extent, innermost at most 64), the cache
 level of every tiled block, the location of every block placed by a random compute
@@ -44,7 +47,6 @@ from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
 from lorien.engine import te
 from lorien.engine.dag import ComputeDAG, needs_multi_level_tiling
 from lorien.engine.schedule import leaf_extents
-from lorien.errors import DialectError
 from lorien.search.base import MixedRadixSpace
 from lorien.search.tiles import MAX_INNERMOST, factorizations, move_factor, other_choice
 
@@ -144,8 +146,6 @@ class TraceSpace(MixedRadixSpace):
             tiled.cache_knob = len(self.dims)
             self.dims.append(3)
             self.tiled.append(tiled)
-        if not self.tiled:
-            raise DialectError(f"no block of stages {dag.stage_names} needs multi-level tiling")
         tiled_names = {t.stage for t in self.tiled}
         for stage in schedule.stages:
             if stage.name in tiled_names or stage.name in epilogues or stage.name in outputs:

@@ -45,21 +45,29 @@ def cached_space(registry_key: str) -> TraceSpace:
 
 
 def tuning_context(job: TuneJob, store: Any) -> TuneContext:
-    """The loop's view of one meta_schedule job on a registered workload function."""
+    """The loop's view of one meta_schedule job on a registered workload function, or on the TVM
+    module of its ``workload_file`` (a task of ``lorien extract --dialect meta_schedule``)."""
+    if job.option("workload_file") is not None:
+        from dialects.meta_schedule.relax_tasks import workload_of_file
+        from dialects.meta_schedule.workload import dag_of_module
+
+        entry = workload_of_file(job.option("workload_file"), job.workload_key)
+        return dag_context(dag_of_module(entry[1]), job, task_name=job.task_name or None, entry=entry)
     registry_key = job_workload_key(job)
     return dag_context(job_dag(registry_key), job, space=cached_space(registry_key),
                        task_name=job.task_name or registry_key)
 
 
 def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
-                task_name: str | None = None) -> TuneContext:
+                task_name: str | None = None, entry: list[Any] | None = None) -> TuneContext:
     """The loop's view of tuning any computation defined with Lorien's compute DSL (a DAG of its
     I/O tensors): its design space, the job's tuner, traces measured by the engine, records
-    that carry their workload entry."""
+    that carry their workload entry (``entry``: TVM's ``[shash, module]`` the DAG was read from,
+    kept unchanged; default: the DAG's own)."""
     from lorien.target import parse_target
 
     space = space or TraceSpace(dag)
-    entry = lorien_entry(dag)
+    entry = entry or lorien_entry(dag)
     workload_key = str(entry[0])
     target = parse_target(job.target).canonical
     extra = {"workload": entry}

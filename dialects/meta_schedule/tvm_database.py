@@ -101,7 +101,9 @@ def warehouse_database(store: Any = None, target: Any = None, batch_size: int = 
 
 def tvm_module_of(dag: Any) -> Any:
     """The TVM IRModule (TE ``create_prim_func``) of a computation defined with Lorien's compute
-    DSL: blocks named after its stages, arguments in its I/O order; what TVM tunes and hashes."""
+    DSL: blocks named after its stages, arguments in its I/O order, shapes and indices int64 as
+    relax's legalization makes them (so a computation equal to a relax task has its structural
+    hash); what TVM tunes and hashes."""
     import tvm
     from tvm import te as tvm_te
     from tvm import tirx
@@ -118,10 +120,12 @@ def tvm_module_of(dag: Any) -> Any:
     reducers = {"sum": tvm_te.sum, "max": tvm_te.max, "min": tvm_te.min}
     tensors: dict[str, Any] = {}
 
+    def int64(extents: Any) -> list[Any]:
+        return [tirx.IntImm("int64", int(extent)) for extent in extents]
+
     def convert(expr: Any, variables: dict[Any, Any]) -> Any:
         if isinstance(expr, te.Const):
-            dtype = "int32" if expr.dtype == te.INDEX_DTYPE else expr.dtype
-            return tirx.const(expr.value, dtype)
+            return tirx.const(expr.value, "int64" if expr.dtype == te.INDEX_DTYPE else expr.dtype)
         if isinstance(expr, te.Var):
             return variables[expr]
         if isinstance(expr, te.BinOp):
@@ -140,13 +144,12 @@ def tvm_module_of(dag: Any) -> Any:
 
     for tensor in dag.ops:
         if not isinstance(tensor.op, te.ComputeOp):
-            tensors[tensor.name] = tvm_te.placeholder(tensor.shape, tensor.dtype, tensor.name)
+            tensors[tensor.name] = tvm_te.placeholder(int64(tensor.shape), tensor.dtype, tensor.name)
             continue
         op = tensor.op
-        reduce_axes = {iv: tvm_te.reduce_axis((0, iv.extent), iv.name) for iv in op.reduce_axis}
-
-        tensors[tensor.name] = tvm_te.compute(tensor.shape, _body(convert, op, reduce_axes), name=tensor.name)
-    function = tvm_te.create_prim_func([tensors[t.name] for t in dag.io_tensors])
+        reduce_axes = {iv: tvm_te.reduce_axis(tuple(int64((0, iv.extent))), iv.name) for iv in op.reduce_axis}
+        tensors[tensor.name] = tvm_te.compute(int64(tensor.shape), _body(convert, op, reduce_axes), name=tensor.name)
+    function = tvm_te.create_prim_func([tensors[t.name] for t in dag.io_tensors], index_dtype_override="int64")
     return tvm.IRModule({"main": function})
 
 

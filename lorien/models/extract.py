@@ -65,12 +65,35 @@ class Extraction:
         return tasks_yaml([task.to_entry() for task in self.tasks], header)
 
 
+@dataclass
+class ModelTasks:
+    """Tasks of models as a dialect's tuning system sees them (``lorien extract --dialect``):
+    workload entries naming each task by the dialect's key, top-level settings, and the files
+    that define the workloads, written beside the YAML (name -> text)."""
+
+    entries: list[dict[str, Any]]
+    settings: dict[str, Any]
+    files: dict[str, str]
+    summary_lines: list[str]
+    report: dict[str, Any]
+
+    def summary(self) -> str:
+        return "\n".join(self.summary_lines)
+
+    def to_yaml(self, command: str | None = None) -> str:
+        header = [f"lorien extract: {len(self.entries)} tasks for dialect {self.settings.get('dialect')}."]
+        if command:
+            header.append(f"Made by: {command}")
+        return tasks_yaml(self.entries, header + [f"  {line}" for line in self.summary_lines], self.settings)
+
+
 def tasks_yaml(entries: Sequence[dict[str, Any]], header: Sequence[str] = (),
                settings: dict[str, Any] | None = None) -> str:
     """A ``lorien tune`` YAML: comment header, top-level settings, one workload per line."""
     lines = [f"# {line}".rstrip() for line in header]
-    if settings:
-        lines.append(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None, width=100).rstrip())
+    for key, value in (settings or {}).items():  # one key a line: nested values in flow style
+        flow = None if isinstance(value, (dict, list)) else False
+        lines.append(yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=flow, width=100).rstrip())
     lines.append("workloads:")
     for entry in entries:
         text = yaml.safe_dump(entry, sort_keys=False, default_flow_style=True, width=math.inf).strip()

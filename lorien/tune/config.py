@@ -99,7 +99,8 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
     if not isinstance(workloads, list) or not workloads:
         raise ConfigError(f"{source}: 'workloads' must be a non-empty list")
     settings = {**JOB_DEFAULTS, **{k: v for k, v in document.items() if k in keys}}
-    jobs = [_job(entry, settings, f"{source}: workloads[{i}]") for i, entry in enumerate(workloads)]
+    base = Path(source).parent if source != "<config>" else None
+    jobs = [_job(entry, settings, f"{source}: workloads[{i}]", base) for i, entry in enumerate(workloads)]
     store_uri = document.get("store")
     log_dir = document.get("log_dir")
     task_scheduler = None
@@ -109,7 +110,7 @@ def parse_tune_config(document: Any, source: str = "<config>") -> TuneConfig:
                       task_scheduler=task_scheduler)
 
 
-def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
+def _job(entry: Any, settings: dict[str, Any], where: str, base: Path | None = None) -> dict[str, Any]:
     from lorien.dialect import get_dialect
     from lorien.target import host_target, parse_target
 
@@ -119,10 +120,16 @@ def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
     overrides = {k: v for k, v in entry.items() if k in keys}
     job = {**settings, **overrides}
     workload = {k: v for k, v in entry.items() if k not in keys}
-    if "task_name" in workload or "args" in workload:
+    if "args" in workload or ("task_name" in workload and "workload_key" not in workload):
         if set(workload) != {"task_name", "args"} or not isinstance(workload["args"], list):
             raise ConfigError(f"{where}: give 'task_name' and an 'args' list (AutoTVM task arguments), got {entry!r:.200}")
         task_name, args = workload["task_name"], workload["args"]
+    elif "workload_key" in workload:  # a workload named by its key (lorien extract --dialect)
+        if set(workload) - {"workload_key", "task_name"} or not isinstance(workload["workload_key"], (str, int)):
+            raise ConfigError(f"{where}: a workload named by 'workload_key' may add 'task_name' only, got "
+                              f"{entry!r:.200}")
+        job["workload_key"] = str(workload["workload_key"])
+        task_name, args = str(workload.get("task_name", "")), []
     elif len(workload) == 1:
         (op, params), = workload.items()
         if not isinstance(params, dict):
@@ -135,10 +142,25 @@ def _job(entry: Any, settings: dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: expected one op shorthand (dense: {{M:.., N:.., K:..}}) or task_name + args,"
                           f" got keys {sorted(workload)}")
     job["task_name"], job["args"] = task_name, args
+    if base is not None:
+        _resolve_paths(job, base)
     _check_job(job, where)
     target = job.get("target") or host_target().canonical
     job["target"] = parse_target(target).canonical
     return job
+
+
+def _resolve_paths(job: dict[str, Any], base: Path) -> None:
+    """Options the job's dialect declares as paths, relative to the YAML's directory, made absolute."""
+    from lorien.dialect import get_dialect
+
+    try:
+        declared = get_dialect(str(job["dialect"])).job_options
+    except DialectError:
+        return  # an unknown dialect is named when the job is checked
+    for key, option in declared.items():
+        if option.path and isinstance(job.get(key), str) and not Path(job[key]).is_absolute():
+            job[key] = str((base / job[key]).resolve())
 
 
 def _check_job(job: dict[str, Any], where: str) -> None:
