@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dialects.meta_schedule import features
-from lorien.dialect import AppliedConfig, Dialect
+from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.errors import DialectError
 from lorien.record import TuningRecord
 from lorien.workload import LAYOUT_NA, warn_unknown_flop
@@ -21,6 +21,11 @@ class MetaScheduleDialect(Dialect):
     """MetaSchedule: schedules as traces of instructions with sampling decisions."""
 
     name = "meta_schedule"
+    job_options = {
+        "measure_with": JobOption("lorien", str, "who builds and times the candidates: 'lorien' (Lorien's engine, "
+                                                 "no TVM needed) or 'tvm' (apache-tvm's builder and evaluator: "
+                                                 "TVM-true latencies, records whose build says measured_by tvm)"),
+    }
 
     def record_formats(self) -> list[str]:
         return ["meta_schedule"]
@@ -58,6 +63,12 @@ class MetaScheduleDialect(Dialect):
         from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
+
+    def check_job(self, job: TuneJob) -> None:
+        """``measure_with`` is ``lorien`` or ``tvm``; ``tvm`` needs apache-tvm and a CPU target."""
+        from dialects.meta_schedule.tvm_measure import check_measure_with
+
+        check_measure_with(job.option("measure_with"), job.target)
 
     def tuning_context(self, job: TuneJob, store: Any) -> TuneContext:
         """The design space of the workload's DAG and the job's tuner (:mod:`dialects.meta_schedule.tuning`)."""
