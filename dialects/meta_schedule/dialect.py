@@ -89,10 +89,12 @@ class MetaScheduleDialect(Dialect):
     def write_log(self, records: list[TuningRecord], log_format: str, path: str | Path,
                   workloads: Mapping[str, str] | None = None, **options: Any) -> int:
         """A JSONDatabase directory TVM loads: workloads tuned here become TVM modules (needs
-        apache-tvm), or stay Lorien compute DAGs with ``lorien_workloads``."""
+        apache-tvm), or stay Lorien compute DAGs with ``lorien_workloads``; ``measure_with_tvm``
+        writes TVM's latencies of the records Lorien's engine measured (needs apache-tvm)."""
         from dialects.meta_schedule.tvm_database import export_database
 
-        return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")))
+        return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")),
+                               measure_with_tvm=bool(options.get("measure_with_tvm")))
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
         """Replay, check and measure the trace of one JSONDatabase record here."""

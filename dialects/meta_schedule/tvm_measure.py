@@ -39,8 +39,9 @@ from lorien.record import MEASURED_BY_TVM, ErrorNo, TuningRecord
 MEASURE_WITH = ("lorien", "tvm")
 #: How candidates are timed here, as the ``runner`` of a TVM-measured record's build says.
 RUNNER = "tvm default_build + time_evaluator, in process"
-#: The ``measure`` keys TVM's evaluator uses; the rest (timeouts) only the engine's workers.
-_EVALUATOR_KEYS = ("number", "repeat", "min_repeat_ms", "flush_cache")
+#: How ``lorien export --measure-with-tvm`` times records: MetaSchedule's default
+#: ``EvaluatorConfig`` (what TVM's own tuning would have measured them with).
+EXPORT_MEASURE = {"number": 3, "repeat": 1, "min_repeat_ms": 100}
 
 
 def require_tvm(why: str) -> Any:
@@ -152,9 +153,13 @@ class TvmMeasurer:
         return schedule
 
     def _build(self, schedule: Any) -> Any:
+        import warnings
+
         from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
-        return default_build(schedule.mod, self.tvm_target, None)
+        with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
+            warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
+            return default_build(schedule.mod, self.tvm_target, None)
 
     def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
         from dialects.meta_schedule.compile import reference_inputs
@@ -210,3 +215,16 @@ def remeasure_with_tvm(records: Sequence[TuningRecord], measure: dict[str, Any] 
                                             all_cost=float(result.all_cost), timestamp=float(result.timestamp),
                                             build=result.extra["build"], source=source or record.source))
     return measured
+
+
+def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str, str] | None = None,
+                             measure: dict[str, Any] | None = None) -> list[TuningRecord]:
+    """``lorien export --measure-with-tvm``: the records Lorien's engine measured replaced by
+    their TVM-measured copies (:func:`remeasure_with_tvm`, timed as :data:`EXPORT_MEASURE`
+    unless ``measure`` says otherwise); the others as they are, in the same order."""
+    from lorien.record import MEASURED_BY_ENGINE
+
+    require_tvm("lorien export --measure-with-tvm")
+    engine = [record for record in records if record.measured_by == MEASURED_BY_ENGINE]
+    measured = iter(remeasure_with_tvm(engine, measure or EXPORT_MEASURE, entries=entries))
+    return [next(measured) if record.measured_by == MEASURED_BY_ENGINE else record for record in records]
