@@ -97,7 +97,8 @@ def test_export_measure_with_tvm_without_tvm_is_an_error_and_writes_nothing(tmp_
 
 
 def _tvm_latency_s(dag, trace, measure):
-    """The trace timed with TVM's own API, nothing of Lorien's measuring in between."""
+    """The trace timed with TVM's own API, nothing of Lorien's measuring in between: the
+    fastest repeat (what a busy shared machine disturbs least)."""
     tvm = pytest.importorskip("tvm")
     from tvm import s_tir
 
@@ -110,8 +111,8 @@ def _tvm_latency_s(dag, trace, measure):
     rng = np.random.default_rng(0)
     arrays = [tvm.runtime.tensor(rng.uniform(-1, 1, t.shape).astype(t.dtype)) for t in dag.io_tensors]
     evaluator = kernel.time_evaluator(kernel.entry_name, tvm.cpu(0), number=measure["number"],
-                                      repeat=measure["repeat"])
-    return float(np.median(evaluator(*arrays).results))
+                                      repeat=measure["repeat"], min_repeat_ms=measure["min_repeat_ms"])
+    return min(evaluator(*arrays).results)
 
 
 @pytest.mark.tvm
@@ -129,7 +130,7 @@ def test_a_job_measured_with_tvm_commits_records_with_tvm_s_latency(store_uri, c
         build = json.loads(record.build)
         assert record.measured_by == MEASURED_BY_TVM and build["tvm_version"] == tvm.__version__
         direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
-        assert float(np.median(record.costs)) == pytest.approx(direct_s, rel=0.5)
+        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
 
     best = min(records, key=lambda record: record.cost_s)
     capsys.readouterr()
@@ -143,6 +144,7 @@ def test_a_job_measured_with_tvm_commits_records_with_tvm_s_latency(store_uri, c
 def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_records(tmp_path, store_uri, capsys):
     pytest.importorskip("tvm")
     from dialects.meta_schedule.tuning import tune_dag
+    from dialects.meta_schedule.tvm_measure import EXPORT_MEASURE
     from lorien.formats.meta_schedule import iter_records
 
     dag = _matmul_32()
@@ -159,6 +161,6 @@ def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_recor
     written = list(iter_records(out))  # run_secs as TVM reads them
     assert len(written) == 2
     for record in written:
-        direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
-        assert record.cost_s == pytest.approx(direct_s, rel=0.5)
+        direct_s = _tvm_latency_s(dag, orjson.loads(record.config), EXPORT_MEASURE)  # as export times it
+        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
         assert record.cost_s not in engine_s

@@ -93,8 +93,11 @@ class MetaScheduleDialect(Dialect):
         writes TVM's latencies of the records Lorien's engine measured (needs apache-tvm)."""
         from dialects.meta_schedule.tvm_database import export_database
 
-        return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")),
-                               measure_with_tvm=bool(options.get("measure_with_tvm")))
+        if options.get("measure_with_tvm"):
+            from dialects.meta_schedule.tvm_measure import remeasure_engine_records
+
+            records = remeasure_engine_records(records, dict(workloads or {}))
+        return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")))
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:
         """Replay, check and measure the trace of one JSONDatabase record here."""

@@ -206,26 +206,19 @@ def write_tvm_database(records: Iterable[TuningRecord], work_dir: str | Path, st
 
 
 def export_database(records: Iterable[TuningRecord], directory: str | Path,
-                    entries: Mapping[str, str] | None = None, lorien_workloads: bool = False,
-                    measure_with_tvm: bool = False) -> int:
+                    entries: Mapping[str, str] | None = None, lorien_workloads: bool = False) -> int:
     """``lorien export --format meta_schedule -o DIR``: a JSONDatabase real TVM loads. Records
     of TVM's own workloads are written unchanged; workloads tuned here (Lorien compute DAGs)
     are converted to TVM modules by :func:`write_tvm_database`, which needs apache-tvm.
     With ``lorien_workloads`` they stay in Lorien's form (``lorien ingest`` and
     :class:`~dialects.meta_schedule.database.JSONDatabase` read it back; TVM does not).
     Without TVM and without that flag, raises DialectError naming the workloads before
-    anything is written. With ``measure_with_tvm`` the records Lorien's engine measured are
-    re-measured with TVM first and written with TVM's latencies
-    (:func:`~dialects.meta_schedule.tvm_measure.remeasure_engine_records`). Returns the records written."""
+    anything is written. Returns the records written."""
     from dialects.meta_schedule.compile import is_lorien_entry, workload_entry
     from lorien.formats import write_log
 
     records = list(records)
     entries = dict(entries or {})
-    if measure_with_tvm:
-        from dialects.meta_schedule.tvm_measure import remeasure_engine_records
-
-        records = remeasure_engine_records(records, entries)
     tuned_here = {record.workload_key: record.task_name for record in records
                   if is_lorien_entry(workload_entry(record, entries=entries))}
     if not tuned_here or lorien_workloads:
