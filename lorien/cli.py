@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="meta_schedule: write workloads tuned by Lorien's own dialect as Lorien compute "
                              "DAGs, which lorien ingest reads back but TVM does not (default: convert them to "
                              "TVM modules, which needs apache-tvm)")
+    export.add_argument("--measure-with-tvm", action="store_true",
+                        help="meta_schedule: re-measure with TVM the records Lorien's engine measured and "
+                             "write TVM's latencies as run_secs (needs apache-tvm; default: write the "
+                             "engine's and say how many records carry them)")
     export.add_argument("--store", help=STORE_HELP)
     export.add_argument("--json", action="store_true",
                         help="print what was written as JSON (needs -o: the records go to the file)")
@@ -662,6 +666,7 @@ def _run_ingest(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from lorien.dialect import format_owner, get_dialect
     from lorien.formats import codec_of, encode_record
+    from lorien.record import MEASURED_BY_ENGINE
     from lorien.warehouse.query import export_records
 
     if args.json and not args.output:
@@ -679,23 +684,33 @@ def _run_export(args: argparse.Namespace) -> int:
     if not records:
         print(f"lorien export: no {args.format} records of target {args.target!r}", file=sys.stderr)
         return 1
+    engine_measured = sum(1 for record in records if record.measured_by == MEASURED_BY_ENGINE)
+    if args.measure_with_tvm and not args.output:
+        raise LorienError("export --measure-with-tvm writes a file or directory: give it with -o")
     if args.output:
         dialect = get_dialect(format_owner(args.format))
         count = dialect.write_log(records, args.format, args.output, workloads,
-                                  lorien_workloads=args.lorien_workloads)
+                                  lorien_workloads=args.lorien_workloads, measure_with_tvm=args.measure_with_tvm)
+        remeasured, engine_measured = (engine_measured, 0) if args.measure_with_tvm else (0, engine_measured)
         if args.json:
             import json
 
             print(json.dumps({"output": args.output, "format": args.format, "target": args.target,
                               "records": count, "workloads": len({record.workload_key for record in records}),
-                              "stored_targets": sorted({record.target for record in records})}, indent=2))
+                              "stored_targets": sorted({record.target for record in records}),
+                              "engine_measured_records": engine_measured, "remeasured_with_tvm": remeasured},
+                             indent=2))
         else:
-            print(f"wrote {count} records to {args.output}", file=sys.stderr)
+            print(f"wrote {count} records to {args.output}"
+                  + (f" ({remeasured} re-measured with TVM)" if remeasured else ""), file=sys.stderr)
     elif codec.LOG_SUFFIX is None:
         raise LorienError(f"export --format {args.format} writes a directory: give it with -o DIR")
     else:
         for record in records:
             print(encode_record(record, args.format))
+    if engine_measured:
+        print(f"lorien export: {engine_measured} of {len(records)} records carry latencies measured by Lorien's "
+              f"engine, not by TVM (--measure-with-tvm re-measures meta_schedule records with TVM)", file=sys.stderr)
     return 0
 
 # ---- run functions: extract, mutate -------------------------------------------------------

@@ -134,9 +134,13 @@ class Dialect(ABC):
         """Write records in one of this dialect's formats for ``lorien export -o PATH``, as its
         tuning system reads them (:func:`lorien.formats.write_log`; a dialect whose records
         need converting first overrides this); returns the records written. Options the core
-        passes: ``lorien_workloads`` (meta_schedule: keep workloads tuned here in Lorien's form)."""
+        passes: ``lorien_workloads`` (meta_schedule: keep workloads tuned here in Lorien's form),
+        ``measure_with_tvm`` (re-measure with TVM every record Lorien's engine measured and write
+        TVM's latencies; a dialect that cannot raises DialectError)."""
         from lorien.formats import write_log
 
+        if options.get("measure_with_tvm"):
+            raise DialectError(f"dialect {self.name!r} cannot re-measure its records with TVM")
         return write_log(records, log_format, path, workloads)
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:

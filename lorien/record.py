@@ -31,6 +31,12 @@ class ErrorNo(enum.IntEnum):
     UNKNOWN_ERROR = 8
 
 
+#: Who measured a record's costs, by the ``measured_by`` of its ``build`` JSON
+#: (:attr:`TuningRecord.measured_by`): Lorien's engine, TVM's builder and runner (the build
+#: then names ``tvm_version`` and ``runner``), or the log a record was ingested from (its
+#: ``build`` says nothing: the latencies are whatever the tool that wrote the log measured).
+MEASURED_BY_ENGINE, MEASURED_BY_TVM, MEASURED_BY_LOG = "lorien", "tvm", "log"
+
 #: Cost given to failed candidates in TVM logs (``MAX_FLOAT``-like sentinel, seconds).
 FAILED_COST_S = 1e10
 
@@ -133,6 +139,21 @@ class TuningRecord:
     @property
     def cost_s(self) -> float | None:
         return mean_cost_s(self.costs, self.error_no)
+
+    @property
+    def measured_by(self) -> str:
+        """Who measured this record's costs: ``measured_by`` of its build JSON; a build that names
+        only Lorien's ``engine`` (records from before the field) is the engine's; an empty build
+        (an ingested log line) is :data:`MEASURED_BY_LOG`."""
+        try:
+            build = orjson.loads(self.build) if self.build else {}
+        except orjson.JSONDecodeError:
+            build = {}
+        if not isinstance(build, dict):
+            return MEASURED_BY_LOG
+        if build.get("measured_by"):
+            return str(build["measured_by"])
+        return MEASURED_BY_ENGINE if str(build.get("engine", "")).startswith("lorien") else MEASURED_BY_LOG
 
     @property
     def is_valid(self) -> bool:

@@ -24,6 +24,9 @@ class MetaScheduleDialect(Dialect):
     job_options = {
         "workload_file": JobOption(None, str, "a JSONDatabase workload file holding the job's workload_key (TVM's "
                                    "module of the task; written by lorien extract --dialect meta_schedule)", path=True),
+        "measure_with": JobOption("lorien", str, "who builds and times the candidates: 'lorien' (Lorien's engine, "
+                                                 "no TVM needed) or 'tvm' (apache-tvm's builder and evaluator: "
+                                                 "TVM-true latencies, records whose build says measured_by tvm)"),
     }
 
     def record_formats(self) -> list[str]:
@@ -64,7 +67,11 @@ class MetaScheduleDialect(Dialect):
         return expand_workload(op, params)
 
     def check_job(self, job: TuneJob) -> None:
-        """A job with a ``workload_file`` names a workload of that file by its structural hash."""
+        """A job with a ``workload_file`` names a workload of that file by its structural hash;
+        ``measure_with`` is ``lorien`` or ``tvm`` (``tvm`` needs apache-tvm and a CPU target)."""
+        from dialects.meta_schedule.tvm_measure import check_measure_with
+
+        check_measure_with(job.option("measure_with"), job.target)
         if job.option("workload_file") is not None:
             from dialects.meta_schedule.relax_tasks import workload_of_file
 
@@ -99,9 +106,14 @@ class MetaScheduleDialect(Dialect):
     def write_log(self, records: list[TuningRecord], log_format: str, path: str | Path,
                   workloads: Mapping[str, str] | None = None, **options: Any) -> int:
         """A JSONDatabase directory TVM loads: workloads tuned here become TVM modules (needs
-        apache-tvm), or stay Lorien compute DAGs with ``lorien_workloads``."""
+        apache-tvm), or stay Lorien compute DAGs with ``lorien_workloads``; ``measure_with_tvm``
+        writes TVM's latencies of the records Lorien's engine measured (needs apache-tvm)."""
         from dialects.meta_schedule.tvm_database import export_database
 
+        if options.get("measure_with_tvm"):
+            from dialects.meta_schedule.tvm_measure import remeasure_engine_records
+
+            records = remeasure_engine_records(records, dict(workloads or {}))
         return export_database(records, path, workloads, lorien_workloads=bool(options.get("lorien_workloads")))
 
     def apply_log_line(self, path: str, line_no: int, **options: Any) -> AppliedConfig:

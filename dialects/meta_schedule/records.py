@@ -32,9 +32,10 @@ def tensor_shapes(record: TuningRecord) -> list[tuple[str, list[int]]]:
 
 def make_record(target: str, workload_key: str, trace: Any, costs: list[float], error_no: int, all_cost: float,
                 timestamp: float, args_info: list[Any], flop: float | None, task_name: str, extra: dict[str, Any],
-                source: str = "lorien tune", layout: str = "NA") -> TuningRecord:
+                source: str = "lorien tune", layout: str = "NA", build: str | None = None) -> TuningRecord:
     """A TuningRecord of one measured trace, in MetaSchedule's record form (run_secs, the target
-    as TVM's JSON dict, args_info); ``extra`` says where its workload is."""
+    as TVM's JSON dict, args_info); ``extra`` says where its workload is, ``build`` what measured
+    it (default: Lorien's engine for ``target``)."""
     from lorien.engine.build import build_info
     from lorien.engine.cpu import engine_target
     from lorien.record import FAILED_COST_S
@@ -48,7 +49,7 @@ def make_record(target: str, workload_key: str, trace: Any, costs: list[float], 
         task_name=task_name, args=orjson.dumps(args_info).decode(), layout=layout,
         config=orjson.dumps(trace).decode(), costs=list(costs), error_no=int(error_no), all_cost=float(all_cost),
         timestamp=float(timestamp), flop=flop, extra=orjson.dumps(extra).decode(), source=source,
-        target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build_info(engine_target(parsed.canonical)))
+        target_raw=orjson.dumps(target_dict(parsed)).decode(), build=build or build_info(engine_target(parsed.canonical)))
 
 
 def target_dict(target: Any) -> dict[str, Any]:

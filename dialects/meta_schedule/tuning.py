@@ -15,6 +15,7 @@ from the store's traces of the workload and commits batch by batch.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
@@ -76,13 +77,22 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
 
     def to_records(traces: list[Any], results: list[Any], source: str) -> list[TuningRecord]:
         return [make_record(target, workload_key, trace, list(r.costs), int(r.error_no), float(r.all_cost),
-                            float(r.timestamp), info, flop, task_name, extra, source, layout)
+                            float(r.timestamp), info, flop, task_name, extra, source, layout, r.extra.get("build"))
                 for trace, r in zip(traces, results, strict=True)]
 
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
-        measure=lambda traces: measure_traces(dag, traces, job.measure, engine_target(target)),
-        to_records=to_records, index_of=lambda record: None)
+        measure=job_measure(dag, job, target), to_records=to_records, index_of=lambda record: None)
+
+
+def job_measure(dag: ComputeDAG, job: TuneJob, target: str) -> Callable[[list[Any]], list[Any]]:
+    """How a job's traces are measured: by Lorien's engine, or with ``measure_with: tvm`` built
+    and timed by TVM (:mod:`dialects.meta_schedule.tvm_measure`; the records say which)."""
+    if job.option("measure_with") == "tvm":
+        from dialects.meta_schedule.tvm_measure import TvmMeasurer
+
+        return TvmMeasurer(dag, job.measure, target)
+    return lambda traces: measure_traces(dag, traces, job.measure, engine_target(target))
 
 
 def tune_dag(dag: ComputeDAG, job: dict[str, Any], store: Any = None, **options: Any) -> TuneProgress:

@@ -84,12 +84,15 @@ class CpuTarget:
                               f"({host.cpu}) has {32 * host.lanes}-bit ones and cannot run it")
 
     def build_fields(self) -> dict[str, Any]:
-        """What a measurement record says about its build (engine, LLVM, CPUs, vectors, threads, caches)."""
+        """What a measurement record says about its build (who measured it: ``measured_by`` Lorien's
+        engine; engine, LLVM, CPUs, vectors, threads, caches)."""
         from lorien import __version__
+        from lorien.record import MEASURED_BY_ENGINE
 
-        return {"engine": f"lorien-{__version__}", "llvm": ".".join(str(v) for v in llvm.llvm_version_info),
-                "cpu": host_cpu_name(), "machine": platform.machine(), "mcpu": self.cpu,
-                "vector_lanes": self.lanes, "threads": self.threads, **host_cache_kb()}
+        return {"measured_by": MEASURED_BY_ENGINE, "engine": f"lorien-{__version__}",
+                "llvm": ".".join(str(v) for v in llvm.llvm_version_info), "cpu": host_cpu_name(),
+                "machine": platform.machine(), "mcpu": self.cpu, "vector_lanes": self.lanes,
+                "threads": self.threads, **host_cache_kb()}
 
     def build_json(self) -> str:
         """:meth:`build_fields` as the JSON a record's ``build`` holds (keys sorted)."""

@@ -57,6 +57,7 @@ def record_summary(record: TuningRecord) -> dict[str, object]:
         "gflops": None if gflops is None else round(gflops, 2),
         "layout": record.layout,
         "target": record.target,
+        "measured_by": record.measured_by,
         "workload_key": record.workload_key,
         "config": record.config,
         "record_id": record.record_id,

@@ -1,0 +1,231 @@
+"""TVM-true latencies: meta_schedule traces built and timed by apache-tvm (needs the ``tvm`` extra).
+
+Lorien's engine is a different machine model from TVM's: the same trace compiles to other code
+and times differently (14.7 vs 21.1 us on a small dense; 62.4 vs 91.1 us on a larger one), so a
+latency the engine measured is not what TVM would see when it compiles that trace. Here a trace
+is applied to the workload's TVM module (:func:`~dialects.meta_schedule.tvm_database.tvm_module_of`,
+blocks named as TVM names them) with ``tvm.s_tir.Schedule``, built with MetaSchedule's own
+``default_build`` and timed with the module's ``time_evaluator`` under the job's ``measure``
+settings (``number``, ``repeat``, ``min_repeat_ms``, ``flush_cache`` as TVM's
+``cache_flush_cpu_non_first_arg``), the output checked against NumPy first.
+
+Candidates are built and run in this process (TVM's LocalBuilder and LocalRunner start a worker
+that spends most of a minute importing TVM on a small machine), so ``build_timeout_s`` and
+``run_timeout_s`` do not apply; a candidate TVM cannot apply, build or run becomes a record
+with the matching error code, as on the engine. Every record measured here says so in its
+``build`` JSON: ``measured_by: "tvm"``, ``tvm_version``, ``runner``, the ``tvm_target`` it was
+built for and the runtime's ``threads``.
+
+A target without ``-mcpu`` is built for this host's CPU, as Lorien's engine builds it (TVM itself
+would generate generic x86-64 code for plain ``llvm``); TVM's runtime uses as many threads as it
+decides (``TVM_NUM_THREADS``), as it will when the model runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from lorien.engine.dag import ComputeDAG
+from lorien.errors import ConfigError, DialectError
+from lorien.record import MEASURED_BY_TVM, ErrorNo, TuningRecord
+
+#: Who measures a meta_schedule job's candidates (its ``measure_with`` option).
+MEASURE_WITH = ("lorien", "tvm")
+#: How candidates are timed here, as the ``runner`` of a TVM-measured record's build says.
+RUNNER = "tvm default_build + time_evaluator, in process"
+#: How ``lorien export --measure-with-tvm`` times records: MetaSchedule's default
+#: ``EvaluatorConfig`` (``number`` 3, ``min_repeat_ms`` 100), repeated 3 times, not once, so
+#: that one busy moment of a shared machine does not become the latency.
+EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
+
+
+def require_tvm(why: str) -> Any:
+    """The ``tvm`` module, or DialectError saying ``why`` it is needed and what to install."""
+    try:
+        import tvm
+        import tvm.s_tir.meta_schedule  # noqa: F401 - the builder measuring needs
+    except ImportError as exc:
+        raise DialectError(f"{why} needs apache-tvm, which does not import here ({exc}); install it with "
+                           f"pip install 'lorien[tvm]'") from exc
+    return tvm
+
+
+def tvm_target_dict(target: str) -> dict[str, Any]:
+    """TVM's JSON dict of a CPU target string, built for this host's CPU when it names no ``-mcpu``."""
+    from dialects.meta_schedule.records import target_dict
+    from lorien.engine.cpu import CPU_KINDS, host_cpu_name
+    from lorien.target import parse_target
+
+    parsed = parse_target(target)
+    if parsed.kind not in CPU_KINDS:
+        raise DialectError(f"measuring through TVM is for CPU targets here, not {target!r}")
+    value = target_dict(parsed)
+    value.setdefault("mcpu", host_cpu_name())
+    return value
+
+
+@functools.lru_cache(maxsize=8)
+def tvm_build_info(target: str) -> str:
+    """The ``build`` JSON of a record TVM measured here for ``target``: ``measured_by: "tvm"``,
+    TVM's version, LLVM and runner, the target it built for, the host's CPU, vectors, caches
+    and TVM's runtime threads (keys sorted, as the engine's)."""
+    tvm = require_tvm("measuring with TVM")
+    from lorien.engine.cpu import cpu_target
+
+    tvm_target = tvm_target_dict(target)
+    fields = cpu_target(f"llvm -mcpu={tvm_target['mcpu']}").build_fields()
+    del fields["engine"]
+    fields.update({"measured_by": MEASURED_BY_TVM, "tvm_version": tvm.__version__, "runner": RUNNER,
+                   "tvm_target": tvm_target, "llvm": str(tvm.target.codegen.llvm_version_major()),
+                   "threads": int(tvm.get_global_func("runtime.NumThreads")())})
+    return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def check_measure_with(value: Any, target: str) -> None:
+    """Check a job's ``measure_with``: one of :data:`MEASURE_WITH`; ``tvm`` needs apache-tvm
+    and a CPU target. DialectError names what is wrong, before anything is measured."""
+    if value not in MEASURE_WITH:
+        raise DialectError(f"'measure_with' must be one of {list(MEASURE_WITH)}, got {value!r}")
+    if value == "tvm":
+        require_tvm("'measure_with: tvm' (candidates built and timed by TVM)")
+        tvm_target_dict(target)
+
+
+class TvmMeasurer:
+    """``measure(traces) -> results`` of a job measured through TVM: each trace applied to the
+    workload's TVM module, built, checked against NumPy and timed by TVM; one
+    :class:`lorien.engine.measure.MeasureResult` each, whose ``extra["build"]`` is the
+    record's build JSON (:func:`tvm_build_info`)."""
+
+    def __init__(self, dag: ComputeDAG, measure: dict[str, Any] | None, target: str):
+        from lorien.engine.measure import MeasureOption
+
+        self.tvm = require_tvm("measuring with TVM")
+        try:
+            self.option = MeasureOption(**(measure or {}))
+        except TypeError as exc:
+            raise ConfigError(f"bad measure options {measure}: {exc}") from exc
+        self.dag, self.target = dag, target
+        self.tvm_target = self.tvm.target.Target(tvm_target_dict(target))
+        self.build = tvm_build_info(target)
+        self._module: Any = None
+        self._inputs: list[np.ndarray] | None = None
+        self._expected: list[np.ndarray] | None = None
+
+    def __call__(self, traces: Sequence[Any]) -> list[Any]:
+        return [self.measure_one(trace) for trace in traces]
+
+    def measure_one(self, trace: Any) -> Any:
+        """One trace built and timed by TVM (a MeasureResult; a failure has its error code)."""
+        from lorien.engine.measure import MeasureResult
+        from lorien.record import FAILED_COST_S
+
+        started = time.time()
+        costs, error_no, error_msg = [FAILED_COST_S], ErrorNo.NO_ERROR, ""
+        # The isolation boundary, as in the engine's workers: whatever TVM raises applying,
+        # building or running one candidate becomes that candidate's error, with its message.
+        stage = ErrorNo.INSTANTIATION_ERROR
+        try:
+            schedule = self._schedule(trace)
+            stage = ErrorNo.COMPILE_HOST
+            kernel = self._build(schedule)
+            stage = ErrorNo.RUNTIME_DEVICE
+            costs, error_no, error_msg = self._run(kernel)
+        except Exception as exc:  # noqa: BLE001 - see above
+            error_no, error_msg = stage, f"{type(exc).__name__}: {exc}"
+        return MeasureResult(costs, int(error_no), time.time() - started, time.time(), error_msg[:2000],
+                             extra={"build": self.build})
+
+    def _schedule(self, trace: Any) -> Any:
+        from tvm import s_tir
+
+        from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+
+        if self._module is None:
+            self._module = tvm_module_of(self.dag)
+        schedule = s_tir.Schedule(self._module)
+        s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
+        return schedule
+
+    def _build(self, schedule: Any) -> Any:
+        import warnings
+
+        from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+        with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
+            warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
+            return default_build(schedule.mod, self.tvm_target, None)
+
+    def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
+        from dialects.meta_schedule.compile import reference_inputs
+
+        tvm, option = self.tvm, self.option
+        if self._inputs is None:
+            self._inputs = reference_inputs(self.dag, option.seed)
+        given = iter(self._inputs)
+        outputs = [t for t in self.dag.io_tensors if t in self.dag.outputs]
+        arrays = [tvm.runtime.tensor(np.zeros(t.shape, t.dtype) if t in outputs else next(given))
+                  for t in self.dag.io_tensors]
+        if option.check_correctness:
+            kernel(*arrays)
+            if self._expected is None:
+                self._expected = self.dag.evaluate(*self._inputs)
+            got = [array.numpy() for array, t in zip(arrays, self.dag.io_tensors, strict=True) if t in outputs]
+            for tensor, value, want in zip(outputs, got, self._expected, strict=True):
+                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol):
+                    error = float(np.max(np.abs(value.astype(np.float64) - want.astype(np.float64))))
+                    return [], ErrorNo.WRONG_ANSWER, (f"output {tensor.name!r} differs from the NumPy reference "
+                                                      f"(max abs error {error:.3g})")
+        evaluator = kernel.time_evaluator(kernel.entry_name, tvm.cpu(0), number=option.number, repeat=option.repeat,
+                                          min_repeat_ms=int(option.min_repeat_ms),
+                                          f_preproc="cache_flush_cpu_non_first_arg" if option.flush_cache else "")
+        return [float(cost) for cost in evaluator(*arrays).results], ErrorNo.NO_ERROR, ""
+
+
+def measure_traces_with_tvm(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None,
+                            target: str) -> list[Any]:
+    """Build and time traces of a DAG with TVM for ``target``; one MeasureResult each."""
+    return TvmMeasurer(dag, measure, target)(traces)
+
+
+def remeasure_with_tvm(records: Sequence[TuningRecord], measure: dict[str, Any] | None = None, store: Any = None,
+                       entries: dict[str, str] | None = None, source: str | None = None) -> list[TuningRecord]:
+    """TVM-measured copies of meta_schedule records of workloads tuned here (Lorien compute DAGs):
+    the same trace, workload and target, its costs, error, timestamp and build from TVM
+    (``source``: the copies' tag, default the record's own). A record whose workload is a TVM
+    module is refused: its latency is the log's, not the engine's."""
+    from dialects.meta_schedule.compile import is_lorien_entry, workload_dag, workload_entry
+
+    measurers: dict[tuple[str, str], TvmMeasurer] = {}
+    measured = []
+    for record in records:
+        if not is_lorien_entry(workload_entry(record, store, entries)):
+            raise DialectError(f"record {record.record_id} ({record.task_name}): its workload is a TVM module; "
+                               f"re-measuring with TVM is for workloads tuned by Lorien's meta_schedule dialect")
+        key = (record.workload_key, record.target)
+        if key not in measurers:
+            measurers[key] = TvmMeasurer(workload_dag(record, store, entries), measure, record.target)
+        result = measurers[key].measure_one(orjson.loads(record.config))
+        measured.append(record.with_changes(costs=list(result.costs), error_no=int(result.error_no),
+                                            all_cost=float(result.all_cost), timestamp=float(result.timestamp),
+                                            build=result.extra["build"], source=source or record.source))
+    return measured
+
+
+def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str, str] | None = None,
+                             measure: dict[str, Any] | None = None) -> list[TuningRecord]:
+    """``lorien export --measure-with-tvm``: the records Lorien's engine measured replaced by
+    their TVM-measured copies (:func:`remeasure_with_tvm`, timed as :data:`EXPORT_MEASURE`
+    unless ``measure`` says otherwise); the others as they are, in the same order."""
+    from lorien.record import MEASURED_BY_ENGINE
+
+    require_tvm("lorien export --measure-with-tvm")
+    engine = [record for record in records if record.measured_by == MEASURED_BY_ENGINE]
+    measured = iter(remeasure_with_tvm(engine, measure or EXPORT_MEASURE, entries=entries))
+    return [next(measured) if record.measured_by == MEASURED_BY_ENGINE else record for record in records]

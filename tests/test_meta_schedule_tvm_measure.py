@@ -1,0 +1,166 @@
+"""TVM-true latencies: a record says what measured it; a meta_schedule job with
+``measure_with: tvm`` is built and timed by TVM; export says how many records carry the
+engine's latencies, or re-measures them with TVM."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import orjson
+import pytest
+
+from lorien.cli import main
+from lorien.errors import ConfigError
+from lorien.record import MEASURED_BY_ENGINE, MEASURED_BY_LOG, MEASURED_BY_TVM, TuningRecord
+from lorien.tune.job import TuneJob
+from lorien.warehouse import open_store
+
+MEASURE = {"number": 20, "repeat": 5, "min_repeat_ms": 0}
+
+
+def _matmul_32():
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a, b = te.placeholder((32, 32), "float32", "A"), te.placeholder((32, 32), "float32", "B")
+    k = te.reduce_axis(32, "k")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return ComputeDAG([a, b, c])
+
+
+def _without_tvm(monkeypatch) -> None:
+    for name in [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")] + ["tvm"]:
+        monkeypatch.setitem(sys.modules, name, None)  # apache-tvm not installed
+
+
+def _record(build: str) -> TuningRecord:
+    return TuningRecord(dialect="meta_schedule", target="llvm", target_key="llvm_cpu", workload_key="1",
+                        task_name="t", args="[]", layout="NA", config="[]", costs=[1e-6], build=build)
+
+
+def test_a_record_says_whether_the_engine_tvm_or_an_ingested_log_measured_it():
+    from lorien.engine.build import build_info
+
+    assert json.loads(build_info())["measured_by"] == MEASURED_BY_ENGINE
+    assert _record(build_info()).measured_by == MEASURED_BY_ENGINE
+    assert _record('{"engine": "lorien-0.1.0"}').measured_by == MEASURED_BY_ENGINE  # stored before the field
+    assert _record('{"measured_by": "tvm", "tvm_version": "0.27.0"}').measured_by == MEASURED_BY_TVM
+    assert _record("{}").measured_by == MEASURED_BY_LOG
+
+
+def test_measure_with_tvm_without_tvm_is_an_error_naming_what_to_install(monkeypatch):
+    _without_tvm(monkeypatch)
+    spec = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [4, 8, 16, False, False, "float32"],
+            "measure_with": "tvm"}
+    with pytest.raises(ConfigError, match=r"measure_with: tvm.*pip install 'lorien\[tvm\]'"):
+        TuneJob.from_spec(spec)
+    assert TuneJob.from_spec({**spec, "measure_with": "lorien"}).option("measure_with") == "lorien"
+
+
+def test_measure_with_names_who_may_measure():
+    spec = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [4, 8, 16, False, False, "float32"],
+            "measure_with": "tvm-rpc"}
+    with pytest.raises(ConfigError, match=r"'measure_with' must be one of \['lorien', 'tvm'\], got 'tvm-rpc'"):
+        TuneJob.from_spec(spec)
+
+
+def test_export_says_how_many_records_carry_engine_latencies(tmp_path, store_uri, shared_data, capsys):
+    from dialects.meta_schedule.tuning import tune_dag
+
+    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
+    assert main(["ingest", str(shared_data / "meta_schedule" / "matmul_128"), "--store", store_uri]) == 0
+    capsys.readouterr()
+    out = tmp_path / "db"
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
+                 "--store", store_uri, "-o", str(out)]) == 0
+    assert "2 of 34 records carry latencies measured by Lorien's engine, not by TVM" in capsys.readouterr().err
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
+                 "--store", store_uri, "-o", str(tmp_path / "db2"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["records"] == 34 and summary["engine_measured_records"] == 2
+    assert summary["remeasured_with_tvm"] == 0
+
+
+def test_export_measure_with_tvm_without_tvm_is_an_error_and_writes_nothing(tmp_path, store_uri, monkeypatch,
+                                                                             capsys):
+    from dialects.meta_schedule.tuning import tune_dag
+
+    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
+    _without_tvm(monkeypatch)
+    out = tmp_path / "db"
+    assert main(["export", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
+                 "--measure-with-tvm", "--store", store_uri, "-o", str(out)]) == 1
+    assert "pip install 'lorien[tvm]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _tvm_latency_s(dag, trace, measure):
+    """The trace timed with TVM's own API, nothing of Lorien's measuring in between: the
+    fastest repeat (what a busy shared machine disturbs least)."""
+    tvm = pytest.importorskip("tvm")
+    from tvm import s_tir
+
+    from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+    from lorien.engine.cpu import host_cpu_name
+
+    schedule = s_tir.Schedule(tvm_module_of(dag))
+    s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
+    kernel = tvm.tirx.build(schedule.mod, target=tvm.target.Target({"kind": "llvm", "mcpu": host_cpu_name()}))
+    rng = np.random.default_rng(0)
+    arrays = [tvm.runtime.tensor(rng.uniform(-1, 1, t.shape).astype(t.dtype)) for t in dag.io_tensors]
+    evaluator = kernel.time_evaluator(kernel.entry_name, tvm.cpu(0), number=measure["number"],
+                                      repeat=measure["repeat"], min_repeat_ms=measure["min_repeat_ms"])
+    return min(evaluator(*arrays).results)
+
+
+@pytest.mark.tvm
+def test_a_job_measured_with_tvm_commits_records_with_tvm_s_latency(store_uri, capsys):
+    tvm = pytest.importorskip("tvm")
+    from dialects.meta_schedule.tuning import tune_dag
+
+    dag = _matmul_32()
+    progress = tune_dag(dag, {"trials": 3, "batch_size": 3, "measure": MEASURE, "tuner": "random",
+                              "measure_with": "tvm"}, store_uri)
+    with open_store(store_uri) as store:
+        records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
+    assert len(records) == 3 and all(record.error_no == 0 for record in records)
+    for record in records:
+        build = json.loads(record.build)
+        assert record.measured_by == MEASURED_BY_TVM and build["tvm_version"] == tvm.__version__
+        direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
+        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+
+    best = min(records, key=lambda record: record.cost_s)
+    capsys.readouterr()
+    assert main(["query", "--workload-key", best.workload_key, "--target", "llvm", "--format", "json",
+                 "--store", store_uri]) == 0
+    answer = json.loads(capsys.readouterr().out)[0]
+    assert answer["measured_by"] == "tvm" and answer["cost_us"] == pytest.approx(progress.best_cost_s * 1e6, rel=1e-3)
+
+
+@pytest.mark.tvm
+def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_records(tmp_path, store_uri, capsys):
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.tuning import tune_dag
+    from dialects.meta_schedule.tvm_measure import EXPORT_MEASURE
+    from lorien.formats.meta_schedule import iter_records
+
+    dag = _matmul_32()
+    progress = tune_dag(dag, {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
+    engine_s = {record.cost_s for record in progress.records}
+    capsys.readouterr()
+    out = tmp_path / "db"
+    assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--measure-with-tvm",
+                 "--store", store_uri, "-o", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["remeasured_with_tvm"] == 2 and summary["engine_measured_records"] == 0
+    assert "engine, not by TVM" not in captured.err
+    written = list(iter_records(out))  # run_secs as TVM reads them
+    assert len(written) == 2
+    for record in written:
+        direct_s = _tvm_latency_s(dag, orjson.loads(record.config), EXPORT_MEASURE)  # as export times it
+        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+        assert record.cost_s not in engine_s
