@@ -381,6 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- run functions: tune -----------------------------------------------------------------
 
+def measured_by_phrase(jobs: list[dict], runtime: str) -> str:
+    """Who measured a config's jobs, for the end of ``lorien tune``'s summary: Lorien's engine
+    (and its runtime), or TVM's builder and runner for jobs with ``measure_with: tvm``."""
+    by_tvm = sum(1 for job in jobs if str(job.get("measure_with", "lorien")) == "tvm")
+    if jobs and by_tvm == len(jobs):
+        return "measured by TVM's builder and runner"
+    if by_tvm:
+        return f"{by_tvm} of {len(jobs)} jobs measured by TVM, the others by Lorien's engine (runtime: {runtime})"
+    return f"measured by Lorien's engine (runtime: {runtime})"
+
+
 def _run_tune(args: argparse.Namespace) -> int:
     from lorien.tune.config import load_tune_config
 
@@ -423,7 +434,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     if not args.json:
         from lorien.engine.runtime import chosen_runtime
 
-        print(f"records committed to {store_uri} (engine runtime: {chosen_runtime()})"
+        print(f"records committed to {store_uri} ({measured_by_phrase(config.jobs, chosen_runtime())})"
               + "".join(f"\narchived {uri}" for uri in archived))
     return 0
 

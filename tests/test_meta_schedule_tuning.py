@@ -114,7 +114,7 @@ def test_tuning_again_measures_no_trace_twice(store_uri):
     assert len(configs) == len(set(configs)) == 12
 
 
-def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, store_uri):
+def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, store_uri, capsys):
     config = yaml.safe_load(Path("configs/samples/meta_schedule.yaml").read_text())
     config.update(trials=4, batch_size=4, measure=MEASURE)
     config["workloads"] = [{"conv2d": {"C": 4, "H": 6, "W": 6, "K": 8, "kernel": 3, "padding": 1}},
@@ -122,6 +122,7 @@ def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, stor
     path = tmp_path / "ms.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["tune", str(path), "--store", store_uri, "--no-progress"]) == 0
+    assert "measured by Lorien's engine (runtime: " in capsys.readouterr().out
     database = tmp_path / "db"
     assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
                  "--store", store_uri, "-o", str(database)]) == 0
@@ -155,3 +156,12 @@ def test_lorien_workloads_is_only_for_meta_schedule_exports(tmp_path, store_uri,
     assert main(["export", "--target", "llvm", "--format", "autotvm", "--lorien-workloads", "--store", store_uri,
                  "-o", str(tmp_path / "x.log")]) == 1
     assert "--lorien-workloads is for formats whose records name their workload by hash" in capsys.readouterr().err
+
+
+def test_the_tune_summary_names_who_measured_the_jobs():
+    from lorien.cli import measured_by_phrase
+
+    assert measured_by_phrase([{"measure_with": "tvm"}], "llvm") == "measured by TVM's builder and runner"
+    assert measured_by_phrase([{}, {"measure_with": "lorien"}], "llvm") == "measured by Lorien's engine (runtime: llvm)"
+    mixed = measured_by_phrase([{"measure_with": "tvm"}, {}], "c")
+    assert mixed.startswith("1 of 2 jobs measured by TVM") and "runtime: c" in mixed
