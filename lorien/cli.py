@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
     featurize = _parser(sub, "featurize", "records -> normalized per-template features (CSV, .meta, Parquet)",
-                        "lorien featurize --store parquet:./lorien-warehouse -o features/")
+                        "lorien featurize --store parquet:./lorien-warehouse -o features/\n"
+                        "  lorien featurize --store parquet:./lorien-warehouse --features program -o program-features/")
     featurize.add_argument("logs", nargs="*", metavar="LOG", help="log files or directories (instead of --store)")
     featurize.add_argument("--store", help="read records from this store instead of logs; " + STORE_HELP)
     featurize.add_argument("-o", "--output", required=True, help="output directory")
@@ -250,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
                            help="auto (default; builtin: the same): each dialect's batch featurizer (column-wise "
                                 "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
+    featurize.add_argument("--features", default="dialect", choices=["dialect", "program"],
+                           help="dialect (default): each dialect's knob features, one output per template; program: "
+                                "features of the lowered loop nest, the same for every dialect, one output 'program' "
+                                "(what `lorien tune --cost-model` models are trained on; docs/costmodel.md)")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -794,7 +799,8 @@ def _run_featurize(args: argparse.Namespace) -> int:
         _open_for_reading(store).close()  # a mistyped store is an error, not an empty warehouse
     report = featurize(args.output, store=store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
-                       extractor=args.extractor, progress=not args.quiet,
+                       extractor="program" if args.features == "program" else args.extractor,
+                       progress=not args.quiet,
                        keep_spill=args.keep_spill)
     if args.json:
         import json

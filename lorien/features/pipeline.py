@@ -46,6 +46,8 @@ from lorien.progress import Progress
 from lorien.record import TuningRecord
 
 SPILL_DIR = "_phase1"
+#: The one template program features (``extractor="program"``) are written under.
+PROGRAM_TEMPLATE = "program"
 #: Phase-1 batches a worker process handles before it is replaced.
 WORKER_BATCHES = 8
 MANIFEST = "manifest.json"
@@ -165,7 +167,7 @@ def _no_gc() -> Iterator[None]:
 #: ``auto``: each dialect's :meth:`~lorien.dialect.Dialect.featurize_batch`; ``dialect``: its
 #: ``featurize(record)`` record by record; ``builtin``: the name ``auto`` had before dialects
 #: declared their batch featurizers, kept for existing command lines.
-EXTRACTORS = ("auto", "builtin", "dialect")
+EXTRACTORS = ("auto", "builtin", "dialect", "program")
 
 
 def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str, pa.Table], dict[str, Any]]:
@@ -178,7 +180,7 @@ def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str,
     if extractor not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
     with _no_gc():
-        return _featurize_table(table, extractor == "dialect")
+        return _featurize_table(table, extractor)
 
 
 @cache
@@ -190,14 +192,18 @@ def _installed_dialect(name: str) -> Dialect | None:
         return None
 
 
-def _extract(dialect: Dialect, records: pa.Table, record_by_record: bool
+def _extract(dialect: Dialect, records: pa.Table, extractor: str
              ) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
-    if record_by_record:
+    if extractor == "program":
+        from lorien.features.program import featurize_program_batch
+
+        return featurize_program_batch(dialect, records)
+    if extractor == "dialect":
         return Dialect.featurize_batch(dialect, records)  # the record-by-record form every dialect has
     return dialect.featurize_batch(records)
 
 
-def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+def _featurize_table(table: pa.Table, extractor: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     counts: dict[str, Any] = {"read": table.num_rows, "featurized": 0, "dropped": Counter(),
                               "zeroed": Counter(), "examples": []}
     if table.num_rows == 0:
@@ -226,7 +232,7 @@ def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str,
         try:
             if dialect is None:
                 raise DialectError(f"dialect {dialect_name!r} has no feature extractor")
-            pieces, failed = _extract(dialect, table.take(pa.array(indices)), record_by_record)
+            pieces, failed = _extract(dialect, table.take(pa.array(indices)), extractor)
         except DialectError as exc:
             counts["dropped"][str(exc)] += len(indices)
             continue
@@ -248,8 +254,11 @@ def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str,
             arrays[TARGET_COLUMN] = pa.array(np.round(thrpt[rows], 6))
             tables.append(pa.table(arrays))
         if tables:
-            outputs[template] = _concat(tables)
-            counts["featurized"] += outputs[template].num_rows
+            # program features are one vector for every dialect and template: one output
+            name = PROGRAM_TEMPLATE if extractor == "program" else template
+            merged = _concat(tables)
+            outputs[name] = _concat([outputs[name], merged]) if name in outputs else merged
+            counts["featurized"] += merged.num_rows
     return outputs, counts
 
 
