@@ -120,3 +120,22 @@ def test_featurize_program_writes_one_csv_for_every_dialect(tmp_path, shared_dat
     assert set(FEATURE_NAMES) <= set(frame.columns)
     assert len(frame) == report["records_read"]
     assert (out / "program.meta").is_file()
+
+
+def test_featurize_program_from_a_store_lowers_records_of_every_dialect_tuned_here(tmp_path):
+    """A store keeps each record's extra (a MetaSchedule record's workload entry): program
+    featurization reads it, so records of all three dialects tuned here are lowered, none dropped."""
+    from lorien.dialect import get_dialect
+    from lorien.features import featurize
+    from lorien.target import host_target
+    from lorien.tune.loop import tune_job
+
+    uri = f"parquet:{tmp_path / 'store'}"
+    for dialect in ("autotvm", "auto_scheduler", "meta_schedule"):
+        task_name, args = get_dialect(dialect).expand_workload("dense", {"M": 8, "N": 16, "K": 16})
+        tune_job({"dialect": dialect, "task_name": task_name, "args": args, "tuner": "random", "trials": 3,
+                  "batch_size": 3, "target": host_target().canonical}, uri)
+    report = featurize(tmp_path / "features", store=uri, extractor="program", jobs=1, progress=False)
+    assert report.records_read == 9
+    assert report.records_featurized == 9, report.examples
+    assert list(report.templates) == ["program"]

@@ -177,7 +177,7 @@ def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str,
     records at once (:meth:`Dialect.featurize_batch`, column-wise where the dialect can);
     ``"dialect"`` calls every dialect's ``featurize(record)`` record by record.
     """
-    if extractor not in EXTRACTORS:
+    if extractor.partition("@")[0] not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
     with _no_gc():
         return _featurize_table(table, extractor)
@@ -194,10 +194,12 @@ def _installed_dialect(name: str) -> Dialect | None:
 
 def _extract(dialect: Dialect, records: pa.Table, extractor: str
              ) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
-    if extractor == "program":
+    if extractor.startswith("program"):
         from lorien.features.program import featurize_program_batch
 
-        return featurize_program_batch(dialect, records)
+        # "program@URI": the store the records come from, where a record that names its
+        # workload by reference (a MetaSchedule workload hash) finds it
+        return featurize_program_batch(dialect, records, extractor.partition("@")[2] or None)
     if extractor == "dialect":
         return Dialect.featurize_batch(dialect, records)  # the record-by-record form every dialect has
     return dialect.featurize_batch(records)
@@ -255,7 +257,7 @@ def _featurize_table(table: pa.Table, extractor: str) -> tuple[dict[str, pa.Tabl
             tables.append(pa.table(arrays))
         if tables:
             # program features are one vector for every dialect and template: one output
-            name = PROGRAM_TEMPLATE if extractor == "program" else template
+            name = PROGRAM_TEMPLATE if extractor.startswith("program") else template
             merged = _concat(tables)
             outputs[name] = _concat([outputs[name], merged]) if name in outputs else merged
             counts["featurized"] += merged.num_rows
@@ -480,6 +482,7 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         raise LorienError("featurize needs exactly one source: a store URI or log paths")
     if extractor not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
+    phase1_extractor = f"program@{store}" if extractor == "program" and store is not None else extractor
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -493,7 +496,10 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
     jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 4))
     info = SourceInfo(kind="")
     if store is not None:
-        batches: Iterator[pa.Table] = iter_store_batches(store, all_filters, batch_size, info)
+        from lorien.features.sources import NEEDED_COLUMNS
+
+        columns = [*NEEDED_COLUMNS, "extra"] if extractor == "program" else NEEDED_COLUMNS
+        batches: Iterator[pa.Table] = iter_store_batches(store, all_filters, batch_size, info, columns)
     else:
         batches = iter_log_batches(paths, all_filters, batch_size, info)
 
@@ -520,7 +526,7 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
 
     if jobs == 1:
         for index, batch in enumerate(batches):
-            absorb(_phase1_task(batch, str(spill), index, extractor))
+            absorb(_phase1_task(batch, str(spill), index, phase1_extractor))
             phase1_step()
     else:
         inbox = spill / "_batches"
@@ -535,7 +541,7 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
                 with ipc.new_file(str(batch_path), batch.schema) as writer:
                     writer.write_table(batch)
                 del batch
-                pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, extractor))
+                pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, phase1_extractor))
                 while len(pending) >= jobs + 1:
                     absorb(pending.pop(0).result())
                     phase1_step()

@@ -362,21 +362,35 @@ def record_program_features(dialect: Any, record: Any, store: Any = None) -> np.
     return vector
 
 
-def featurize_program_batch(dialect: Any, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]],
-                                                                  list[tuple[int, str]]]:
+_STORES: dict[str, Any] = {}
+
+
+def _open_store(uri: str) -> Any:
+    """A store opened once per process (for reading workloads that records name by reference)."""
+    if uri not in _STORES:
+        from lorien.warehouse import open_store
+
+        _STORES[uri] = open_store(uri)
+    return _STORES[uri]
+
+
+def featurize_program_batch(dialect: Any, records: Any, store: str | None = None
+                            ) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
     """Program features of many records (an Arrow table of the record schema) in the form of
     :meth:`lorien.dialect.Dialect.featurize_batch`: one group of :data:`FEATURE_NAMES` columns,
-    and ``(position, reason)`` of every record its dialect cannot lower."""
+    and ``(position, reason)`` of every record its dialect cannot lower. ``store``: the URI of
+    the store the records come from (where a MetaSchedule record finds its workload)."""
     from lorien.errors import LorienError
     from lorien.record import TuningRecord
 
     positions: list[int] = []
     rows: list[np.ndarray] = []
     failed: list[tuple[int, str]] = []
+    opened = _open_store(store) if store is not None else None
     for position, row in enumerate(records.to_pylist()):
         record = TuningRecord.from_row(row)
         try:
-            rows.append(record_program_features(dialect, record))
+            rows.append(record_program_features(dialect, record, opened))
         except (LorienError, KeyError, TypeError, ValueError) as exc:
             failed.append((position, f"cannot lower its program: {exc}"))
             continue
