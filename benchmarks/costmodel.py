@@ -37,6 +37,25 @@ model of this host's k% alone on held-out host workloads (5 folds; TenSet top-1 
 pairwise accuracy); transfer10_top5 and own10_top5 are the mean top-5 over the three
 templates at 10%.
 
+Pre-trained models in tuning (issue 22; --skip-pretrained leaves it out): a spread of 12
+conv2d / depthwise / dense / batch_matmul workloads that are no layer of any extracted
+network (checked; --quick: 6) is tuned in each of the three dialects with the random tuner
+(48 trials; --quick: 12), featurized with program features (`--features program`) and one
+XGBoost ranking model is trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
+the BERT-base layer are then tuned twice per dialect with the xgb tuner, the same seed and
+budget (300 trials; --quick: 48; --pretrained-trials): from scratch, and guided by the model
+(`cost_model`). For each run: the trials the scratch run needed to reach 95 % of its own best
+throughput, and the trials the guided run needed to reach the same latency (budget + 1 when
+it never did, marked '>'). pretrained_trials_speedup_<dialect> is the geomean of their ratio
+over the dialect's layers; pretrained_final_vs_scratch the geomean of scratch best / guided
+best at equal trials. The layers: --quick one per dialect (autotvm: resnet50/layer3.1.conv2,
+auto_scheduler: mobilenet_v2/features.8.conv.0.0, meta_schedule: bert_base_layer/attention.query);
+the full run the 8 layers of PRETRAINED_FULL in every dialect (--pretrained-layers all: every
+layer). Zero-shot top-1 (the model's first pick against the scratch best) is printed per
+layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
+and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
+writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
+
 The zero-shot ratios come from a final re-measurement: the tuned best config, the 5 proposals
 and the 5 random configs are built once and timed in interleaved rounds (15; order rotated
 each round), so all of them see the same load on the shared cores; each config's median
@@ -509,6 +528,12 @@ PRETRAINED_DIALECTS = ("autotvm", "auto_scheduler", "meta_schedule")
 PRETRAINED_NETWORKS = ("resnet50", "mobilenet_v2", "bert_base_layer")
 PRETRAINED_QUICK = {"autotvm": "resnet50/layer3.1.conv2", "auto_scheduler": "mobilenet_v2/features.8.conv.0.0",
                     "meta_schedule": "bert_base_layer/attention.query"}
+#: The full run's layers, every one in every dialect (``--pretrained-layers all``: every layer
+#: of the three networks, 60 of them: days on 2 cores).
+PRETRAINED_FULL = ("resnet50/layer1.0.conv2", "resnet50/layer3.1.conv2", "resnet50/layer4.0.conv3",
+                   "mobilenet_v2/features.8.conv.0.0", "mobilenet_v2/features.8.conv.1.0",
+                   "bert_base_layer/attention.query", "bert_base_layer/attention.scores",
+                   "bert_base_layer/ffn.intermediate")
 #: The training spread: op shorthands of no layer of any extracted network (checked), tuned in
 #: every dialect with the random tuner. --quick takes the first six.
 PRETRAINED_SPREAD = [
@@ -655,15 +680,20 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
-def pretrained_benchmark(work: Path, quick: bool, trials: int) -> dict:
-    """Train on the spread, tune the held-out layers both ways in every dialect."""
+def pretrained_benchmark(work: Path, quick: bool, trials: int, every_layer: bool = False) -> dict:
+    """Train on the spread, tune the held-out layers both ways in every dialect (--quick: one
+    layer per dialect; else :data:`PRETRAINED_FULL` in every dialect, or with ``every_layer``
+    every layer of the three networks)."""
     spread = PRETRAINED_SPREAD[:6] if quick else PRETRAINED_SPREAD
     check_spread_held_out(spread)
-    model, facts = train_program_model(work, spread, trials=16 if quick else 48)
+    model, facts = train_program_model(work, spread, trials=12 if quick else 48)
     layers = network_layers()
     entries = []
     for dialect in PRETRAINED_DIALECTS:
-        chosen = [layer for layer in layers if layer[0] == PRETRAINED_QUICK[dialect]] if quick else layers
+        if quick:
+            chosen = [layer for layer in layers if layer[0] == PRETRAINED_QUICK[dialect]]
+        else:
+            chosen = layers if every_layer else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
         for name, op, params in chosen:
             entries.append(pretrained_layer(dialect, name, op, params, trials, model))
     result = {"training": facts, "layers": entries, "trials": trials}
@@ -701,6 +731,8 @@ def main() -> int:
                         help="no pre-trained-model figures (trials to 95%% with and without the model)")
     parser.add_argument("--pretrained-trials", type=int,
                         help="trials of each run of the pre-trained benchmark (default 300, 48 with --quick)")
+    parser.add_argument("--pretrained-layers", choices=["some", "all"], default="some",
+                        help="full mode: the 8 layers of PRETRAINED_FULL (default) or all 60 layers of the networks")
     parser.add_argument("--curves", metavar="JSON",
                         help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
@@ -761,7 +793,7 @@ def main() -> int:
         elif not missing:
             pretrained_trials = args.pretrained_trials or (48 if args.quick else 300)
             log(f"pre-trained models: {pretrained_trials} trials per run ...")
-            result = pretrained_benchmark(work, args.quick, pretrained_trials)
+            result = pretrained_benchmark(work, args.quick, pretrained_trials, args.pretrained_layers == "all")
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))
