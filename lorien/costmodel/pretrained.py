@@ -9,8 +9,10 @@ with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tune
   tuner's own search once it has measured something) is lowered, featurized and ranked, the
   best measured (:meth:`lorien.search.xgb.XGBTuner.set_guide`);
 - keeps learning online: after every batch the pre-trained booster is boosted further on the
-  run's own measurements (its throughput relative to the run's best), so the guide adapts to
-  this workload on this machine while keeping what it learned from the warehouse;
+  run's own measurements (its throughput relative to the run's best), and a model of the
+  run's measurements alone (same program features) is fitted beside it; a candidate's score
+  blends the two by rank, the run's own model weighing ``n / (n + PRIOR_WEIGHT)`` after ``n``
+  measurements, so the guide starts from the warehouse and ends on this workload's evidence;
 - stamps every record it measured with the model (``build`` JSON: ``cost_model`` with the
   model's name, path and content digest).
 """
@@ -31,6 +33,10 @@ from lorien.features.program import FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dic
 
 #: Boosting rounds added to the pre-trained model after each measured batch.
 ONLINE_ROUNDS = 20
+#: Measurements at which the run's own model weighs as much as the pre-trained one.
+PRIOR_WEIGHT = 16
+#: Measurements before the run's own model is fitted.
+MIN_LOCAL = 8
 
 
 def check_cost_model_path(path: Any, where: str = "job") -> Path:
@@ -80,6 +86,8 @@ class ProgramModel:
             digest.update(entry.read_bytes())
         self.digest = digest.hexdigest()[:16]
         self.online_rounds = ONLINE_ROUNDS
+        self.local = None  # a booster of the run's measurements alone
+        self.measured = 0
 
     def describe(self) -> dict[str, Any]:
         """What a record guided by this model says about it (its build JSON's ``cost_model``)."""
@@ -89,12 +97,19 @@ class ProgramModel:
         return self.meta.transform([{**feature_dict(row), **self.target_part} for row in vectors])
 
     def score(self, vectors: np.ndarray) -> np.ndarray:
-        """Scores (higher: predicted faster) of program feature vectors, by the model as updated so far."""
+        """Scores (higher: predicted faster) of program feature vectors: the pre-trained model as
+        updated so far, blended by rank with the run's own model once it has one."""
         import xgboost as xgb
 
         if len(vectors) == 0:
             return np.zeros(0)
-        return self.booster.predict(xgb.DMatrix(self.matrix(np.asarray(vectors))))
+        matrix = self.matrix(np.asarray(vectors))
+        prior = self.booster.predict(xgb.DMatrix(matrix))
+        if self.local is None or len(prior) < 2:
+            return prior
+        local = self.local.predict(xgb.DMatrix(matrix))
+        weight = self.measured / (self.measured + PRIOR_WEIGHT)
+        return (1 - weight) * _ranks(prior) + weight * _ranks(local)
 
     def learn(self, vectors: np.ndarray, costs: Sequence[float]) -> None:
         """Boost the pre-trained model further on a run's measurements (failed: throughput 0)."""
@@ -114,6 +129,19 @@ class ProgramModel:
         else:
             matrix = xgb.DMatrix(self.matrix(vectors), label=label)
         self.booster = xgb.train(params, matrix, num_boost_round=self.online_rounds, xgb_model=self.base.copy())
+        self.measured = len(label)
+        if len(label) >= MIN_LOCAL:
+            local = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.3, "nthread": 1, "verbosity": 0,
+                     "tree_method": "hist", "seed": 0}
+            self.local = xgb.train(local, xgb.DMatrix(self.matrix(vectors), label=label), num_boost_round=60)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks scaled to [0, 1] (ties share the lowest)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    return ranks / max(1, len(values) - 1)
 
 
 class ProgramGuide:
