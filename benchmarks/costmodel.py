@@ -51,7 +51,8 @@ over the dialect's layers; pretrained_final_vs_scratch the geomean of scratch be
 best at equal trials. The layers: --quick one per dialect (autotvm: resnet50/layer3.1.conv2,
 auto_scheduler: mobilenet_v2/features.8.conv.0.0, meta_schedule: bert_base_layer/attention.query);
 the full run the 8 layers of PRETRAINED_FULL in every dialect (--pretrained-layers all: every
-layer). Zero-shot top-1 (the model's first pick against the scratch best) is printed per
+layer; --pretrained-layers three: the three quick layers in every dialect, trained on the
+12-workload spread with 16 trials each, about 20 minutes). Zero-shot top-1 (the model's first pick against the scratch best) is printed per
 layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
 and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
 writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
@@ -680,20 +681,24 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
-def pretrained_benchmark(work: Path, quick: bool, trials: int, every_layer: bool = False) -> dict:
-    """Train on the spread, tune the held-out layers both ways in every dialect (--quick: one
-    layer per dialect; else :data:`PRETRAINED_FULL` in every dialect, or with ``every_layer``
-    every layer of the three networks)."""
-    spread = PRETRAINED_SPREAD[:6] if quick else PRETRAINED_SPREAD
+def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some") -> dict:
+    """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
+    ``one`` (--quick: one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three
+    layers in every dialect; the 12-workload spread, 16 trials each), ``some``
+    (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks)."""
+    spread = PRETRAINED_SPREAD[:6] if layer_set == "one" else PRETRAINED_SPREAD
     check_spread_held_out(spread)
-    model, facts = train_program_model(work, spread, trials=12 if quick else 48)
+    spread_trials = 12 if layer_set == "one" else 16 if layer_set == "three" else 48
+    model, facts = train_program_model(work, spread, trials=spread_trials)
     layers = network_layers()
     entries = []
     for dialect in PRETRAINED_DIALECTS:
-        if quick:
+        if layer_set == "one":
             chosen = [layer for layer in layers if layer[0] == PRETRAINED_QUICK[dialect]]
+        elif layer_set == "three":
+            chosen = [layer for layer in layers if layer[0] in PRETRAINED_QUICK.values()]
         else:
-            chosen = layers if every_layer else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
+            chosen = layers if layer_set == "all" else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
         for name, op, params in chosen:
             entries.append(pretrained_layer(dialect, name, op, params, trials, model))
     result = {"training": facts, "layers": entries, "trials": trials}
@@ -731,8 +736,10 @@ def main() -> int:
                         help="no pre-trained-model figures (trials to 95%% with and without the model)")
     parser.add_argument("--pretrained-trials", type=int,
                         help="trials of each run of the pre-trained benchmark (default 300, 48 with --quick)")
-    parser.add_argument("--pretrained-layers", choices=["some", "all"], default="some",
-                        help="full mode: the 8 layers of PRETRAINED_FULL (default) or all 60 layers of the networks")
+    parser.add_argument("--pretrained-layers", choices=["one", "three", "some", "all"],
+                        help="pre-trained section: one layer per dialect (--quick's default), the three quick layers "
+                             "in every dialect, the 8 layers of PRETRAINED_FULL in every dialect (the full default), "
+                             "or all 60 layers of the networks")
     parser.add_argument("--curves", metavar="JSON",
                         help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
@@ -793,7 +800,8 @@ def main() -> int:
         elif not missing:
             pretrained_trials = args.pretrained_trials or (48 if args.quick else 300)
             log(f"pre-trained models: {pretrained_trials} trials per run ...")
-            result = pretrained_benchmark(work, args.quick, pretrained_trials, args.pretrained_layers == "all")
+            layer_set = args.pretrained_layers or ("one" if args.quick else "some")
+            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))
