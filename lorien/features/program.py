@@ -24,8 +24,10 @@ Accesses are grouped per buffer; the vector holds the output store, the largest 
 and the four busiest loaded buffers (by traffic), then program-wide features: float operations
 (vector and scalar), parallel extent and its balance, loop counts and depth, unrolled work,
 local / temporary buffer sizes, arithmetic intensity against the traffic estimates and the
-kernel's compulsory bytes. Values are ``log2(1 + x)`` unless named ``*_frac``. The vector
-has a fixed length (:data:`FEATURE_NAMES`) for every program.
+kernel's compulsory bytes. Values are ``log2(1 + x)`` unless named ``*_frac``; the ``pr_``
+features repeat those that grow with the workload per float operation (log2 ratios), so a
+model can rank programs of shapes it was not trained on. The vector has a fixed length
+(:data:`FEATURE_NAMES`) for every program.
 """
 
 from __future__ import annotations
@@ -52,9 +54,16 @@ GLOBAL_FIELDS = ("flops", "vector_flops_frac", "fma_frac", "parallel_extent", "p
                  "temp_bytes", "guards", "stages", "arg_bytes", "intensity_args", "intensity_32k", "intensity_1m",
                  "traffic_32k", "traffic_1m", "innermost_extent")
 ROLES = ("out", "local", *(f"load{i}" for i in range(TOP_LOADS)))
-#: Feature names, in vector order: ``pg_<name>`` program-wide, ``pa_<role>_<field>`` per access role.
+#: Size-free versions (log2 of the value per float operation) of the features that grow with
+#: the workload: what a model trained on some shapes can carry to shapes it never saw.
+RELATIVE_GLOBAL = ("traffic_32k", "traffic_1m", "arg_bytes", "local_bytes", "uops", "guards")
+RELATIVE_ACCESS = ("count", "traffic_32k", "traffic_1m", "bytes_l3")
+#: Feature names, in vector order: ``pg_<name>`` program-wide, ``pa_<role>_<field>`` per access
+#: role, ``pr_<name>`` / ``pr_<role>_<field>`` those per float operation.
 FEATURE_NAMES: tuple[str, ...] = (*(f"pg_{name}" for name in GLOBAL_FIELDS),
-                                  *(f"pa_{role}_{name}" for role in ROLES for name in ACCESS_FIELDS))
+                                  *(f"pa_{role}_{name}" for role in ROLES for name in ACCESS_FIELDS),
+                                  *(f"pr_{name}" for name in RELATIVE_GLOBAL),
+                                  *(f"pr_{role}_{name}" for role in ROLES for name in RELATIVE_ACCESS))
 PROGRAM_TEMPLATE = "program"
 _DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
                 "int16": 2, "bool": 1}
@@ -257,6 +266,12 @@ def program_features(program: Program) -> np.ndarray:
     for role in ROLES:
         values = roles.get(role)
         row += [_finish(name, values[j]) if values is not None else 0.0 for j, name in enumerate(ACCESS_FIELDS)]
+    log_flops = global_values["flops"]
+    row += [global_values[name] - log_flops for name in RELATIVE_GLOBAL]
+    for role in ROLES:
+        values = roles.get(role)
+        row += [_finish(name, values[ACCESS_FIELDS.index(name)]) - log_flops if values is not None else 0.0
+                for name in RELATIVE_ACCESS]
     return np.array(row, dtype=np.float64)
 
 
