@@ -107,7 +107,7 @@ def test_records_of_all_three_dialects_get_one_vector_each(shared_data):
 
 def test_featurize_program_writes_one_csv_for_every_dialect(tmp_path, shared_data, capsys):
     out = tmp_path / "features"
-    code = main(["featurize", "--features", "program", "--quiet", "--json", "--jobs", "1", "-o", str(out),
+    code = main(["featurize", "--features", "program", "--quiet", "--json", "--jobs", "2", "-o", str(out),
                  str(shared_data / "tophub" / "llvm_v0.04.log"), str(shared_data / "ansor" / "conv2d.json"),
                  str(shared_data / "meta_schedule" / "matmul_128")])
     assert code == 0

@@ -524,7 +524,9 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         phase1.step(f"{report.records_featurized} featurized", count=report.records_read - read_before)
         read_before = report.records_read
 
-    if jobs == 1:
+    # Program features of log files are computed here: a MetaSchedule database's records name
+    # their workloads by hash, and the entries were read into this process with the log.
+    if jobs == 1 or (extractor == "program" and store is None):
         for index, batch in enumerate(batches):
             absorb(_phase1_task(batch, str(spill), index, phase1_extractor))
             phase1_step()
