@@ -3,6 +3,7 @@ and conv2d / depthwise / batch_matmul on whole held-out networks), transfer acro
 
     python benchmarks/costmodel.py            # full: every held-out layer tuned with 300 trials (hours on 2 cores)
     python benchmarks/costmodel.py --quick    # small: about 13 minutes on 2 cores; tuned references of 48 trials
+                                              # (plus 3-7 minutes for the pre-trained section)
     python benchmarks/costmodel.py --quick --tune-trials 300   # the quick layers against 300-trial tuning
 
 Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
