@@ -3,6 +3,7 @@ and conv2d / depthwise / batch_matmul on whole held-out networks), transfer acro
 
     python benchmarks/costmodel.py            # full: every held-out layer tuned with 300 trials (hours on 2 cores)
     python benchmarks/costmodel.py --quick    # small: about 13 minutes on 2 cores; tuned references of 48 trials
+                                              # (plus 3-7 minutes for the pre-trained section)
     python benchmarks/costmodel.py --quick --tune-trials 300   # the quick layers against 300-trial tuning
 
 Featurization runs on a parquet store of synthetic AutoTVM records made from the shared TopHub
@@ -36,6 +37,26 @@ template, `lorien train --target <host> --transfer-from <second> --target-fracti
 model of this host's k% alone on held-out host workloads (5 folds; TenSet top-1 / top-5 and
 pairwise accuracy); transfer10_top5 and own10_top5 are the mean top-5 over the three
 templates at 10%.
+
+Pre-trained models in tuning (issue 22; --skip-pretrained leaves it out): a spread of 12
+conv2d / depthwise / dense / batch_matmul workloads that are no layer of any extracted
+network (checked; --quick: 6) is tuned in each of the three dialects with the random tuner
+(48 trials; --quick: 12), featurized with program features (`--features program`) and one
+XGBoost ranking model is trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
+the BERT-base layer are then tuned twice per dialect with the xgb tuner, the same seed and
+budget (300 trials; --quick: 48; --pretrained-trials): from scratch, and guided by the model
+(`cost_model`). For each run: the trials the scratch run needed to reach 95 % of its own best
+throughput, and the trials the guided run needed to reach the same latency (budget + 1 when
+it never did, marked '>'). pretrained_trials_speedup_<dialect> is the geomean of their ratio
+over the dialect's layers; pretrained_final_vs_scratch the geomean of scratch best / guided
+best at equal trials. The layers: --quick one per dialect (autotvm: resnet50/layer3.1.conv2,
+auto_scheduler: mobilenet_v2/features.8.conv.0.0, meta_schedule: bert_base_layer/attention.query);
+the full run the 8 layers of PRETRAINED_FULL in every dialect (--pretrained-layers all: every
+layer; --pretrained-layers three: the three quick layers in every dialect, trained on the
+12-workload spread with 16 trials each, about 20 minutes). Zero-shot top-1 (the model's first pick against the scratch best) is printed per
+layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
+and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
+writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
 
 The zero-shot ratios come from a final re-measurement: the tuned best config, the 5 proposals
 and the 5 random configs are built once and timed in interleaved rounds (15; order rotated
@@ -500,6 +521,199 @@ def transfer(work: Path, quick: bool, random_trials: int, folds: int) -> dict:
             "plots": {t: e.get("plots", {}).get("transfer") for t, e in report["templates"].items()}}
 
 
+
+# ---- pre-trained program-feature models in tuning (issue 22) -----------------------------------
+
+PRETRAINED_DIALECTS = ("autotvm", "auto_scheduler", "meta_schedule")
+#: Held-out networks of the pre-trained benchmark: every conv2d / depthwise / dense /
+#: batch_matmul layer of these (the full run), and one layer per dialect with --quick.
+PRETRAINED_NETWORKS = ("resnet50", "mobilenet_v2", "bert_base_layer")
+PRETRAINED_QUICK = {"autotvm": "resnet50/layer3.1.conv2", "auto_scheduler": "mobilenet_v2/features.8.conv.0.0",
+                    "meta_schedule": "bert_base_layer/attention.query"}
+#: The full run's layers, every one in every dialect (``--pretrained-layers all``: every layer
+#: of the three networks, 60 of them: days on 2 cores).
+PRETRAINED_FULL = ("resnet50/layer1.0.conv2", "resnet50/layer3.1.conv2", "resnet50/layer4.0.conv3",
+                   "mobilenet_v2/features.8.conv.0.0", "mobilenet_v2/features.8.conv.1.0",
+                   "bert_base_layer/attention.query", "bert_base_layer/attention.scores",
+                   "bert_base_layer/ffn.intermediate")
+#: The training spread: op shorthands of no layer of any extracted network (checked), tuned in
+#: every dialect with the random tuner. --quick takes the first six.
+PRETRAINED_SPREAD = [
+    ("conv2d", {"C": 32, "H": 28, "W": 28, "K": 64, "kernel": 3, "padding": 1}),
+    ("dense", {"M": 32, "N": 512, "K": 256}),
+    ("conv2d", {"C": 96, "H": 14, "W": 14, "K": 160, "kernel": 1}),
+    ("batch_matmul", {"B": 8, "M": 64, "N": 96, "K": 48}),
+    ("depthwise_conv2d", {"C": 96, "H": 28, "W": 28, "kernel": 3, "padding": 1}),
+    ("conv2d", {"C": 48, "H": 20, "W": 20, "K": 80, "kernel": 3, "padding": 1, "stride": 2}),
+    ("dense", {"M": 64, "N": 384, "K": 640}),
+    ("conv2d", {"C": 160, "H": 7, "W": 7, "K": 320, "kernel": 3, "padding": 1}),
+    ("batch_matmul", {"B": 4, "M": 96, "N": 64, "K": 96}),
+    ("depthwise_conv2d", {"C": 240, "H": 14, "W": 14, "kernel": 3, "padding": 1, "stride": 2}),
+    ("conv2d", {"C": 80, "H": 42, "W": 42, "K": 48, "kernel": 1}),
+    ("dense", {"M": 16, "N": 1536, "K": 384}),
+]
+OPS = ("conv2d", "depthwise_conv2d", "dense", "batch_matmul")
+
+
+def network_layers(networks=PRETRAINED_NETWORKS) -> list[tuple[str, str, dict]]:
+    """(layer name, op, params) of every tunable layer of the networks' extracted YAMLs (epilogues
+    left out: the benchmark tunes the operator itself, the same way in every dialect)."""
+    import yaml
+
+    layers = []
+    for network in networks:
+        for entry in yaml.safe_load((CONFIGS / f"{network}.yaml").read_text())["workloads"]:
+            op = next((key for key in OPS if key in entry), None)
+            if op is not None:
+                layers.append((entry["name"], op, dict(entry[op])))
+    return layers
+
+
+def _canonical(op: str, params: dict) -> tuple:
+    defaults = {"N": 1, "stride": 1, "padding": 0, "kernel": 1 if op == "conv2d" else 3}
+    return (op, tuple(sorted({**defaults, **params}.items())))
+
+
+def check_spread_held_out(spread: list) -> None:
+    """No training shape is a layer of any extracted network (configs/models: the held-out ones and the rest)."""
+    networks = [path.stem for path in CONFIGS.glob("*.yaml") if path.stem not in ("all", "mutate-rules")]
+    taken = {_canonical(op, params) for _, op, params in network_layers(networks)}
+    clash = [item for item in spread if _canonical(*item) in taken]
+    if clash:
+        raise SystemExit(f"the pre-trained benchmark's training spread holds network layers: {clash}")
+
+
+def _job(dialect: str, op: str, params: dict, tuner: str, trials: int, seed: int, batch_size: int = 8,
+         cost_model: str | None = None) -> dict:
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target
+
+    task_name, args = get_dialect(dialect).expand_workload(op, params)
+    job = {"dialect": dialect, "task_name": task_name, "args": args, "tuner": tuner, "trials": trials,
+           "batch_size": batch_size, "seed": seed, "target": host_target().canonical}
+    if cost_model:
+        job["cost_model"] = cost_model
+    return job
+
+
+def train_program_model(work: Path, spread: list, trials: int) -> tuple[str, dict]:
+    """Tune the spread in every dialect (random tuner) into a store, featurize its program
+    features, train an XGBoost ranking model; returns (model path, facts)."""
+    from lorien.costmodel import train_cost_model
+    from lorien.features import featurize
+    from lorien.tune.loop import tune_job
+    from lorien.warehouse import open_store
+
+    uri = f"parquet:{work / 'program-train-store'}"
+    start = time.perf_counter()
+    with open_store(uri) as store:
+        for dialect in PRETRAINED_DIALECTS:
+            for i, (op, params) in enumerate(spread):
+                tune_job(_job(dialect, op, params, "random", trials, seed=100 + i), store)
+    measured_s = time.perf_counter() - start
+    start = time.perf_counter()
+    report = featurize(work / "program-features", store=uri, extractor="program", jobs=1, progress=False)
+    featurize_s = time.perf_counter() - start
+    train_cost_model(work / "program-features", work / "program-model", kind="xgb-rank", templates=["program"],
+                     folds=3, baseline=None, plots=False, progress=False, name="warehouse-program")
+    facts = {"records": report.records_featurized, "workloads": len(spread) * len(PRETRAINED_DIALECTS),
+             "measure_s": round(measured_s, 1), "featurize_s": round(featurize_s, 2),
+             "featurize_rps": round(report.records_featurized / featurize_s, 1) if featurize_s else math.nan}
+    log(f"pre-trained model: {facts['records']} records of {facts['workloads']} (dialect, workload) pairs measured "
+        f"in {measured_s:.0f}s, program features at {facts['featurize_rps']} records/s")
+    return str(work / "program-model"), facts
+
+
+def _curve(records: list) -> list[float]:
+    """Best latency so far (seconds) after each trial, in measurement order (inf before the first valid)."""
+    best, curve = math.inf, []
+    for record in records:
+        cost = record.cost_s if record.is_valid else None
+        if cost is not None and cost < best:
+            best = cost
+        curve.append(best)
+    return curve
+
+
+def trials_to_reach(curve: list[float], threshold_s: float) -> int | None:
+    """First trial (1-based) whose best so far is within ``threshold_s``; None if never."""
+    for trial, best in enumerate(curve, start=1):
+        if best <= threshold_s:
+            return trial
+    return None
+
+
+def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str) -> dict:
+    """Tune one held-out layer from scratch and with the model, the same budget and seed."""
+    from lorien.tune.loop import tune_job
+
+    runs = {}
+    for label, cost_model in (("scratch", None), ("pretrained", model)):
+        records: list = []
+        start = time.perf_counter()
+        tune_job(_job(dialect, op, params, "xgb", trials, seed=0, cost_model=cost_model), None,
+                 on_batch=lambda state, batch, records=records: records.extend(batch))
+        runs[label] = {"curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
+    scratch, guided = runs["scratch"]["curve"], runs["pretrained"]["curve"]
+    best = scratch[-1]
+    threshold = best / 0.95  # 95 % of the best throughput the scratch run found
+    without = trials_to_reach(scratch, threshold)
+    with_model = trials_to_reach(guided, threshold)
+    censored = with_model is None
+    with_count = with_model if with_model is not None else trials + 1
+    first = runs["pretrained"]["records"][0]
+    random_costs = sorted(r.cost_s for r in runs["scratch"]["records"][:8] if r.is_valid)  # the scratch run's random first batch
+    spread = random_costs[-1] / random_costs[0] if len(random_costs) > 1 else math.nan
+    entry = {"dialect": dialect, "layer": name, "trials": trials, "scratch_best_ms": best * 1e3,
+             "pretrained_best_ms": guided[-1] * 1e3, "trials_scratch": without, "trials_pretrained": with_count,
+             "censored": censored, "speedup": without / with_count, "final_vs_scratch": best / guided[-1],
+             "zeroshot_top1": best / first.cost_s if first.is_valid else 0.0, "random_spread": spread,
+             "curve_scratch_ms": [c * 1e3 for c in scratch], "curve_pretrained_ms": [c * 1e3 for c in guided],
+             "seconds": {k: round(v["seconds"], 1) for k, v in runs.items()}}
+    log(f"  {dialect:15s} {name:40s} 95% of {best * 1e3:.4f} ms: {without} trials from scratch, "
+        f"{'>' if censored else ''}{with_count if not censored else trials} with the model "
+        f"(x{entry['speedup']:.2f}); final {entry['final_vs_scratch']:.3f}; zero-shot top-1 "
+        f"{entry['zeroshot_top1']:.3f} (random configs span x{spread:.2f})")
+    return entry
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some") -> dict:
+    """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
+    ``one`` (--quick: one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three
+    layers in every dialect; the 12-workload spread, 16 trials each), ``some``
+    (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks)."""
+    spread = PRETRAINED_SPREAD[:6] if layer_set == "one" else PRETRAINED_SPREAD
+    check_spread_held_out(spread)
+    spread_trials = 12 if layer_set == "one" else 16 if layer_set == "three" else 48
+    model, facts = train_program_model(work, spread, trials=spread_trials)
+    layers = network_layers()
+    entries = []
+    for dialect in PRETRAINED_DIALECTS:
+        if layer_set == "one":
+            chosen = [layer for layer in layers if layer[0] == PRETRAINED_QUICK[dialect]]
+        elif layer_set == "three":
+            chosen = [layer for layer in layers if layer[0] in PRETRAINED_QUICK.values()]
+        else:
+            chosen = layers if layer_set == "all" else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
+        for name, op, params in chosen:
+            entries.append(pretrained_layer(dialect, name, op, params, trials, model))
+    result = {"training": facts, "layers": entries, "trials": trials}
+    for dialect in PRETRAINED_DIALECTS:
+        result[f"pretrained_trials_speedup_{dialect}"] = geomean([e["speedup"] for e in entries
+                                                                   if e["dialect"] == dialect])
+    result["pretrained_final_vs_scratch"] = geomean([e["final_vs_scratch"] for e in entries])
+    discriminating = [e for e in entries if e["random_spread"] >= 1.2]
+    result["zeroshot_top1_discriminating"] = geomean([e["zeroshot_top1"] for e in discriminating])
+    log(f"zero-shot top-1 (the model's first pick / the scratch best) on the {len(discriminating)} layers whose "
+        f"random configs differ by >= 1.2x: {result['zeroshot_top1_discriminating']:.3f}")
+    return result
+
+
 def engine_available() -> str | None:
     """None when the engine can measure; else why not."""
     try:
@@ -519,6 +733,16 @@ def main() -> int:
     parser.add_argument("--skip-featurize", action="store_true", help="no featurization figures")
     parser.add_argument("--skip-zeroshot", action="store_true", help="no zero-shot figures (dense and networks)")
     parser.add_argument("--skip-transfer", action="store_true", help="no transfer figures")
+    parser.add_argument("--skip-pretrained", action="store_true",
+                        help="no pre-trained-model figures (trials to 95%% with and without the model)")
+    parser.add_argument("--pretrained-trials", type=int,
+                        help="trials of each run of the pre-trained benchmark (default 300, 48 with --quick)")
+    parser.add_argument("--pretrained-layers", choices=["one", "three", "some", "all"],
+                        help="pre-trained section: one layer per dialect (--quick's default), the three quick layers "
+                             "in every dialect, the 8 layers of PRETRAINED_FULL in every dialect (the full default), "
+                             "or all 60 layers of the networks")
+    parser.add_argument("--curves", metavar="JSON",
+                        help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
     args = parser.parse_args()
 
@@ -527,7 +751,9 @@ def main() -> int:
     memory_records = 300_000 if args.quick else 2_000_000
     values = dict.fromkeys(("featurize_rps", "peak_mib_2m", "zeroshot_top1", "zeroshot_best5", "time_ratio",
                             "random_best5", "zeroshot_conv_top1", "zeroshot_dw_top1", "zeroshot_bmm_top1",
-                            "transfer10_top5", "own10_top5"), math.nan)
+                            "transfer10_top5", "own10_top5", "pretrained_trials_speedup_autotvm",
+                            "pretrained_trials_speedup_auto_scheduler", "pretrained_trials_speedup_meta_schedule",
+                            "pretrained_final_vs_scratch"), math.nan)
     with tempfile.TemporaryDirectory(prefix="lorien-bench-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -570,6 +796,20 @@ def main() -> int:
             result = transfer(work, args.quick, sweep_trials, folds=3 if args.quick else 5)
             (work / "transfer.json").write_text(json.dumps(result, indent=2))
             values.update({k: result[k] for k in ("transfer10_top5", "own10_top5")})
+        if args.skip_pretrained:
+            log("pre-trained models: skipped (--skip-pretrained)")
+        elif not missing:
+            pretrained_trials = args.pretrained_trials or (48 if args.quick else 300)
+            log(f"pre-trained models: {pretrained_trials} trials per run ...")
+            layer_set = args.pretrained_layers or ("one" if args.quick else "some")
+            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set)
+            (work / "pretrained.json").write_text(json.dumps(result, indent=2))
+            if args.curves:
+                Path(args.curves).write_text(json.dumps(result, indent=2))
+            values.update({k: result[k] for k in ("pretrained_trials_speedup_autotvm",
+                                                  "pretrained_trials_speedup_auto_scheduler",
+                                                  "pretrained_trials_speedup_meta_schedule",
+                                                  "pretrained_final_vs_scratch")})
     formats = {"featurize_rps": ".0f", "peak_mib_2m": ".0f", "time_ratio": ".1f"}
     log(" ".join(f"{name}={value:{formats.get(name, '.3f')}}" for name, value in values.items()))
     return 0

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---- tune -------------------------------------------------------------------------
     tune = _parser(sub, "tune", "tune the workloads of a YAML config (here, or as jobs on a Dask cluster "
-                   "or AWS Batch), streaming records into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse")
+                   "or AWS Batch), streaming records into the warehouse", "lorien tune configs/samples/quick.yaml --store parquet:./lorien-warehouse\n"
+                   "  lorien tune configs/samples/quick.yaml --tuner xgb --cost-model models/program")
     tune.add_argument("config", nargs="?", help="tuning YAML (see docs/tuning.md and configs/samples/)")
     tune.add_argument("--store", help=STORE_HELP + " (overrides the config's store)")
     tune.add_argument("--log-dir", help="where full AutoTVM logs go (default: <store>/logs)")
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int,
                       help="override the trials of every workload (with a task_scheduler: the network's budget)")
     tune.add_argument("--tuner", help="override the tuner of every workload (grid, random, ga, xgb)")
+    tune.add_argument("--cost-model", metavar="PATH",
+                      help="a pre-trained program-feature model (lorien featurize --features program, then lorien "
+                           "train) that guides the xgb tuner of every workload, any dialect, from its first batch "
+                           "and keeps learning online (needs --tuner xgb or tuner: xgb; docs/costmodel.md)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars or lines on stderr")
     tune.add_argument("--json", action="store_true",
                       help="print the summary as JSON (per workload, or per job with --manager)")
@@ -237,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- featurize --------------------------------------------------------------------
     # (section owned by the features work)
     featurize = _parser(sub, "featurize", "records -> normalized per-template features (CSV, .meta, Parquet)",
-                        "lorien featurize --store parquet:./lorien-warehouse -o features/")
+                        "lorien featurize --store parquet:./lorien-warehouse -o features/\n"
+                        "  lorien featurize --store parquet:./lorien-warehouse --features program -o program-features/")
     featurize.add_argument("logs", nargs="*", metavar="LOG", help="log files or directories (instead of --store)")
     featurize.add_argument("--store", help="read records from this store instead of logs; " + STORE_HELP)
     featurize.add_argument("-o", "--output", required=True, help="output directory")
@@ -250,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
                            help="auto (default; builtin: the same): each dialect's batch featurizer (column-wise "
                                 "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
+    featurize.add_argument("--features", default="dialect", choices=["dialect", "program"],
+                           help="dialect (default): each dialect's knob features, one output per template; program: "
+                                "features of the lowered loop nest, the same for every dialect, one output 'program' "
+                                "(what `lorien tune --cost-model` models are trained on; docs/costmodel.md)")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -396,6 +406,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     from lorien.tune.config import load_tune_config
 
     config = load_tune_config(args.config) if args.config and not args.job else None
+    if config is not None and args.cost_model:
+        _set_cost_model(config.jobs, args)
     if config is not None and config.task_scheduler is not None:
         return _run_tune_network(args, config)
     if args.strategy or args.resume_log:
@@ -437,6 +449,21 @@ def _run_tune(args: argparse.Namespace) -> int:
         print(f"records committed to {store_uri} ({measured_by_phrase(config.jobs, chosen_runtime())})"
               + "".join(f"\narchived {uri}" for uri in archived))
     return 0
+
+
+def _set_cost_model(jobs: list[dict], args: argparse.Namespace) -> None:
+    """``--cost-model PATH`` (and ``--tuner``) on every job, checked as a job's ``cost_model`` is."""
+    from pathlib import Path
+
+    from lorien.tune.job import TuneJob
+
+    path = str(Path(args.cost_model).resolve())
+    for index, job in enumerate(jobs):
+        job["cost_model"] = path
+        if args.tuner is not None:
+            job["tuner"] = args.tuner
+            job.pop("tuner_options", None)
+        TuneJob.from_spec(job, f"--cost-model: workloads[{index}]")
 
 
 def _run_tune_network(args: argparse.Namespace, config) -> int:
@@ -805,7 +832,8 @@ def _run_featurize(args: argparse.Namespace) -> int:
         _open_for_reading(store).close()  # a mistyped store is an error, not an empty warehouse
     report = featurize(args.output, store=store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
-                       extractor=args.extractor, progress=not args.quiet,
+                       extractor="program" if args.features == "program" else args.extractor,
+                       progress=not args.quiet,
                        keep_spill=args.keep_spill)
     if args.json:
         import json

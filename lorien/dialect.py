@@ -125,6 +125,12 @@ class Dialect(ABC):
         is where a record that names its workload by reference finds it."""
         raise DialectError(f"dialect {self.name!r} cannot compile records")
 
+    def schedule_record(self, record: TuningRecord, store: Any = None) -> tuple[Any, list[Any]]:
+        """(engine schedule, kernel arguments) of a stored record's config, not built: what
+        program features (:mod:`lorien.features.program`) are computed from. ``store`` as for
+        :meth:`compile_record`."""
+        raise DialectError(f"dialect {self.name!r} cannot lower records to the engine")
+
     def compile_default(self, workload_key: str, target: str | None = None) -> Any:
         """A kernel of a workload built with a default (untuned) schedule."""
         raise DialectError(f"dialect {self.name!r} has no default schedule for {workload_key}")

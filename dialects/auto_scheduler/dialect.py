@@ -80,6 +80,13 @@ class AutoSchedulerDialect(Dialect):
 
         return compile_record(record, target=target)
 
+    def schedule_record(self, record: TuningRecord, store: Any = None):
+        """The engine schedule of a record's steps replayed on its registered workload."""
+        from dialects.auto_scheduler.compile import replay_record
+
+        replay = replay_record(record)
+        return replay.schedule, replay.args
+
     def compile_default(self, workload_key: str, target: str | None = None):
         """A kernel of a workload built with a default (untuned) schedule."""
         from dialects.auto_scheduler.compile import compile_default

@@ -191,4 +191,11 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
         measure=lambda candidates: measure_steps(workload_key, candidates, job.measure, engine_target(target),
                                                  rewrite),
         to_records=to_records, index_of=lambda record: space.index_of_steps(orjson.loads(record.config)),
-        encode_log=lambda record: encode_record(record, "ansor"))
+        encode_log=lambda record: encode_record(record, "ansor"),
+        schedule_of=functools.partial(_schedule_of, workload_key, rewrite))
+
+
+def _schedule_of(workload_key: str, layout_rewrite: bool, steps: list[list[Any]]) -> tuple[Any, list[Any]]:
+    """The engine schedule of a candidate's steps (as measured: weights rewritten or not), not built."""
+    replay = replay_steps(cached_dag(workload_key), steps, layout_rewrite)
+    return replay.schedule, replay.args

@@ -32,6 +32,22 @@ def compile_record(record: Any, target: str | None = None):
     return build_config(task, config, target=target)
 
 
+def schedule_record(record: Any) -> tuple[Any, list[Any]]:
+    """(schedule, tensors) of an AutoTVM record's config, instantiated for its target; a config
+    that is no point of the template's space is a DialectError naming the record."""
+    from lorien.engine.cpu import building_for
+    from lorien.errors import DialectError, LorienError
+
+    try:
+        task = cached_task(record.task_name, record.args)
+        config = task.space.from_json_entity(config_entity(record.config))
+        with building_for(record.target):
+            return task.instantiate(config)
+    except (LorienError, KeyError, TypeError, ValueError) as exc:
+        raise DialectError(f"record {record.record_id} ({record.task_name}): cannot instantiate its config: {exc}") \
+            from exc
+
+
 def default_config(task: Task, vector_lanes: int = 8) -> ConfigEntity:
     """A reasonable untuned config: innermost split factors as close to ``vector_lanes`` as
     the extent allows, middle factors 1, every other knob its first candidate."""

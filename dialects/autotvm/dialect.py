@@ -58,6 +58,12 @@ class AutoTVMDialect(Dialect):
 
         return compile_record(record, target=target)
 
+    def schedule_record(self, record: TuningRecord, store: Any = None):
+        """The engine schedule of a record's config, for its target's vector width."""
+        from dialects.autotvm.compile import schedule_record
+
+        return schedule_record(record)
+
     def compile_default(self, workload_key: str, target: str | None = None):
         """A kernel built with a default (untuned) config."""
         from dialects.autotvm.compile import compile_default

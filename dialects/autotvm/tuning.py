@@ -182,7 +182,16 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
         measure=lambda configs: measure_configs(task_name, args, configs, job.measure, target.canonical),
         to_records=to_records, index_of=index_of,
         config_key=lambda config: orjson.dumps(config.to_json_entity()), record_key=_entity_key,
-        encode_log=encode, config_summary=lambda config: config.to_json_entity())
+        encode_log=encode, config_summary=lambda config: config.to_json_entity(),
+        schedule_of=functools.partial(_schedule_of, task, target.canonical))
+
+
+def _schedule_of(task: Task, target: str, config: ConfigEntity) -> tuple[Any, list[Any]]:
+    """The engine schedule of a config, instantiated for the target's CPU (not built)."""
+    from lorien.engine.cpu import building_for
+
+    with building_for(target):
+        return task.instantiate(config)
 
 
 def _entity_key(record: TuningRecord) -> bytes:

@@ -99,6 +99,16 @@ class MetaScheduleDialect(Dialect):
 
         return compile_record(record, target=target, store=store)
 
+    def schedule_record(self, record: TuningRecord, store: Any = None):
+        """The engine schedule of a record's trace replayed on its workload."""
+        import orjson
+
+        from dialects.meta_schedule.compile import workload_dag
+        from dialects.meta_schedule.trace import replay_trace
+
+        replay = replay_trace(workload_dag(record, store), orjson.loads(record.config))
+        return replay.schedule, replay.args
+
     def compile_default(self, workload_key: str, target: str | None = None):
         raise DialectError(f"MetaSchedule workload {workload_key}: a structural hash names no computation Lorien "
                            f"can rebuild without a record; tune it or ingest its database first")

@@ -82,7 +82,16 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
 
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
-        measure=job_measure(dag, job, target), to_records=to_records, index_of=lambda record: None)
+        measure=job_measure(dag, job, target), to_records=to_records, index_of=lambda record: None,
+        schedule_of=functools.partial(_schedule_of, dag))
+
+
+def _schedule_of(dag: ComputeDAG, trace: list[Any]) -> tuple[Any, list[Any]]:
+    """The engine schedule of a trace replayed on the DAG, not built."""
+    from dialects.meta_schedule.trace import replay_trace
+
+    replay = replay_trace(dag, trace)
+    return replay.schedule, replay.args
 
 
 def job_measure(dag: ComputeDAG, job: TuneJob, target: str) -> Callable[[list[Any]], list[Any]]:

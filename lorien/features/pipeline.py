@@ -46,6 +46,8 @@ from lorien.progress import Progress
 from lorien.record import TuningRecord
 
 SPILL_DIR = "_phase1"
+#: The one template program features (``extractor="program"``) are written under.
+PROGRAM_TEMPLATE = "program"
 #: Phase-1 batches a worker process handles before it is replaced.
 WORKER_BATCHES = 8
 MANIFEST = "manifest.json"
@@ -165,7 +167,7 @@ def _no_gc() -> Iterator[None]:
 #: ``auto``: each dialect's :meth:`~lorien.dialect.Dialect.featurize_batch`; ``dialect``: its
 #: ``featurize(record)`` record by record; ``builtin``: the name ``auto`` had before dialects
 #: declared their batch featurizers, kept for existing command lines.
-EXTRACTORS = ("auto", "builtin", "dialect")
+EXTRACTORS = ("auto", "builtin", "dialect", "program")
 
 
 def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str, pa.Table], dict[str, Any]]:
@@ -175,10 +177,10 @@ def featurize_table(table: pa.Table, extractor: str = "auto") -> tuple[dict[str,
     records at once (:meth:`Dialect.featurize_batch`, column-wise where the dialect can);
     ``"dialect"`` calls every dialect's ``featurize(record)`` record by record.
     """
-    if extractor not in EXTRACTORS:
+    if extractor.partition("@")[0] not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
     with _no_gc():
-        return _featurize_table(table, extractor == "dialect")
+        return _featurize_table(table, extractor)
 
 
 @cache
@@ -190,14 +192,20 @@ def _installed_dialect(name: str) -> Dialect | None:
         return None
 
 
-def _extract(dialect: Dialect, records: pa.Table, record_by_record: bool
+def _extract(dialect: Dialect, records: pa.Table, extractor: str
              ) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
-    if record_by_record:
+    if extractor.startswith("program"):
+        from lorien.features.program import featurize_program_batch
+
+        # "program@URI": the store the records come from, where a record that names its
+        # workload by reference (a MetaSchedule workload hash) finds it
+        return featurize_program_batch(dialect, records, extractor.partition("@")[2] or None)
+    if extractor == "dialect":
         return Dialect.featurize_batch(dialect, records)  # the record-by-record form every dialect has
     return dialect.featurize_batch(records)
 
 
-def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+def _featurize_table(table: pa.Table, extractor: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     counts: dict[str, Any] = {"read": table.num_rows, "featurized": 0, "dropped": Counter(),
                               "zeroed": Counter(), "examples": []}
     if table.num_rows == 0:
@@ -226,7 +234,7 @@ def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str,
         try:
             if dialect is None:
                 raise DialectError(f"dialect {dialect_name!r} has no feature extractor")
-            pieces, failed = _extract(dialect, table.take(pa.array(indices)), record_by_record)
+            pieces, failed = _extract(dialect, table.take(pa.array(indices)), extractor)
         except DialectError as exc:
             counts["dropped"][str(exc)] += len(indices)
             continue
@@ -248,8 +256,11 @@ def _featurize_table(table: pa.Table, record_by_record: bool) -> tuple[dict[str,
             arrays[TARGET_COLUMN] = pa.array(np.round(thrpt[rows], 6))
             tables.append(pa.table(arrays))
         if tables:
-            outputs[template] = _concat(tables)
-            counts["featurized"] += outputs[template].num_rows
+            # program features are one vector for every dialect and template: one output
+            name = PROGRAM_TEMPLATE if extractor.startswith("program") else template
+            merged = _concat(tables)
+            outputs[name] = _concat([outputs[name], merged]) if name in outputs else merged
+            counts["featurized"] += merged.num_rows
     return outputs, counts
 
 
@@ -471,6 +482,7 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         raise LorienError("featurize needs exactly one source: a store URI or log paths")
     if extractor not in EXTRACTORS:
         raise LorienError(f"unknown extractor {extractor!r} (known: {', '.join(EXTRACTORS)})")
+    phase1_extractor = f"program@{store}" if extractor == "program" and store is not None else extractor
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -484,7 +496,10 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
     jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 4))
     info = SourceInfo(kind="")
     if store is not None:
-        batches: Iterator[pa.Table] = iter_store_batches(store, all_filters, batch_size, info)
+        from lorien.features.sources import NEEDED_COLUMNS
+
+        columns = [*NEEDED_COLUMNS, "extra"] if extractor == "program" else NEEDED_COLUMNS
+        batches: Iterator[pa.Table] = iter_store_batches(store, all_filters, batch_size, info, columns)
     else:
         batches = iter_log_batches(paths, all_filters, batch_size, info)
 
@@ -509,9 +524,11 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         phase1.step(f"{report.records_featurized} featurized", count=report.records_read - read_before)
         read_before = report.records_read
 
-    if jobs == 1:
+    # Program features of log files are computed here: a MetaSchedule database's records name
+    # their workloads by hash, and the entries were read into this process with the log.
+    if jobs == 1 or (extractor == "program" and store is None):
         for index, batch in enumerate(batches):
-            absorb(_phase1_task(batch, str(spill), index, extractor))
+            absorb(_phase1_task(batch, str(spill), index, phase1_extractor))
             phase1_step()
     else:
         inbox = spill / "_batches"
@@ -526,7 +543,7 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
                 with ipc.new_file(str(batch_path), batch.schema) as writer:
                     writer.write_table(batch)
                 del batch
-                pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, extractor))
+                pending.append(pool.submit(_phase1_file_task, str(batch_path), str(spill), index, phase1_extractor))
                 while len(pending) >= jobs + 1:
                     absorb(pending.pop(0).result())
                     phase1_step()

@@ -91,13 +91,15 @@ def iter_log_batches(paths: Sequence[str | Path], filters: dict[str, Any] | None
 
 
 def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_size: int,
-                       info: SourceInfo) -> Iterator[pa.Table]:
+                       info: SourceInfo, columns: Sequence[str] = tuple(NEEDED_COLUMNS)) -> Iterator[pa.Table]:
     """Arrow batches of a store's records matching ``filters``, with a snapshot description.
 
     A local parquet store is streamed file by file from its Hive layout (memory follows the
     batch size; duplicates left by racing writers are dropped by ``record_id``). Other stores
-    are scanned one target-key partition at a time.
+    are scanned one target-key partition at a time. ``columns``: the record columns read
+    (program features also need ``extra``, where a MetaSchedule record carries its workload).
     """
+    columns = list(columns)
     from lorien.warehouse import open_store
 
     store = open_store(store_uri)
@@ -106,7 +108,7 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
         if store.uri.startswith("parquet:") and isinstance(location, str) and "://" not in location:
             visible = [rel for rel in sorted(store.visible_record_files()) if rel.startswith("records/")]
             yield from _iter_parquet_files(Path(location.removeprefix("file:")), visible, filters, batch_size,
-                                           info, store.uri)
+                                           info, store.uri, columns)
             return
         stats = store.stats()
         info.kind = "store"
@@ -117,7 +119,7 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
             partitions = list(stats["target_keys"])
         for target_key in partitions:
             scoped = filters if target_key is None else {**filters, "target_key": target_key}
-            table = store.scan(scoped or None, columns=NEEDED_COLUMNS)
+            table = store.scan(scoped or None, columns=columns)
             for batch in table.to_batches(max_chunksize=batch_size):
                 yield pa.Table.from_batches([batch])
             del table
@@ -126,7 +128,7 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
 
 
 def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] | None, batch_size: int,
-                        info: SourceInfo, uri: str) -> Iterator[pa.Table]:
+                        info: SourceInfo, uri: str, columns: list[str] = NEEDED_COLUMNS) -> Iterator[pa.Table]:
     """Stream the store's visible record files (``visible``: paths relative to ``root``, of
     complete commits only, so a killed writer's half-published commit is never featurized)."""
     records_dir = root / "records"
@@ -141,7 +143,7 @@ def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] 
     unknown = sorted(set(filters) - set(FILTER_COLUMNS))
     if unknown:
         raise LorienError(f"cannot filter on {unknown} (known: {', '.join(FILTER_COLUMNS)})")
-    file_columns = ["record_id", *(c for c in NEEDED_COLUMNS if c not in PARTITION_COLUMNS)]
+    file_columns = ["record_id", *(c for c in columns if c not in PARTITION_COLUMNS)]
     file_columns += [c for c in filters if c not in file_columns and c not in PARTITION_COLUMNS]
 
     schema = pa.schema([ARROW_SCHEMA.field(name) for name in [*file_columns, *PARTITION_COLUMNS]])
@@ -182,7 +184,7 @@ def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] 
         if not fresh.all():
             duplicates += int((~fresh).sum())
             table = table.filter(pa.array(fresh))
-        yield table.select(NEEDED_COLUMNS)
+        yield table.select(columns)
     info.description["duplicates_dropped"] = duplicates
 
 

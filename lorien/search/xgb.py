@@ -122,6 +122,19 @@ class XGBTuner(Tuner):
         self.booster_ = None
         self._plan: list[int] = []
         self._since_fit = 0
+        #: A pre-trained model that ranks candidates (:meth:`set_guide`), or None.
+        self.guide = None
+        #: Candidates the guide ranks for a plan, per point of the plan.
+        self.guide_pool = 8
+
+    def set_guide(self, guide, pool: int = 8) -> None:
+        """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
+        ``learn(indices, costs)``) that ranks every plan's candidates, from the first plan on:
+        ``pool`` x plan size candidates (random ones, plus the search's own once this tuner's
+        model is trained) are scored and the best taken; it learns from every measured batch."""
+        self.guide = guide
+        self.guide_pool = max(1, int(pool))
+        self._plan = []
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
         """Transfer: prior (features in the layout of the space's knob tables, normalized
@@ -159,6 +172,8 @@ class XGBTuner(Tuner):
         super().update(indices, results)
         for index, result in zip(indices, results, strict=True):
             self.measured[int(index)] = result_cost(result)
+        if self.guide is not None and len(indices):
+            self.guide.learn([int(i) for i in indices], [result_cost(r) for r in results])
         self._since_fit += len(indices)
         if self._since_fit >= self.plan_size:
             self._fit()
@@ -180,6 +195,8 @@ class XGBTuner(Tuner):
         return seeds
 
     def _make_plan(self) -> list[int]:
+        if self.guide is not None:
+            return self._guided_plan()
         seeds = self._seeded()
         first, rest = seeds[: self.seed_quota], seeds[self.seed_quota:]  # measured in this plan; search starts
         if self.booster_ is None:
@@ -201,6 +218,33 @@ class XGBTuner(Tuner):
             scores = self._predict_full(np.array(chosen, dtype=np.int64))
             chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]
         chosen = first + [i for i in chosen if i not in first]
+        chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
+        return chosen[: self.plan_size]
+
+    def _guided_plan(self) -> list[int]:
+        """A plan ranked by the pre-trained guide: seeds first, then the guide's best of a pool of
+        random points and (once this tuner's own model is trained) the search's candidates,
+        then ``epsilon`` random points."""
+        seeds = self._seeded()
+        first = seeds[: self.seed_quota]
+        n_random = int(math.ceil(self.epsilon * self.plan_size)) if self.booster_ is not None else 0
+        wanted = self.plan_size - n_random - len(first)
+        pool = [i for i in sample_unvisited(self, self.guide_pool * self.plan_size) if i not in first]
+        if self.booster_ is not None and wanted > 0:
+            starts = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
+                            key=self.measured.__getitem__)[:16] + seeds[self.seed_quota:]
+            if self.optimizer == "evolution":
+                searched = evolve(self.space, self.predict, wanted * self.rerank_factor, self.rng,
+                                  exclude=self.visited, starts=starts, population=self.population,
+                                  generations=self.generations)
+            else:
+                searched = anneal(self.space, self.predict, wanted * self.rerank_factor, self.rng,
+                                  exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
+                                  n_iter=self.sa_n_iter)
+            pool = list(dict.fromkeys([*searched, *pool]))
+        pool = [i for i in pool if i not in first and i not in self.visited]
+        scores = self.guide.score(pool) if pool else np.zeros(0)
+        chosen = first + [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 

@@ -151,8 +151,12 @@ def _job(entry: Any, settings: dict[str, Any], where: str, base: Path | None = N
 
 
 def _resolve_paths(job: dict[str, Any], base: Path) -> None:
-    """Options the job's dialect declares as paths, relative to the YAML's directory, made absolute."""
+    """Options the job's dialect declares as paths (and ``cost_model``), relative to the YAML's
+    directory, made absolute."""
     from lorien.dialect import get_dialect
+
+    if isinstance(job.get("cost_model"), str) and not Path(job["cost_model"]).is_absolute():
+        job["cost_model"] = str((base / job["cost_model"]).resolve())
 
     try:
         declared = get_dialect(str(job["dialect"])).job_options

@@ -38,7 +38,7 @@ JOB_DEFAULTS: dict[str, Any] = {
 #: number, which makes each round a job of its own).
 COMMON_KEYS = {"dialect", "target", "task_name", "args", "workload_key", "name", "tuner", "tuner_options",
                "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "weight", "models",
-               "epilogue", "round"}
+               "epilogue", "round", "cost_model"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
                 "check_correctness", "rtol", "atol", "seed"}
 #: Options the ``xgb`` tuner gets over a template-free space (auto-scheduler sketches,
@@ -68,6 +68,9 @@ class TuneJob:
     weight: float = JOB_DEFAULTS["weight"]
     models: list[str] | None = None
     epilogue: dict[str, Any] | None = None
+    #: A pre-trained program-feature model (``lorien train`` on ``lorien featurize --features
+    #: program`` output) that guides the xgb tuner from the first batch (:mod:`lorien.costmodel.pretrained`).
+    cost_model: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     spec: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -107,7 +110,8 @@ class TuneJob:
                     tuner_options=dict(job.get("tuner_options") or {}), trials=job["trials"],
                     batch_size=job["batch_size"], early_stopping=job.get("early_stopping"), seed=job["seed"],
                     commit_nbest=job["commit_nbest"], measure=dict(job["measure"]), weight=job["weight"],
-                    models=job.get("models"), epilogue=job.get("epilogue"), options=options, spec=dict(spec))
+                    models=job.get("models"), epilogue=job.get("epilogue"), cost_model=job.get("cost_model"),
+                    options=options, spec=dict(spec))
         try:
             dialect.check_job(tuned)
         except DialectError as exc:
@@ -165,6 +169,13 @@ def check_common(job: dict[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: 'models' must be a list of model names, got {models!r:.80}")
     if job.get("epilogue") is not None:
         check_epilogue(job["epilogue"], where)
+    if job.get("cost_model") is not None:
+        from lorien.costmodel.pretrained import check_cost_model_path
+
+        if job["tuner"] != "xgb":
+            raise ConfigError(f"{where}: 'cost_model' guides the xgb tuner; set tuner: xgb (or lorien tune --tuner "
+                              f"xgb), got tuner {job['tuner']!r}")
+        check_cost_model_path(job["cost_model"], where)
     measure = job.get("measure") or {}
     if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
         raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")

@@ -59,6 +59,9 @@ class TuneContext:
       config, so nothing is measured twice even where several points give one config.
     - ``encode_log(record) -> line``: the record in the dialect's native log (None: no log).
     - ``config_summary(config)``: the best config as the summary shows it (JSON data).
+    - ``schedule_of(config) -> (schedule, tensors)``: the engine schedule of a config, not
+      built (program features are computed from it, so a job's ``cost_model`` can guide the
+      tuner; None: this dialect's candidates cannot be guided by one).
     """
 
     workload_key: str
@@ -72,6 +75,7 @@ class TuneContext:
     record_key: Callable[[TuningRecord], bytes] = record_json_key
     encode_log: Callable[[TuningRecord], str] | None = None
     config_summary: Callable[[Any], Any] = lambda config: config
+    schedule_of: Callable[[Any], tuple[Any, list[Any]]] | None = None
 
 
 def stored_history(store: Any, job: TuneJob, workload_key: str) -> list[TuningRecord]:
@@ -109,6 +113,11 @@ def tune_job(job: TuneJob | dict[str, Any], store: Any = None, *, resume: Sequen
     job = TuneJob.from_spec(job)
     source = source or job_source(job.spec, job.dialect)
     context = context or get_dialect(job.dialect).tuning_context(job, store)
+    guided_by: dict[str, Any] | None = None
+    if job.cost_model:
+        from lorien.costmodel.pretrained import guide_tuner
+
+        guided_by = guide_tuner(context, job)
     history = stored_history(store, job, context.workload_key) if store is not None else []
     progress = TuneProgress(total=job.trials, summarize=context.config_summary)
     measured = replay_history(context, progress, history, resume, job.batch_size)
@@ -120,7 +129,12 @@ def tune_job(job: TuneJob | dict[str, Any], store: Any = None, *, resume: Sequen
                      encode or (lambda record: ""))
 
     def to_records(configs: list[Any], results: list[Any]) -> list[TuningRecord]:
-        return context.to_records(configs, results, source)
+        records = context.to_records(configs, results, source)
+        if guided_by is not None:  # the build JSON says which model chose the candidate
+            for record in records:
+                build = orjson.loads(record.build) if record.build else {}
+                record.build = orjson.dumps({**build, "cost_model": guided_by}).decode()
+        return records
 
     tune_batches(context.tuner, context.space, progress, measured, job.batch_size, job.early_stopping, sink,
                  context.measure, to_records, on_batch, context.config_key)

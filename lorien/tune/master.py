@@ -284,9 +284,12 @@ def tune_command(args: Any) -> int:
     from lorien.tune.config import load_tune_config
 
     config = load_tune_config(args.config)
+    cost_model = getattr(args, "cost_model", None)
     for job in config.jobs:
         job.update({key: value for key, value in (("trials", args.trials), ("tuner", args.tuner))
                     if value is not None})
+        if cost_model:
+            job["cost_model"] = str(Path(cost_model).resolve())
     store_uri = resolve_store_uri(args.store, config.store_uri)
     options: dict[str, Any] = {"workers": args.workers, "measure_slots": args.measure_slots}
     if args.manager == "dask":

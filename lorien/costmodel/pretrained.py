@@ -1,0 +1,199 @@
+"""Pre-trained cost models in tuning, for every dialect.
+
+A model trained on program features (``lorien featurize --features program`` then ``lorien
+train``: template ``program``) scores any candidate whose schedule the engine can lower, so
+one model guides the autotvm, auto_scheduler and meta_schedule tuners alike. A job names it
+with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tuner
+
+- picks its first batch by the model: a pool of candidates from the space (random, or the
+  tuner's own search once it has measured something) is lowered, featurized and ranked, the
+  best measured (:meth:`lorien.search.xgb.XGBTuner.set_guide`);
+- keeps learning online: after every batch the pre-trained booster is boosted further on the
+  run's own measurements (its throughput relative to the run's best), and a model of the
+  run's measurements alone (same program features) is fitted beside it; a candidate's score
+  blends the two by rank, the run's own model weighing ``n / (n + PRIOR_WEIGHT)`` after ``n``
+  measurements, so the guide starts from the warehouse and ends on this workload's evidence;
+- stamps every record it measured with the model (``build`` JSON: ``cost_model`` with the
+  model's name, path and content digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lorien.errors import ConfigError, LorienError
+from lorien.features.program import FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dict, schedule_features
+
+#: Boosting rounds added to the pre-trained model after each measured batch.
+ONLINE_ROUNDS = 20
+#: Measurements at which the run's own model weighs as much as the pre-trained one.
+PRIOR_WEIGHT = 16
+#: Measurements before the run's own model is fitted.
+MIN_LOCAL = 8
+
+
+def check_cost_model_path(path: Any, where: str = "job") -> Path:
+    """The model.json of a job's ``cost_model``; ConfigError names the job, the path and what is wrong."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where}: 'cost_model' must be the path of a model directory (lorien train -o), "
+                          f"got {path!r:.80}")
+    folder = Path(path)
+    model_file = folder / "model.json" if folder.is_dir() else folder
+    if not model_file.is_file():
+        raise ConfigError(f"{where}: cost_model {path}: no cost model there (expected a directory with model.json "
+                          f"written by lorien train)")
+    try:
+        document = json.loads(model_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{where}: cost_model {model_file}: not a cost model file ({exc})") from exc
+    templates = document.get("templates") if isinstance(document, dict) else None
+    if not isinstance(templates, dict) or PROGRAM_TEMPLATE not in templates:
+        raise ConfigError(f"{where}: cost_model {model_file} was not trained on program features (templates: "
+                          f"{sorted(templates or {})}); train it on `lorien featurize --features program` output")
+    return model_file
+
+
+class ProgramModel:
+    """A saved program-feature model: scores feature vectors, and learns online from a run."""
+
+    def __init__(self, path: str | Path, target: str | None = None):
+        from lorien.costmodel.bundle import CostModel
+        from lorien.costmodel.models import XGBCostModel
+        from lorien.features.targets import local_target_features
+
+        model_file = check_cost_model_path(str(path), "cost_model")
+        bundle = CostModel.load(model_file)
+        template = bundle.template(PROGRAM_TEMPLATE)
+        if not isinstance(template.estimator, XGBCostModel):
+            raise LorienError(f"cost_model {model_file}: its estimator is {type(template.estimator).__name__}; "
+                              f"tuning needs an XGBoost model (lorien train --kind xgb-rank or xgb-reg)")
+        self.path = str(Path(model_file).parent.resolve())
+        self.name = bundle.name
+        self.meta = template.meta
+        self.base = template.estimator.booster_
+        self.objective = template.estimator.objective
+        self.booster = self.base
+        self.target_part = local_target_features(target)
+        digest = hashlib.sha256(Path(model_file).read_bytes())
+        for entry in sorted(Path(model_file).parent.glob("*.ubj")):
+            digest.update(entry.read_bytes())
+        self.digest = digest.hexdigest()[:16]
+        self.online_rounds = ONLINE_ROUNDS
+        self.local = None  # a booster of the run's measurements alone
+        self.measured = 0
+
+    def describe(self) -> dict[str, Any]:
+        """What a record guided by this model says about it (its build JSON's ``cost_model``)."""
+        return {"name": self.name, "path": self.path, "digest": self.digest}
+
+    def matrix(self, vectors: np.ndarray) -> np.ndarray:
+        return self.meta.transform([{**feature_dict(row), **self.target_part} for row in vectors])
+
+    def score(self, vectors: np.ndarray) -> np.ndarray:
+        """Scores (higher: predicted faster) of program feature vectors: the pre-trained model as
+        updated so far, blended by rank with the run's own model once it has one."""
+        import xgboost as xgb
+
+        if len(vectors) == 0:
+            return np.zeros(0)
+        matrix = self.matrix(np.asarray(vectors))
+        prior = self.booster.predict(xgb.DMatrix(matrix))
+        if self.local is None or len(prior) < 2:
+            return prior
+        local = self.local.predict(xgb.DMatrix(matrix))
+        weight = self.measured / (self.measured + PRIOR_WEIGHT)
+        return (1 - weight) * _ranks(prior) + weight * _ranks(local)
+
+    def learn(self, vectors: np.ndarray, costs: Sequence[float]) -> None:
+        """Boost the pre-trained model further on a run's measurements (failed: throughput 0)."""
+        import xgboost as xgb
+
+        costs = np.asarray(costs, dtype=float)
+        if len(costs) < 2:
+            return
+        throughput = np.where(np.isfinite(costs) & (costs > 0), 1.0 / np.where(costs > 0, costs, 1.0), 0.0)
+        if throughput.max() <= 0:
+            return
+        label = throughput / throughput.max()
+        params = {"objective": "rank:pairwise" if self.objective == "rank" else "reg:squarederror",
+                  "max_depth": 4, "eta": 0.1, "nthread": 1, "verbosity": 0, "tree_method": "hist", "seed": 0}
+        if self.objective == "rank":
+            matrix = xgb.DMatrix(self.matrix(vectors), label=label, qid=np.zeros(len(label), dtype=np.int64))
+        else:
+            matrix = xgb.DMatrix(self.matrix(vectors), label=label)
+        self.booster = xgb.train(params, matrix, num_boost_round=self.online_rounds, xgb_model=self.base.copy())
+        self.measured = len(label)
+        if len(label) >= MIN_LOCAL:
+            local = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.3, "nthread": 1, "verbosity": 0,
+                     "tree_method": "hist", "seed": 0}
+            self.local = xgb.train(local, xgb.DMatrix(self.matrix(vectors), label=label), num_boost_round=60)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks scaled to [0, 1] (ties share the lowest)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    return ranks / max(1, len(values) - 1)
+
+
+class ProgramGuide:
+    """What the xgb tuner asks of a pre-trained model: scores of points of its space, learning
+    from the points it measured. Points are lowered once (features cached by index)."""
+
+    def __init__(self, model: ProgramModel, space: Any, schedule_of: Callable[[Any], tuple[Any, list[Any]]]):
+        self.model, self.space, self.schedule_of = model, space, schedule_of
+        self.cache: dict[int, np.ndarray | None] = {}
+        self.measured: dict[int, float] = {}
+
+    def features(self, index: int) -> np.ndarray | None:
+        index = int(index)
+        if index not in self.cache:
+            try:
+                schedule, args = self.schedule_of(self.space.get(index))
+                self.cache[index] = schedule_features(schedule, args)
+            except (LorienError, KeyError, TypeError, ValueError, ZeroDivisionError):
+                self.cache[index] = None  # a point that does not lower: never preferred
+        return self.cache[index]
+
+    def score(self, indices: Sequence[int]) -> np.ndarray:
+        """Model scores of points (``-inf`` for a point that does not lower)."""
+        rows = [self.features(i) for i in indices]
+        good = [j for j, row in enumerate(rows) if row is not None]
+        scores = np.full(len(rows), -math.inf)
+        if good:
+            scores[good] = self.model.score(np.vstack([rows[j] for j in good]))
+        return scores
+
+    def learn(self, indices: Sequence[int], costs: Sequence[float]) -> None:
+        """Record measurements and update the model on every lowered point measured so far."""
+        for index, cost in zip(indices, costs, strict=True):
+            self.measured[int(index)] = float(cost)
+        known = [(i, c) for i, c in self.measured.items() if self.features(i) is not None]
+        if known:
+            self.model.learn(np.vstack([self.features(i) for i, _ in known]), [c for _, c in known])
+
+
+def guide_tuner(context: Any, job: Any) -> dict[str, Any]:
+    """Give a tuning context's tuner the job's pre-trained model; returns what records say of it.
+    ConfigError when the tuner cannot be guided or the dialect cannot lower its candidates."""
+    if not hasattr(context.tuner, "set_guide"):
+        raise ConfigError(f"job {job.name or job.task_name}: cost_model guides the xgb tuner, got tuner {job.tuner!r}")
+    if context.schedule_of is None:
+        raise ConfigError(f"job {job.name or job.task_name}: dialect {job.dialect!r} cannot lower its candidates "
+                          f"for a cost_model to score")
+    from lorien.target import parse_target
+
+    model = ProgramModel(job.cost_model, parse_target(job.target).canonical)
+    context.tuner.set_guide(ProgramGuide(model, context.space, context.schedule_of))
+    return model.describe()
+
+
+__all__ = ["FEATURE_NAMES", "ProgramGuide", "ProgramModel", "check_cost_model_path", "guide_tuner"]

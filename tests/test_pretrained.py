@@ -1,0 +1,169 @@
+"""Pre-trained program-feature models in tuning (lorien.costmodel.pretrained): every dialect's
+xgb tuner ranks its first batch with a model trained on other workloads (the shared logs of
+TopHub, Ansor and MetaSchedule: none of them the tiny dense layer tuned here), keeps learning,
+and stamps its records; bad models are clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orjson
+import pytest
+
+from lorien.errors import ConfigError
+
+DENSE = {"M": 16, "N": 32, "K": 32}
+
+
+@pytest.fixture(scope="module")
+def program_model(tmp_path_factory, shared_data):
+    """A model trained on program features of the shared logs of all three dialects."""
+    from lorien.costmodel.train import train_cost_model
+    from lorien.features import featurize
+
+    folder = tmp_path_factory.mktemp("program-model")
+    featurize(folder / "features", paths=[shared_data / "tophub" / "llvm_v0.04.log", shared_data / "ansor",
+                                          shared_data / "meta_schedule"], extractor="program", jobs=1, progress=False)
+    train_cost_model(folder / "features", folder / "model", templates=["program"], folds=2, baseline=None,
+                     plots=False, progress=False)
+    return str(folder / "model")
+
+
+def _job(dialect: str, model: str | None, trials: int = 4, **extra) -> dict:
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target
+
+    task_name, args = get_dialect(dialect).expand_workload("dense", DENSE)
+    job = {"dialect": dialect, "task_name": task_name, "args": args, "tuner": "xgb", "trials": trials,
+           "batch_size": 4, "seed": 3, "target": host_target().canonical, **extra}
+    if model is not None:
+        job["cost_model"] = model
+    return job
+
+
+@pytest.mark.parametrize("dialect", ["autotvm", "auto_scheduler", "meta_schedule"])
+def test_the_first_batch_is_the_models_choice_in_every_dialect(dialect, program_model):
+    from lorien.costmodel.pretrained import ProgramModel
+    from lorien.dialect import get_dialect
+    from lorien.features.program import schedule_features
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import tune_job
+
+    batches = []
+    progress = tune_job(_job(dialect, program_model), None, on_batch=lambda state, records: batches.append(records))
+    first = batches[0]
+    assert progress.trials == 4 and len(first) == 4
+    model = ProgramModel(program_model)
+    for record in first:  # every record says which model chose it
+        assert orjson.loads(record.build)["cost_model"] == model.describe()
+
+    # Score the chosen batch and random points of the same space with the model as trained
+    context = get_dialect(dialect).tuning_context(TuneJob.from_spec(_job(dialect, None)), None)
+    rng = np.random.default_rng(11)
+    indices = [int(i) for i in rng.choice(len(context.space), size=min(64, len(context.space)), replace=False)]
+    random_rows = [schedule_features(*context.schedule_of(context.space.get(i))) for i in indices]
+    chosen_rows = [schedule_features(*get_dialect(dialect).schedule_record(record)) for record in first]
+    random_scores, chosen_scores = model.score(np.vstack(random_rows)), model.score(np.vstack(chosen_rows))
+    assert np.ptp(random_scores) > 0  # the model tells these points apart
+    # the batch is what the model likes best of a large pool: above the median of random points,
+    # and above their mean on average (an unguided first batch is random: about half of it below)
+    assert chosen_scores.min() >= np.median(random_scores)
+    assert chosen_scores.mean() > random_scores.mean()
+
+
+def test_without_the_model_the_first_batch_is_not_the_models_choice(program_model):
+    """The check above fails for an unguided run: its first batch scores like random points."""
+    from lorien.costmodel.pretrained import ProgramModel
+    from lorien.dialect import get_dialect
+    from lorien.features.program import schedule_features
+    from lorien.tune.loop import tune_job
+
+    model = ProgramModel(program_model)
+    guided, plain = [], []
+    tune_job(_job("auto_scheduler", program_model, trials=8, batch_size=8), None,
+             on_batch=lambda state, records: guided.extend(records))
+    tune_job(_job("auto_scheduler", None, trials=8, batch_size=8), None,
+             on_batch=lambda state, records: plain.extend(records))
+    dialect = get_dialect("auto_scheduler")
+
+    def scores(records):
+        return model.score(np.vstack([schedule_features(*dialect.schedule_record(r)) for r in records]))
+
+    assert scores(guided).mean() > scores(plain).mean()
+    assert all("cost_model" not in orjson.loads(record.build) for record in plain)
+
+
+def test_the_guide_keeps_learning_from_the_runs_measurements(program_model):
+    from lorien.costmodel.pretrained import ProgramGuide, ProgramModel
+    from lorien.dialect import get_dialect
+    from lorien.tune.job import TuneJob
+
+    context = get_dialect("meta_schedule").tuning_context(TuneJob.from_spec(_job("meta_schedule", None)), None)
+    guide = ProgramGuide(ProgramModel(program_model), context.space, context.schedule_of)
+    points = list(range(min(12, len(context.space))))
+    before = guide.score(points)
+    # pretend the points the model likes least were measured fastest
+    order = np.argsort(before)
+    costs = np.empty(len(points))
+    costs[order] = np.linspace(1e-4, 1e-3, len(points))
+    guide.learn(points, costs.tolist())
+    after = guide.score(points)
+    assert not np.allclose(before, after)
+    # the update moves the ranking towards the measurements
+    from scipy.stats import spearmanr
+
+    truth = -costs
+    assert spearmanr(after, truth).statistic > spearmanr(before, truth).statistic
+
+
+def test_guided_records_round_trip_through_their_native_log(program_model, tmp_path):
+    from lorien.formats import encode_record, read_log
+    from lorien.tune.loop import tune_job
+
+    records = []
+    tune_job(_job("auto_scheduler", program_model), None, on_batch=lambda state, batch: records.extend(batch))
+    path = tmp_path / "log.json"
+    path.write_text("".join(encode_record(r, "ansor") + "\n" for r in records))
+    again = read_log(path).records
+    assert [r.config for r in again] == [r.config for r in records]
+    assert [r.costs for r in again] == [r.costs for r in records]
+
+
+def test_a_bad_cost_model_is_a_clear_error(tmp_path, program_model):
+    from lorien.tune.job import TuneJob
+
+    with pytest.raises(ConfigError, match="no cost model there"):
+        TuneJob.from_spec(_job("autotvm", str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match="guides the xgb tuner"):
+        TuneJob.from_spec({**_job("autotvm", program_model), "tuner": "random"})
+    other = tmp_path / "knob-model"
+    other.mkdir()
+    (other / "model.json").write_text(json.dumps({"format": "lorien-costmodel", "templates": {"dense_pack.x86": {}}}))
+    with pytest.raises(ConfigError, match="not trained on program features"):
+        TuneJob.from_spec(_job("autotvm", str(other)))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a cost model file"):
+        TuneJob.from_spec(_job("meta_schedule", str(broken)))
+
+
+def test_lorien_tune_cost_model_flag(tmp_path, program_model, capsys):
+    from lorien.cli import main
+    from lorien.warehouse import open_store
+
+    config = tmp_path / "tune.yaml"
+    config.write_text("dialect: meta_schedule\ntrials: 4\nbatch_size: 4\nworkloads:\n  - dense: {M: 16, N: 32, K: 32}\n")
+    store = f"parquet:{tmp_path / 'store'}"
+    assert main(["tune", str(config), "--store", store, "--tuner", "xgb", "--cost-model", program_model,
+                 "--no-progress"]) == 0
+    with open_store(store) as opened:
+        rows = opened.scan({}).to_pylist()
+    assert len(rows) == 4 and all("cost_model" in orjson.loads(row["build"]) for row in rows)
+    capsys.readouterr()
+    assert main(["tune", str(config), "--store", store, "--tuner", "xgb", "--cost-model", str(tmp_path / "nope"),
+                 "--no-progress"]) != 0
+    assert f"cost_model {tmp_path / 'nope'}: no cost model there" in capsys.readouterr().err
+    assert main(["tune", str(config), "--store", store, "--cost-model", program_model, "--no-progress"]) != 0
+    assert "guides the xgb tuner" in capsys.readouterr().err

@@ -1,0 +1,141 @@
+"""Program features (lorien.features.program): one fixed-length vector of the lowered loop nest,
+for records of every dialect, and `lorien featurize --features program`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lorien.cli import main
+from lorien.engine import lower, ops, te
+from lorien.engine.schedule import create_schedule
+from lorien.features.program import FEATURE_NAMES, program_features, schedule_features, structure
+
+
+def _dense(m=16, n=32, k=24):
+    data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
+    out = ops.dense(data, weight)
+    return data, weight, out
+
+
+def _value(vector, name):
+    return vector[FEATURE_NAMES.index(name)]
+
+
+def _flops(program) -> float:
+    """Trip-weighted float operations of a fully lowered program (unrolled loops expanded)."""
+    trips, total = [1.0], 0.0
+    for u in program.uops:
+        if u.op == "LOOP":
+            trips.append(trips[-1] * u.arg[1])
+        elif u.op == "ENDLOOP":
+            trips.pop()
+        elif u.op == "ALU" and u.dtype.startswith("float"):
+            total += trips[-1] * u.lanes * (2 if u.arg == "fma" else 1)
+    return total
+
+
+def test_structural_lowering_counts_the_work_of_real_lowering_without_expanding_unrolled_loops():
+    data, weight, out = _dense()
+    s = create_schedule(out)
+    i, j = out.op.axis
+    (k,) = out.op.reduce_axis
+    jo, ji = s[out].split(j, factor=8)
+    ko, ki = s[out].split(k, factor=4)
+    s[out].reorder(i, jo, ko, ki, ji)
+    s[out].unroll(ki)
+    s[out].vectorize(ji)
+    s[out].parallel(i)
+    real = lower(s, [data, weight, out])
+    kept = structure(s, [data, weight, out])
+    assert any(u.op == "LOOP" and u.arg[2] == "unrolled" for u in kept.uops)
+    assert len(kept.uops) < len(real.uops)
+    vector = program_features(kept)
+    assert _value(vector, "pg_flops") == pytest.approx(math.log2(1 + _flops(real)))
+    assert _flops(real) == 2 * 16 * 32 * 24
+    assert _value(vector, "pg_vector_lanes") == 8
+    assert _value(vector, "pg_parallel_extent") == pytest.approx(math.log2(17))
+    assert _value(vector, "pg_unrolled_loops") == 1
+
+
+def test_vectorizing_and_loop_order_change_the_features_the_way_they_change_the_program():
+    data, weight, out = _dense()
+    plain = create_schedule(out)
+    base = schedule_features(plain, [data, weight, out])
+    assert base.shape == (len(FEATURE_NAMES),) and np.isfinite(base).all()
+    assert _value(base, "pg_vector_flops_frac") == 0
+
+    vec = create_schedule(out)
+    i, j = out.op.axis
+    (k,) = out.op.reduce_axis
+    jo, ji = vec[out].split(j, factor=8)
+    vec[out].reorder(i, jo, k, ji)
+    vec[out].vectorize(ji)
+    vectorized = schedule_features(vec, [data, weight, out])
+    assert _value(vectorized, "pg_vector_flops_frac") == 1
+    assert _value(vectorized, "pa_out_lanes") == pytest.approx(math.log2(9))
+    # the same arithmetic either way
+    assert _value(vectorized, "pg_flops") == pytest.approx(_value(base, "pg_flops"))
+
+    # k innermost: data is read along k (stride 1), weight too; j innermost: weight strides by K
+    swapped = create_schedule(out)
+    swapped[out].reorder(out.op.reduce_axis[0], *out.op.axis)
+    strided = schedule_features(swapped, [data, weight, out])
+    strides = sorted(_value(strided, f"pa_load{r}_stride_inner") for r in range(2))
+    assert strides[-1] == pytest.approx(math.log2(1 + 24))  # weight[j, k] stepped along j
+
+
+def test_records_of_all_three_dialects_get_one_vector_each(shared_data):
+    from lorien.dialect import get_dialect
+    from lorien.features.program import record_program_features
+    from lorien.formats import read_log
+
+    paths = {"autotvm": shared_data / "tophub" / "llvm_v0.04.log",
+             "auto_scheduler": shared_data / "ansor" / "conv2d.json",
+             "meta_schedule": shared_data / "meta_schedule" / "matmul_128"}
+    for dialect, path in paths.items():
+        records = [r for r in read_log(path).records if r.dialect == dialect][:5]
+        assert records, path
+        vectors = [record_program_features(get_dialect(dialect), r) for r in records]
+        for vector in vectors:
+            assert vector.shape == (len(FEATURE_NAMES),) and np.isfinite(vector).all()
+            assert _value(vector, "pg_flops") > 10
+
+
+def test_featurize_program_writes_one_csv_for_every_dialect(tmp_path, shared_data, capsys):
+    out = tmp_path / "features"
+    code = main(["featurize", "--features", "program", "--quiet", "--json", "--jobs", "2", "-o", str(out),
+                 str(shared_data / "tophub" / "llvm_v0.04.log"), str(shared_data / "ansor" / "conv2d.json"),
+                 str(shared_data / "meta_schedule" / "matmul_128")])
+    assert code == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["templates"]) == ["program"]
+    assert report["records_featurized"] == report["records_read"] > 20  # every record lowered, none dropped
+    frame = pd.read_csv(out / "program.csv")
+    assert set(FEATURE_NAMES) <= set(frame.columns)
+    assert len(frame) == report["records_read"]
+    assert (out / "program.meta").is_file()
+
+
+def test_featurize_program_from_a_store_lowers_records_of_every_dialect_tuned_here(tmp_path):
+    """A store keeps each record's extra (a MetaSchedule record's workload entry): program
+    featurization reads it, so records of all three dialects tuned here are lowered, none dropped."""
+    from lorien.dialect import get_dialect
+    from lorien.features import featurize
+    from lorien.target import host_target
+    from lorien.tune.loop import tune_job
+
+    uri = f"parquet:{tmp_path / 'store'}"
+    for dialect in ("autotvm", "auto_scheduler", "meta_schedule"):
+        task_name, args = get_dialect(dialect).expand_workload("dense", {"M": 8, "N": 16, "K": 16})
+        tune_job({"dialect": dialect, "task_name": task_name, "args": args, "tuner": "random", "trials": 3,
+                  "batch_size": 3, "target": host_target().canonical}, uri)
+    report = featurize(tmp_path / "features", store=uri, extractor="program", jobs=1, progress=False)
+    assert report.records_read == 9
+    assert report.records_featurized == 9, report.examples
+    assert list(report.templates) == ["program"]
