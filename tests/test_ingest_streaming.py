@@ -113,6 +113,26 @@ def test_the_compact_record_id_set_answers_as_a_python_set_would():
         assert len(ids) == len(reference)
 
 
+@pytest.mark.parametrize("spelling", ["hex", "upper", "same_high_half", "other"])
+def test_dedupe_keeps_the_first_row_of_each_id_whatever_its_spelling(spelling):
+    from lorien.warehouse.parquet.tables import dedupe
+
+    make = {"hex": lambda: secrets.token_hex(16), "upper": lambda: secrets.token_hex(16).upper(),
+            "same_high_half": lambda: "0123456789abcdef" + secrets.token_hex(8),
+            "other": lambda: "custom-" + secrets.token_hex(4)}[spelling]
+    pool = [make() for _ in range(50)]
+    rng = np.random.default_rng(1)
+    ids = rng.choice(pool, 200).tolist()
+    table = pa.table({"record_id": pa.array(ids, pa.string()), "row": pa.array(range(200), pa.int64())})
+    kept = dedupe(table)
+    firsts = {}
+    for row, rid in enumerate(ids):
+        firsts.setdefault(rid, row)
+    assert kept.column("row").to_pylist() == sorted(firsts.values())
+    distinct = table.take(sorted(firsts.values()))
+    assert dedupe(distinct).num_rows == distinct.num_rows
+
+
 @pytest.mark.parametrize("batch_size", [0, -5])
 def test_a_batch_size_below_one_is_refused_naming_the_value(tmp_path, batch_size):
     from lorien.errors import LorienError

@@ -14,9 +14,10 @@ import pyarrow as pa
 _SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
 
 
-def id_halves(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+def id_halves(ids: pa.Array | pa.ChunkedArray, low: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
     """The two uint64 halves of each 32-hex-digit id, read from the Arrow buffers; None when
-    some id is not 32 lowercase hex digits."""
+    some id is not 32 lowercase hex digits. Without ``low`` only the high halves are computed
+    (the second array is then empty): enough to tell ids apart quickly (see tables.dedupe)."""
     chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
     highs, lows = [], []
     for chunk in chunks:
@@ -34,10 +35,11 @@ def id_halves(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] 
             return None
         nibbles = np.where(is_digit, digits - 48, digits - 87).astype(np.uint64)
         highs.append((nibbles[:, :16] << _SHIFTS).sum(axis=1, dtype=np.uint64))
-        lows.append((nibbles[:, 16:] << _SHIFTS).sum(axis=1, dtype=np.uint64))
+        if low:
+            lows.append((nibbles[:, 16:] << _SHIFTS).sum(axis=1, dtype=np.uint64))
     if not highs:
         return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
-    return np.concatenate(highs), np.concatenate(lows)
+    return np.concatenate(highs), (np.concatenate(lows) if low else np.zeros(0, dtype=np.uint64))
 
 
 def _merged(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]
