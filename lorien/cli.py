@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="records per commit (default 65536); ingest memory grows with it, not with the "
                              "logs' size: smaller batches use less memory and make more, smaller files")
     ingest.add_argument("--store", help=STORE_HELP)
+    ingest.add_argument("--no-serving-index", action="store_true",
+                        help="do not build the persisted serving index after the commits (a local parquet "
+                             "store; the first warm query of a later process builds it instead)")
     ingest.add_argument("--json", action="store_true", help="print the report (per file and in total) as JSON")
     ingest.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ingest.set_defaults(run=_run_ingest)
@@ -642,7 +645,8 @@ def _run_ingest(args: argparse.Namespace) -> int:
         try:
             report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
                                   format=args.format, batch_size=args.batch_size, on_file=lambda done, _total: bar.step(
-                                      f"{done.path}: {done.records} records"))
+                                      f"{done.path}: {done.records} records"),
+                                  serving_index=not args.no_serving_index)
         except RecordParseError as exc:
             bar.close()
             print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)
