@@ -131,7 +131,7 @@ def damage_rows(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "costs"])
 def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
     uri = f"parquet:{root}"
     fill(uri)
@@ -146,11 +146,14 @@ def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
         path.write_bytes(b"")
     elif damage == "rows":
         damage_rows(path)
-    else:  # a byte of the group arrays, which sit between the rows and the header
+    else:  # a byte of a section: the group arrays, a string column's offsets, the costs
         header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
         header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+        section = {"arrays": "group.starts", "offsets": "config.offsets", "costs": "costs.data"}[damage]
+        at, length = header["sections"][section]
         data = bytearray(data)
-        data[header["sections"]["starts"][0]] ^= 0xFF
+        for offset in range(at + 8, at + length, 64):
+            data[offset] ^= 0x5A
         path.write_bytes(bytes(data))
     store = open_store(uri)
     with pytest.warns(ServingIndexWarning, match="damaged"):

@@ -514,7 +514,7 @@ class ParquetStore(Store):
         staged = staged_path(staging)
         depth = min((serving_depth(rel) for rel in files), default=None)
         try:
-            write_index(staged, lambda: self._serving_ranges(files), SERVING_FILE_SCHEMA, files, files, depth)
+            write_index(staged, lambda: self._serving_ranges(files), SERVING_FILE_SCHEMA.names, files, files, depth)
             os.rename(staged, final)
         except FileNotFoundError:
             return None  # a merge or compaction replaced a serving file: the listing is stale

@@ -14,6 +14,7 @@ from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
 from lorien.warehouse.parquet.ids import id_halves
 from lorien.warehouse.parquet.layout import SERVING_FILE_SCHEMA
+from lorien.warehouse.parquet.persisted import rank_rows  # noqa: F401 - ranked the same way everywhere
 
 #: Columns with few distinct values, dictionary-encoded in files; the rest (configs, ids,
 #: costs) are nearly unique, and trying to dictionary-encode them only costs time.
@@ -166,16 +167,3 @@ def may_hold(statistics: Any, low: str, high: str) -> bool:
     if statistics is None or not statistics.has_min_max:
         return True
     return statistics.min <= high and statistics.max >= low
-
-
-def rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
-    """Most specific target match first (``row["tier"]``, see lorien.target.match_tier), then
-    fastest (ties by record_id); with ``per_layout`` the best k of each layout, layouts ordered
-    by their first row."""
-    ordered = sorted(rows, key=lambda row: (row["tier"], row["cost_s"], row["record_id"]))
-    if not per_layout:
-        return ordered[:k]
-    by_layout: dict[str, list[dict]] = {}
-    for row in ordered:
-        by_layout.setdefault(row["layout"], []).append(row)
-    return [row for group in by_layout.values() for row in group[:k]]
