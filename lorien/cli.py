@@ -545,6 +545,14 @@ def _open_for_reading(uri: str | None):
 
 def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
     """(records, the family's other stored targets holding the workload when none matched)."""
+    if not args.build:
+        from lorien.quick_query import quick_best
+
+        records = quick_best(args.store, args.workload_key, args.target, k=args.nbest, layout=args.layout,
+                             by_alternate_key=args.alternate_key, prefix=args.prefix,
+                             per_layout=args.per_layout, exact=args.exact)
+        if records:
+            return records, []
     from lorien.warehouse import open_store
 
     # With --build a missing store is fine: the default schedule is built, and said so.
@@ -568,7 +576,7 @@ def _print_records(records: list, output_format: str) -> None:
         for record in records:
             print(encode_record(record, output_format))
         return
-    from lorien.warehouse.query import record_summary
+    from lorien.record import record_summary
 
     rows = [record_summary(record) for record in records]
     if output_format == "json":

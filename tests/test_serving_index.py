@@ -13,7 +13,7 @@ import pytest
 from test_store_contract import SKYLAKE, ZNVER, workload_records
 
 from lorien.warehouse import open_store
-from lorien.warehouse.parquet.persisted import PersistedIndex
+from lorien.serving_index import PersistedIndex
 from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.store import ServingIndexWarning
 
@@ -187,3 +187,43 @@ def test_a_store_where_the_index_cannot_be_written_keeps_it_in_memory(root):
     assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
     assert isinstance(store._indexes["llvm_cpu"], ServingIndex)
     assert not list((root / "_staging").glob("*.lsi.tmp"))
+
+
+QUERY_CHILD = """
+import json, sys
+from lorien.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "pyarrow": "pyarrow" in sys.modules, "numpy": "numpy" in sys.modules}))
+"""
+
+
+def run_query(uri: str, *options: str) -> tuple[dict, list]:
+    child = subprocess.run([sys.executable, "-c", QUERY_CHILD, "query", "--store", uri, "--format", "json",
+                            *options], capture_output=True, text=True, check=True)
+    *answer, summary = child.stdout.strip().splitlines()
+    return json.loads(summary), json.loads("\n".join(answer))
+
+
+def test_a_one_shot_query_answers_from_the_index_without_pyarrow_or_numpy(root):
+    from lorien.quick_query import quick_best
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    options = ["--workload-key", "conv#a", "--target", SKYLAKE, "--nbest", "3"]
+    before, slow_answer = run_query(uri, *options)  # no index yet: the store answers
+    assert before["code"] == 0 and before["pyarrow"]
+    open_store(uri).build_serving_indexes()
+    after, quick_answer = run_query(uri, *options)
+    assert after == {"code": 0, "pyarrow": False, "numpy": False}
+    assert quick_answer == slow_answer and len(quick_answer) == 3
+    # the same answers as the store's, query by query
+    store = open_store(uri)
+    for query in QUERIES:
+        expected = store.best(target=SKYLAKE, **query)
+        assert quick_best(uri, target=SKYLAKE, **query) == (expected or None)
+    # deeper than the serving view, or after another commit: left to the store
+    assert quick_best(uri, "conv#a", SKYLAKE, k=6) is None
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    assert quick_best(uri, "conv#a", SKYLAKE) is None
+    newer, answer = run_query(uri, *options)
+    assert newer["code"] == 0 and answer[0]["cost_us"] == pytest.approx(10.0)

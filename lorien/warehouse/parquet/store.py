@@ -15,6 +15,14 @@ import pyarrow as pa
 
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord
+from lorien.serving_index import (
+    IndexDamaged,
+    PersistedIndex,
+    SuspectRow,
+    index_rel,
+    staged_path,
+    write_index,
+)
 from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
 from lorien.warehouse.parquet.commit import ParquetCommit, PendingFile
@@ -49,14 +57,6 @@ from lorien.warehouse.parquet.layout import (
 )
 from lorien.warehouse.parquet.layout import (
     STAGING_DIR as STAGING_DIR_NAME,
-)
-from lorien.warehouse.parquet.persisted import (
-    IndexDamaged,
-    PersistedIndex,
-    SuspectRow,
-    index_rel,
-    staged_path,
-    write_index,
 )
 from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.tables import (

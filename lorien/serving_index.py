@@ -33,9 +33,7 @@ import hashlib
 import json
 import mmap
 import os
-import shutil
 import struct
-import tempfile
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -79,6 +77,9 @@ def write_index(path: str, tables: Callable[[], Iterable[object]], names: Sequen
     """Write an index file at ``path`` from ``tables()``, Arrow tables of serving rows (columns
     ``names``) in serving order, deduplicated, each range of workload keys after the last.
     Returns the rows written. Each column is gathered in a scratch file beside ``path`` first."""
+    import shutil
+    import tempfile
+
     import numpy as np
     import pyarrow as pa
 
