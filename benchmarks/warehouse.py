@@ -535,6 +535,9 @@ def main() -> int:
     parser.add_argument("--light", action="store_true",
                         help="leave out what holds every record in memory (the parse/commit split, the pandas "
                              "baseline, the in-memory serving index): the default above 3,000,000 records")
+    parser.add_argument("--reuse-store", action="store_true",
+                        help="with --workdir: measure the store an earlier run left there (its ingest figures "
+                             "are read back from ingest.json) instead of ingesting again")
     parser.add_argument("--skip-featurize", action="store_true", help="no featurize_peak_mib (lorien featurize)")
     parser.add_argument("--featurize-jobs", type=int, default=2, help="worker processes of the featurize run")
     options = parser.parse_args()
@@ -558,7 +561,13 @@ def main() -> int:
             print(f"synthetic log: {records:,} records, {workloads:,} workloads, "
                   f"{log_path.stat().st_size / 2**20:.0f} MiB, made in {time.perf_counter() - started:.1f} s")
 
-        ingest = ingest_child(log_path, store_dir, options.nbest, keep=True)
+        saved = workdir / "ingest.json"  # what the ingest of a kept --workdir measured
+        reused = options.reuse_store and saved.exists() and store_dir.exists()
+        if reused:
+            ingest, reference = json.loads(saved.read_text())
+            print(f"(--reuse-store: the store and its ingest figures are those of an earlier run in {workdir})")
+        else:
+            ingest, reference = ingest_child(log_path, store_dir, options.nbest, keep=True), None
         ingest_rps = ingest["records"] / ingest["seconds"]
         workers_rss = ingest["peak_rss_workers_mib"]
         print(f"ingest: {ingest['records']:,} records ({ingest['stored']:,} stored, {ingest['errors']} bad) "
@@ -573,14 +582,17 @@ def main() -> int:
               f"record files {sum(p.stat().st_size for p in (store_dir / 'records').rglob('*.parquet')) / 2**20:,.0f} MiB)")
         reference_rss = ingest["peak_rss_mib"]
         if records > options.rss_reference:
-            reference_log = workdir / f"synthetic-{options.rss_reference}.log"
-            write_synthetic_log(reference_log, options.rss_reference)
-            reference = ingest_child(reference_log, workdir / "reference-warehouse", options.nbest)
-            reference_log.unlink()
+            if reference is None:
+                reference_log = workdir / f"synthetic-{options.rss_reference}.log"
+                write_synthetic_log(reference_log, options.rss_reference)
+                reference = ingest_child(reference_log, workdir / "reference-warehouse", options.nbest)
+                reference_log.unlink()
             reference_rss = reference["peak_rss_mib"]
             print(f"reference ingest: {reference['records']:,} records, "
                   f"{reference['records'] / reference['seconds']:,.0f} records/s wall, peak RSS {reference_rss:.0f} MiB")
         rss_growth = ingest["peak_rss_mib"] / reference_rss
+        if options.workdir and not reused:
+            saved.write_text(json.dumps([ingest, reference]))
         tenset = tenset_rates(workdir, options.tenset_files, options.tenset_lines, options.nbest) \
             if options.tenset_files else None
         if light:

@@ -70,7 +70,7 @@ from lorien.warehouse.parquet.tables import (
 )
 
 #: Rows of the serving files a persisted index build reads at a time (about; see _serving_ranges).
-INDEX_BUILD_ROWS = 131072
+INDEX_BUILD_ROWS = 16384
 
 
 class ServingIndexWarning(UserWarning):
