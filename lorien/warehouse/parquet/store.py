@@ -453,8 +453,12 @@ class ParquetStore(Store):
         their row-group statistics say which row groups can hold a range."""
         import pyarrow.compute as pc
 
+        import pyarrow.parquet as pq
+
         groups = []  # (min key, max key, rows, file, row group)
-        handles = {rel: self._files.open(rel) for rel in files}
+        # read, not memory-mapped: mapped pages of every serving file would stay in this
+        # process's resident set for the whole build
+        handles = {rel: pq.ParquetFile(self._files._path(rel), memory_map=False) for rel in files}
         for rel, handle in handles.items():
             metadata = handle.metadata
             column = metadata.schema.names.index("workload_key")
@@ -499,7 +503,11 @@ class ParquetStore(Store):
                     mask = below if mask is None else pc.and_(mask, below)
                 parts.append(part if mask is None else part.filter(mask))
             if parts:
-                yield sort_for_serving(dedupe(pa.concat_tables(parts))).select(SERVING_FILE_SCHEMA.names)
+                table = sort_for_serving(dedupe(pa.concat_tables(parts))).select(SERVING_FILE_SCHEMA.names)
+                del parts
+                yield table
+                del table
+                pa.default_memory_pool().release_unused()  # give freed ranges back to the system
 
     def _build_persisted(self, target_key: str, files: tuple[str, ...]) -> PersistedIndex | None:
         """Build and publish the persisted index of ``files`` (the whole listing, all visible);
