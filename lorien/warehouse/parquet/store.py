@@ -452,7 +452,6 @@ class ParquetStore(Store):
         time (about :data:`INDEX_BUILD_ROWS` rows): serving files are sorted by workload key, and
         their row-group statistics say which row groups can hold a range."""
         import pyarrow.compute as pc
-
         import pyarrow.parquet as pq
 
         groups = []  # (min key, max key, rows, file, row group)
