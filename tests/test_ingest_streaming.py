@@ -139,3 +139,17 @@ def test_a_batch_size_below_one_is_refused_naming_the_value(tmp_path, batch_size
 
     with pytest.raises(LorienError, match=str(batch_size)):
         ingest_paths([TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}", batch_size=batch_size)
+
+
+def test_record_ids_are_kept_in_partitions_so_a_merge_holds_only_a_partitions_ids():
+    from lorien.warehouse.parquet.ids import PARTITION_BITS
+
+    ids = RecordIds()
+    for _ in range(8):
+        ids.update(pa.array([secrets.token_hex(16) for _ in range(4000)], pa.string()))
+    assert len(ids) == 32000
+    largest = max(len(high) for high, _ in ids._runs)
+    assert largest < 4 * 32000 / 2**PARTITION_BITS  # about 125 per partition, never all 32,000 in one run
+    # every id is found, none twice
+    again = pa.array([secrets.token_hex(16) for _ in range(1000)], pa.string())
+    assert ids.fresh(again).all()
