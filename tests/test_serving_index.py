@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_store_contract import SKYLAKE, ZNVER, workload_records
 
-from lorien.warehouse import open_store
 from lorien.serving_index import PersistedIndex
+from lorien.warehouse import open_store
 from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.store import ServingIndexWarning
 
@@ -227,3 +227,32 @@ def test_a_one_shot_query_answers_from_the_index_without_pyarrow_or_numpy(root):
     assert quick_best(uri, "conv#a", SKYLAKE) is None
     newer, answer = run_query(uri, *options)
     assert newer["code"] == 0 and answer[0]["cost_us"] == pytest.approx(10.0)
+
+
+def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch):
+    import lorien.warehouse.parquet.store as parquet_store
+
+    uri = f"parquet:{root}"
+    writer = open_store(uri)
+    keys = [f"dense#{name}" for name in "abcdefghij"]
+    for commit in range(4):  # every commit touches every key: the files overlap in key ranges
+        records = [record for number, key in enumerate(keys)
+                   for record in workload_records(key, 3, base_s=1e-3 * (1 + number), first_index=3 * commit)]
+        records += workload_records("dense#c", 2, layout="NHWC", first_index=10 * commit)
+        writer.commit(records, nbest=2)
+    first, second = open_store(uri), open_store(uri)  # racing writers store the same records twice
+    with first.transaction() as one, second.transaction() as two:
+        one.add(workload_records("dense#k", 2))
+        two.add(workload_records("dense#k", 2))
+    monkeypatch.setattr(parquet_store, "INDEX_BUILD_ROWS", 5)
+    built = open_store(uri).build_serving_indexes()
+    assert built == {"llvm_cpu": 4 * (10 * 2 + 2) + 2}  # the records stored twice are indexed once
+    fresh = open_store(uri)
+    queries = [{"workload_key": key, "k": 2} for key in [*keys, "dense#k"]] + [
+        {"workload_key": "dense#c", "k": 2, "per_layout": True}, {"workload_key": "dense#", "k": 5, "prefix": True}]
+    answers = [fresh.best(target=SKYLAKE, **query) for query in queries]
+    assert isinstance(fresh._indexes["llvm_cpu"], PersistedIndex)
+    memory = open_store(uri)
+    memory._files.is_local = False
+    assert answers == [memory.best(target=SKYLAKE, **query) for query in queries for _ in range(2)][1::2]
+    assert [len(answer) for answer in answers] == [2] * 11 + [4, 5]
