@@ -43,6 +43,7 @@ from lorien.warehouse.parquet.layout import (
     SERVING_MERGE_FILES,
     SERVING_MERGE_ROWS,
     SERVING_ROW_GROUP,
+    STAGING_DIR,
     STALE_STAGING_S,
     WORKLOAD_FILE_SCHEMA,
     WORKLOADS_DIR,
@@ -54,9 +55,6 @@ from lorien.warehouse.parquet.layout import (
     records_dir,
     serving_depth,
     serving_dir,
-)
-from lorien.warehouse.parquet.layout import (
-    STAGING_DIR as STAGING_DIR_NAME,
 )
 from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.tables import (
@@ -423,7 +421,7 @@ class ParquetStore(Store):
                     rows[row["record_id"]] = row
         return [TuningRecord.from_row(row) for row in rank_rows(list(rows.values()), k, per_layout)]
 
-    # -- the persisted serving index (local stores; see lorien.warehouse.parquet.persisted) ----
+    # -- the persisted serving index (local stores; see lorien.serving_index) -----------------
 
     def _open_persisted(self, target_key: str, listed: tuple[str, ...]) -> PersistedIndex | None:
         """The persisted index of this listing, or None when there is none (or it was damaged:
@@ -512,7 +510,7 @@ class ParquetStore(Store):
         """Build and publish the persisted index of ``files`` (the whole listing, all visible);
         older index files of the target key are deleted. None when a file vanished meanwhile."""
         final = self._files._path(index_rel(serving_dir(target_key), files))
-        staging = self._files._path(STAGING_DIR_NAME)
+        staging = self._files._path(STAGING_DIR)
         try:
             os.makedirs(staging, exist_ok=True)
             os.makedirs(os.path.dirname(final), exist_ok=True)
