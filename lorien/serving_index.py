@@ -72,18 +72,18 @@ def _align(offset: int) -> int:
     return -(-offset // 64) * 64
 
 
-def write_index(path: str, tables: Callable[[], Iterable[object]], names: Sequence[str], files: Sequence[str],
-                listed: Sequence[str], depth: int | None) -> int:
-    """Write an index file at ``path`` from ``tables()``, Arrow tables of serving rows (columns
-    ``names``) in serving order, deduplicated, each range of workload keys after the last.
-    Returns the rows written. Each column is gathered in a scratch file beside ``path`` first."""
+def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[int]]]], names: Sequence[str],
+                files: Sequence[str], listed: Sequence[str], depth: int | None) -> int:
+    """Write an index file at ``path`` from ``tables()``: pairs of an Arrow table of serving rows
+    (columns ``names``, plain types) in serving order, deduplicated, each range of workload keys
+    after the last, and the rows of that table where a (workload_key, target, layout) group
+    starts. Returns the rows written. Each column is gathered in a scratch file beside ``path``
+    first."""
     import shutil
     import tempfile
 
     import numpy as np
     import pyarrow as pa
-
-    from lorien.warehouse.parquet.tables import decoded, group_starts
 
     scratch = tempfile.mkdtemp(prefix=".index-", dir=os.path.dirname(path))
     try:
@@ -103,11 +103,11 @@ def write_index(path: str, tables: Callable[[], Iterable[object]], names: Sequen
         starts: list[int] = []
         rows = 0
         last_key = None
-        for table in tables():
+        for table, group_heads in tables():
             if not table.num_rows:
                 continue
-            table = decoded(table.select(list(names))).combine_chunks()
-            heads = group_starts(table, GROUP_COLUMNS).tolist()
+            table = table.select(list(names)).combine_chunks()
+            heads = list(group_heads)
             if heads and heads[0] == 0 and tuple(table.column(n)[0].as_py() for n in GROUP_COLUMNS) == last_key:
                 heads = heads[1:]  # the group goes on from the previous table
             if heads:

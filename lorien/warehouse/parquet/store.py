@@ -16,10 +16,12 @@ import pyarrow as pa
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord
 from lorien.serving_index import (
+    GROUP_COLUMNS,
     IndexDamaged,
     PersistedIndex,
     SuspectRow,
     index_rel,
+    rank_rows,
     staged_path,
     write_index,
 )
@@ -60,8 +62,8 @@ from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.tables import (
     constant,
     dedupe,
+    group_starts,
     may_hold,
-    rank_rows,
     serving_dictionary_columns,
     sort_for_serving,
     top_per_group,
@@ -519,7 +521,8 @@ class ParquetStore(Store):
         staged = staged_path(staging)
         depth = min((serving_depth(rel) for rel in files), default=None)
         try:
-            write_index(staged, lambda: self._serving_ranges(files), SERVING_FILE_SCHEMA.names, files, files, depth)
+            ranges = ((table, group_starts(table, GROUP_COLUMNS).tolist()) for table in self._serving_ranges(files))
+            write_index(staged, lambda: ranges, SERVING_FILE_SCHEMA.names, files, files, depth)
             os.rename(staged, final)
         except FileNotFoundError:
             return None  # a merge or compaction replaced a serving file: the listing is stale

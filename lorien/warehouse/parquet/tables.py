@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
-from lorien.serving_index import rank_rows  # noqa: F401 - ranked the same way everywhere
 from lorien.warehouse.parquet.ids import id_halves
 from lorien.warehouse.parquet.layout import SERVING_FILE_SCHEMA
 
