@@ -79,8 +79,9 @@ started = time.perf_counter()
 report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]))
 seconds = time.perf_counter() - started
 print(json.dumps({"records": report.records, "stored": report.stored, "errors": len(report.errors),
-                  "seconds": seconds, "cpu_s": cpu_s() - cpu_before,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "seconds": report.seconds, "index_s": report.index_seconds, "cpu_s": cpu_s() - cpu_before,
+                  "peak_rss_mib": next(int(line.split()[1]) for line in open("/proc/self/status")
+                                       if line.startswith("VmHWM")) / 1024,  # ru_maxrss survives exec
                   "peak_rss_workers_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
@@ -101,6 +102,51 @@ with store.transaction(nbest=int(sys.argv[3]), publish_each_batch=True) as commi
         commit.add(table)
 print(json.dumps({"records": sum(t.num_rows for t in tables), "parse_s": parse_s,
                   "commit_s": time.perf_counter() - started, "commit_cpu_s": time.process_time() - cpu_started}))
+"""
+
+# A new process's first best() (after `import lorien.warehouse`): open the store, one query;
+# timed from open_store to the answer, and says which index answered.
+FIRST_WARM_CHILD = """
+import json, sys, time
+started = time.perf_counter()
+from lorien.warehouse import open_store
+imported = time.perf_counter()
+store = open_store(sys.argv[1])
+found = store.best(sys.argv[2], sys.argv[3], k=1)
+answered = time.perf_counter()
+assert found
+print(json.dumps({"import_s": imported - started, "first_s": answered - imported,
+                  "index": sorted({type(index).__name__ for index in store._indexes.values()})}))
+"""
+
+# `lorien featurize` of the whole store (jobs=2, as the CLI on 2 cores), its memory sampled
+# every 0.1 s: this process's high-water mark (VmHWM: getrusage's ru_maxrss would carry over the
+# parent's peak across exec) and the resident memory of its worker processes, which the
+# forkserver starts (grandchildren: RUSAGE_CHILDREN never sees them).
+FEATURIZE_CHILD = """
+import json, sys, threading, time
+import psutil
+from lorien.features import featurize
+if __name__ == "__main__":
+    me = psutil.Process()
+    peaks = {"workers": 0, "all": 0}
+    done = threading.Event()
+    def sample():
+        while not done.wait(0.1):
+            try:
+                workers = [child.memory_info().rss for child in me.children(recursive=True)]
+            except psutil.Error:
+                continue
+            peaks["workers"] = max(peaks["workers"], max(workers, default=0))
+            peaks["all"] = max(peaks["all"], me.memory_info().rss + sum(workers))
+    threading.Thread(target=sample, daemon=True).start()
+    started = time.perf_counter()
+    report = featurize(sys.argv[2], store=sys.argv[1], jobs=int(sys.argv[3]), progress=False)
+    done.set()
+    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+    print(json.dumps({"seconds": time.perf_counter() - started, "records": report.records_featurized,
+                      "peak_rss_mib": hwm / 1024, "peak_rss_workers_mib": peaks["workers"] / 2**20,
+                      "peak_rss_all_mib": peaks["all"] / 2**20}))
 """
 
 DUCKDB_QUERY = ("SELECT config, cost_s FROM read_parquet('{files}', hive_partitioning = true) "
@@ -307,6 +353,22 @@ def pandas_indexed_baseline(records_dir: Path, queries: list[tuple[str, str]], e
     return result
 
 
+def sample_queries(store_dir: Path, count: int, seed: int = 1) -> list[tuple[str, str]]:
+    """``count`` random (workload_key, target) pairs of the store, read from its serving files
+    (every valid group has rows there) with the key columns dictionary-encoded, so that even a
+    20M-record store is sampled in little memory."""
+    import pyarrow.parquet as pq
+
+    pairs: set[tuple[str, str]] = set()
+    for path in sorted((store_dir / "best").rglob("*.parquet")):
+        table = pq.read_table(path, columns=["workload_key", "target"], read_dictionary=["workload_key", "target"])
+        unique = table.unify_dictionaries().group_by(["workload_key", "target"], use_threads=False).aggregate([])
+        pairs.update(zip(unique.column("workload_key").to_pylist(), unique.column("target").to_pylist(), strict=True))
+    ordered = sorted(pairs)
+    rng = random.Random(seed)
+    return [ordered[rng.randrange(len(ordered))] for _ in range(count)]
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -490,6 +552,14 @@ def main() -> int:
                         help="also time a TenSet-like tree of this many auto-scheduler logs against one log of "
                              "the same lines (0: skip)")
     parser.add_argument("--tenset-lines", type=int, default=500, help="lines per log of the TenSet-like tree")
+    parser.add_argument("--light", action="store_true",
+                        help="leave out what holds every record in memory (the parse/commit split, the pandas "
+                             "baseline, the in-memory serving index): the default above 3,000,000 records")
+    parser.add_argument("--reuse-store", action="store_true",
+                        help="with --workdir: measure the store an earlier run left there (its ingest figures "
+                             "are read back from ingest.json) instead of ingesting again")
+    parser.add_argument("--skip-featurize", action="store_true", help="no featurize_peak_mib (lorien featurize)")
+    parser.add_argument("--featurize-jobs", type=int, default=2, help="worker processes of the featurize run")
     options = parser.parse_args()
     records = options.records or (50_000 if options.quick else 1_000_000)
     tvm_records = options.tvm_records or (2_000 if options.quick else 20_000)
@@ -499,61 +569,119 @@ def main() -> int:
     log_path = workdir / f"synthetic-{records}.log"
     store_dir = workdir / "warehouse"
     store_uri = f"parquet:{store_dir}"
+    light = options.light or records > 3_000_000
     try:
         started = time.perf_counter()
-        workloads = write_synthetic_log(log_path, records)
-        print(f"synthetic log: {records:,} records, {workloads:,} workloads, "
-              f"{log_path.stat().st_size / 2**20:.0f} MiB, made in {time.perf_counter() - started:.1f} s")
+        if log_path.exists():  # a kept --workdir: the same log (seeded) is not made again
+            workloads = -(-records // CONFIGS_PER_WORKLOAD)
+            print(f"synthetic log: {records:,} records, {workloads:,} workloads, "
+                  f"{log_path.stat().st_size / 2**20:.0f} MiB, kept from an earlier run in {workdir}")
+        else:
+            workloads = write_synthetic_log(log_path, records)
+            print(f"synthetic log: {records:,} records, {workloads:,} workloads, "
+                  f"{log_path.stat().st_size / 2**20:.0f} MiB, made in {time.perf_counter() - started:.1f} s")
 
-        ingest = ingest_child(log_path, store_dir, options.nbest, keep=True)
+        saved = workdir / "ingest.json"  # what the ingest of a kept --workdir measured
+        reused = options.reuse_store and saved.exists() and store_dir.exists()
+        if reused:
+            ingest, reference = json.loads(saved.read_text())
+            print(f"(--reuse-store: the store and its ingest figures are those of an earlier run in {workdir})")
+        else:
+            ingest, reference = ingest_child(log_path, store_dir, options.nbest, keep=True), None
         ingest_rps = ingest["records"] / ingest["seconds"]
         workers_rss = ingest["peak_rss_workers_mib"]
         print(f"ingest: {ingest['records']:,} records ({ingest['stored']:,} stored, {ingest['errors']} bad) "
               f"in {ingest['seconds']:.2f} s = {ingest_rps:,.0f} records/s wall, "
               f"{ingest['records'] / ingest['cpu_s']:,.0f} records per CPU second (decoding workers included), "
               f"peak RSS {ingest['peak_rss_mib']:.0f} MiB"
-              + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else ""))
+              + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else "")
+              + f"; then the persisted serving index built in {ingest.get('index_s', 0):.2f} s")
+        index_bytes = sum(path.stat().st_size for path in (store_dir / "_index").rglob("*.lsi"))
+        print(f"  persisted serving index: {index_bytes / 2**20:,.0f} MiB on disk "
+              f"(serving files {sum(p.stat().st_size for p in (store_dir / 'best').rglob('*.parquet')) / 2**20:,.0f} MiB, "
+              f"record files {sum(p.stat().st_size for p in (store_dir / 'records').rglob('*.parquet')) / 2**20:,.0f} MiB)")
         reference_rss = ingest["peak_rss_mib"]
         if records > options.rss_reference:
-            reference_log = workdir / f"synthetic-{options.rss_reference}.log"
-            write_synthetic_log(reference_log, options.rss_reference)
-            reference = ingest_child(reference_log, workdir / "reference-warehouse", options.nbest)
-            reference_log.unlink()
+            if reference is None:
+                reference_log = workdir / f"synthetic-{options.rss_reference}.log"
+                write_synthetic_log(reference_log, options.rss_reference)
+                reference = ingest_child(reference_log, workdir / "reference-warehouse", options.nbest)
+                reference_log.unlink()
             reference_rss = reference["peak_rss_mib"]
             print(f"reference ingest: {reference['records']:,} records, "
                   f"{reference['records'] / reference['seconds']:,.0f} records/s wall, peak RSS {reference_rss:.0f} MiB")
         rss_growth = ingest["peak_rss_mib"] / reference_rss
+        if options.workdir and not reused:
+            saved.write_text(json.dumps([ingest, reference]))
         tenset = tenset_rates(workdir, options.tenset_files, options.tenset_lines, options.nbest) \
             if options.tenset_files else None
-        split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, str(log_path), str(workdir / "split-store"),
-                                str(options.nbest)], capture_output=True, text=True, check=True)
-        split = json.loads(split.stdout.strip().splitlines()[-1])
-        shutil.rmtree(workdir / "split-store", ignore_errors=True)
-        print(f"  the same in two steps: parsing (lorien.formats) {split['records'] / split['parse_s']:,.0f} "
-              f"records/s wall; committing (parquet store) {split['records'] / split['commit_s']:,.0f} records/s "
-              f"wall, {split['records'] / split['commit_cpu_s']:,.0f} per CPU second")
+        if light:
+            print("  (--light: the parse/commit split, the pandas baseline and the in-memory index are left out)")
+        else:
+            split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, str(log_path), str(workdir / "split-store"),
+                                    str(options.nbest)], capture_output=True, text=True, check=True)
+            split = json.loads(split.stdout.strip().splitlines()[-1])
+            shutil.rmtree(workdir / "split-store", ignore_errors=True)
+            print(f"  the same in two steps: parsing (lorien.formats) {split['records'] / split['parse_s']:,.0f} "
+                  f"records/s wall; committing (parquet store) {split['records'] / split['commit_s']:,.0f} records/s "
+                  f"wall, {split['records'] / split['commit_cpu_s']:,.0f} per CPU second")
+
+        queries = sample_queries(store_dir, options.queries)
+        # Time Lorien's processes as installed: with its modules' bytecode cached (pip compiles it;
+        # a checkout under PYTHONDONTWRITEBYTECODE would compile them again in every process).
+        import compileall
+
+        import lorien
+        compileall.compile_dir(Path(lorien.__file__).parent, quiet=1)
+        first_warm = []
+        for workload_key, target in queries[:options.cold_runs]:
+            child = subprocess.run([sys.executable, "-c", FIRST_WARM_CHILD, store_uri, workload_key, target],
+                                   capture_output=True, text=True, check=True)
+            first_warm.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        first_warm_query_s = statistics.median(run["first_s"] for run in first_warm)
+        print(f"a new process's first best() (open_store + query, after imports of "
+              f"{statistics.median(run['import_s'] for run in first_warm):.3f} s): median {first_warm_query_s:.3f} s "
+              f"over {len(first_warm)} processes, answered by {first_warm[0]['index']}")
 
         from lorien.warehouse import open_store
 
         store = open_store(store_uri)
-        keys = store.scan(columns=["workload_key", "target"]).to_pandas().drop_duplicates()
-        rng = random.Random(1)
-        queries = [tuple(keys.iloc[rng.randrange(len(keys))]) for _ in range(options.queries)]
 
         started = time.perf_counter()
         for target_key_query in {store_target for _, store_target in queries}:
             store.best(queries[0][0], target_key_query)  # first lookups build the indexes
             store.best(queries[0][0], target_key_query)
         warmup_s = time.perf_counter() - started
-        latencies = []
+        latencies, cpu_latencies = [], []
         for workload_key, target in queries:
-            started = time.perf_counter()
+            cpu_started, started = time.thread_time(), time.perf_counter()
             found = store.best(workload_key, target, k=1)
             latencies.append(time.perf_counter() - started)
+            cpu_latencies.append(time.thread_time() - cpu_started)
             assert found, (workload_key, target)
         best_p50_ms, best_p99_ms = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
+        # the thread's CPU time per query: what the lookup costs, without the time this process
+        # waited for a core (on a loaded machine that wait, not the lookup, makes the wall p99)
+        best_p99_cpu_ms = percentile(cpu_latencies, 0.99) * 1e3
         print(f"best() warm: p50 {best_p50_ms:.3f} ms, p99 {best_p99_ms:.3f} ms over {len(queries)} queries "
-              f"(index build {warmup_s:.2f} s)")
+              f"(CPU time per query: p50 {percentile(cpu_latencies, 0.5) * 1e3:.3f} ms, p99 {best_p99_cpu_ms:.3f} ms) "
+              f"(index open or build {warmup_s:.2f} s, {', '.join(sorted({type(i).__name__ for i in store._indexes.values()}))})")
+        if not light:  # the same queries from the index held in memory (as an S3 store keeps it)
+            memory = open_store(store_uri)
+            memory._files.is_local = False
+            started = time.perf_counter()
+            for target_key_query in {store_target for _, store_target in queries}:
+                memory.best(queries[0][0], target_key_query)
+                memory.best(queries[0][0], target_key_query)
+            memory_build_s = time.perf_counter() - started
+            memory_latencies = []
+            for workload_key, target in queries:
+                started = time.perf_counter()
+                memory.best(workload_key, target, k=1)
+                memory_latencies.append(time.perf_counter() - started)
+            print(f"  the in-memory index (built in each process; S3 stores): build {memory_build_s:.2f} s, "
+                  f"p50 {percentile(memory_latencies, 0.5) * 1e3:.3f} ms, p99 {percentile(memory_latencies, 0.99) * 1e3:.3f} ms")
+            del memory
 
         cold = []
         for workload_key, target in queries[:options.cold_runs]:
@@ -565,17 +693,36 @@ def main() -> int:
         print(f"cold `lorien query`: median {cold_query_s:.3f} s (runs: {', '.join(f'{s:.2f}' for s in cold)})")
 
         expected = {query: store.best(*query, k=1)[0].cost_s for query in queries}
-        duckdb_results = {name: duckdb_baseline(store_dir / subdir, glob, queries, expected, options.cold_runs)
+        duckdb_queries = queries[:200] if light else queries  # DuckDB scans a partition per query
+        duckdb_results = {name: duckdb_baseline(store_dir / subdir, glob, duckdb_queries, expected, options.cold_runs)
                           for name, subdir, glob in (("records", "records", "*/*/*.parquet"),
                                                      ("serving view", "best", "*/*.parquet"))}
         duckdb_name, duckdb = min(duckdb_results.items(), key=lambda item: item[1]["p50_ms"])
         duckdb_cold_s = min(result["cold_s"] for result in duckdb_results.values())
-        pandas = pandas_indexed_baseline(store_dir / "records", queries, expected)
-        vs_duckdb, vs_pandas = duckdb["p50_ms"] / best_p50_ms, pandas["p50_ms"] / best_p50_ms
+        pandas = None if light else pandas_indexed_baseline(store_dir / "records", queries, expected)
+        vs_duckdb = duckdb["p50_ms"] / best_p50_ms
+        vs_pandas = pandas["p50_ms"] / best_p50_ms if pandas else float("nan")
         print(f"best() against the baselines (warm p50): DuckDB on the {duckdb_name} {vs_duckdb:.1f}x, "
-              f"indexed pandas {vs_pandas:.1f}x; cold process: DuckDB {duckdb_cold_s / cold_query_s:.1f}x")
+              f"indexed pandas {vs_pandas:.1f}x; cold process: DuckDB {duckdb_cold_s / cold_query_s:.2f}x")
 
-        why_not = tvm_unavailable()
+        featurize_peak_mib = float("nan")
+        if not options.skip_featurize:
+            features = workdir / "features"
+            shutil.rmtree(features, ignore_errors=True)
+            child = subprocess.run([sys.executable, "-c", FEATURIZE_CHILD, store_uri, str(features),
+                                    str(options.featurize_jobs)], capture_output=True, text=True)
+            shutil.rmtree(features, ignore_errors=True)
+            if child.returncode != 0:
+                print(f"featurize failed (exit {child.returncode}): {child.stderr.strip()[-2000:]}")
+            else:
+                featurized = json.loads(child.stdout.strip().splitlines()[-1])
+                # the whole process tree (main, forkserver, workers), as benchmarks/costmodel.py counts it
+                featurize_peak_mib = max(featurized["peak_rss_all_mib"], featurized["peak_rss_mib"])
+                print(f"featurize: {featurized['records']:,} records in {featurized['seconds']:.1f} s, peak RSS "
+                      f"{featurized['peak_rss_mib']:.0f} MiB (largest worker {featurized['peak_rss_workers_mib']:.0f} "
+                      f"MiB; all its processes together at most {featurized['peak_rss_all_mib']:.0f} MiB)")
+
+        why_not = "--light" if light else tvm_unavailable()
         if why_not:
             print(f"TVM JSONDatabase baseline: skipped ({why_not})")
         else:
@@ -587,10 +734,12 @@ def main() -> int:
               f"best_p99_ms={best_p99_ms:.3f} index_build_s={warmup_s:.2f} cold_query_s={cold_query_s:.3f} "
               f"duckdb_p50_ms={duckdb['p50_ms']:.3f} duckdb_cold_s={duckdb_cold_s:.3f} "
               f"vs_duckdb_warm={vs_duckdb:.1f} vs_duckdb_cold={duckdb_cold_s / cold_query_s:.2f} "
-              f"pandas_p50_ms={pandas['p50_ms']:.3f} pandas_load_s={pandas['load_s']:.2f} "
-              f"pandas_index_s={pandas['index_s']:.2f} vs_pandas_indexed_warm={vs_pandas:.1f} "
-              f"ingest_peak_rss_mib={ingest['peak_rss_mib']:.0f} ingest_rss_growth={rss_growth:.2f}"
-              + (f" tenset_tree_vs_one_log={tenset['tree_rps'] / tenset['one_log_rps']:.2f}" if tenset else ""))
+              + (f"pandas_p50_ms={pandas['p50_ms']:.3f} pandas_load_s={pandas['load_s']:.2f} "
+                 f"pandas_index_s={pandas['index_s']:.2f} vs_pandas_indexed_warm={vs_pandas:.1f} " if pandas else "")
+              + (f"tenset_tree_vs_one_log={tenset['tree_rps'] / tenset['one_log_rps']:.2f} " if tenset else "")
+              + f"ingest_peak_rss_mib={ingest['peak_rss_mib']:.0f} ingest_rss_growth={rss_growth:.2f} "
+              f"best_p99_cpu_ms={best_p99_cpu_ms:.3f} first_warm_query_s={first_warm_query_s:.3f} "
+              f"cold_vs_duckdb={duckdb_cold_s / cold_query_s:.2f} featurize_peak_mib={featurize_peak_mib:.0f}")
     finally:
         if not options.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

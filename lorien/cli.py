@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="records per commit (default 65536); ingest memory grows with it, not with the "
                              "logs' size: smaller batches use less memory and make more, smaller files")
     ingest.add_argument("--store", help=STORE_HELP)
+    ingest.add_argument("--no-serving-index", action="store_true",
+                        help="do not build the persisted serving index after the commits (a local parquet "
+                             "store; the first warm query of a later process builds it instead)")
     ingest.add_argument("--json", action="store_true", help="print the report (per file and in total) as JSON")
     ingest.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     ingest.set_defaults(run=_run_ingest)
@@ -580,6 +583,14 @@ def _open_for_reading(uri: str | None):
 
 def _query_records(args: argparse.Namespace) -> tuple[list, list[str]]:
     """(records, the family's other stored targets holding the workload when none matched)."""
+    if not args.build:
+        from lorien.quick_query import quick_best
+
+        records = quick_best(args.store, args.workload_key, args.target, k=args.nbest, layout=args.layout,
+                             by_alternate_key=args.alternate_key, prefix=args.prefix,
+                             per_layout=args.per_layout, exact=args.exact)
+        if records:
+            return records, []
     from lorien.warehouse import open_store
 
     # With --build a missing store is fine: the default schedule is built, and said so.
@@ -603,7 +614,7 @@ def _print_records(records: list, output_format: str) -> None:
         for record in records:
             print(encode_record(record, output_format))
         return
-    from lorien.warehouse.query import record_summary
+    from lorien.record import record_summary
 
     rows = [record_summary(record) for record in records]
     if output_format == "json":
@@ -680,7 +691,8 @@ def _run_ingest(args: argparse.Namespace) -> int:
         try:
             report = ingest_paths(args.paths, store_uri=args.store, strict=args.strict, nbest=args.nbest,
                                   format=args.format, batch_size=args.batch_size, on_file=lambda done, _total: bar.step(
-                                      f"{done.path}: {done.records} records"))
+                                      f"{done.path}: {done.records} records"),
+                                  serving_index=not args.no_serving_index)
         except RecordParseError as exc:
             bar.close()
             print(f"lorien ingest: error: {exc} (--strict: nothing was committed)", file=sys.stderr)

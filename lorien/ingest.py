@@ -68,6 +68,8 @@ class IngestReport:
     store_uri: str
     files: list[FileReport] = field(default_factory=list)
     seconds: float = 0.0
+    #: seconds spent after the commits building the store's persisted serving index (not in ``seconds``)
+    index_seconds: float = 0.0
 
     @property
     def records(self) -> int:
@@ -99,7 +101,7 @@ class IngestReport:
         return {"store": self.store_uri, "files": [report.to_dict() for report in self.files],
                 "records": self.records, "stored": self.stored, "duplicates": self.duplicates,
                 "bad_lines": len(self.errors), "seconds": round(self.seconds, 3),
-                "records_per_s": round(self.records_per_s, 1)}
+                "records_per_s": round(self.records_per_s, 1), "serving_index_s": round(self.index_seconds, 3)}
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -133,7 +135,7 @@ def _walk(directory: Path) -> list[Path]:
 def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, strict: bool = False,
                  nbest: int | None = None, format: str | None = None,  # noqa: A002
                  batch_size: int = 65536, on_file: Callable[[FileReport, int], None] | None = None,
-                 ) -> IngestReport:
+                 serving_index: bool = True) -> IngestReport:
     """Read every log under ``paths`` and commit its records to the store at ``store_uri``.
 
     ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
@@ -143,7 +145,9 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     record ids aside: 16 bytes each). ``on_file(report, files_in_all)`` is called as each file
     is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
-    of being warned about one by one.
+    of being warned about one by one. With ``serving_index`` (the default) a store that keeps a
+    persisted serving index (a local parquet store) builds it once the records are committed,
+    so the next process answers ``best()`` without building one (``report.index_seconds``).
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
@@ -179,9 +183,15 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
                 if strict:  # validate every line before committing any
                     ingest_all(_Batches(None, batch_size), lambda entries: 0, announce=False)
                 ingest_all(_Batches(lambda table, parts: store.commit(table, nbest), None), store.put_workloads)
+        report.seconds = time.perf_counter() - started
+        build = getattr(store, "build_serving_indexes", None)
+        if serving_index and build is not None and report.stored:
+            build()
+            report.index_seconds = time.perf_counter() - started - report.seconds
     finally:
         store.close()
-    report.seconds = time.perf_counter() - started
+    if not report.seconds:
+        report.seconds = time.perf_counter() - started
     return report
 
 

@@ -12,9 +12,12 @@ import hashlib
 import math
 import struct
 from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import orjson
-import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class ErrorNo(enum.IntEnum):
@@ -40,29 +43,46 @@ MEASURED_BY_ENGINE, MEASURED_BY_TVM, MEASURED_BY_LOG = "lorien", "tvm", "log"
 #: Cost given to failed candidates in TVM logs (``MAX_FLOAT``-like sentinel, seconds).
 FAILED_COST_S = 1e10
 
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("record_id", pa.string(), nullable=False),
-        pa.field("dialect", pa.string(), nullable=False),
-        pa.field("target", pa.string(), nullable=False),
-        pa.field("target_key", pa.string(), nullable=False),
-        pa.field("target_raw", pa.string(), nullable=False),
-        pa.field("workload_key", pa.string(), nullable=False),
-        pa.field("task_name", pa.string(), nullable=False),
-        pa.field("args", pa.string(), nullable=False),
-        pa.field("layout", pa.string(), nullable=False),
-        pa.field("config", pa.string(), nullable=False),
-        pa.field("costs", pa.list_(pa.float64()), nullable=False),
-        pa.field("cost_s", pa.float64(), nullable=True),
-        pa.field("error_no", pa.int32(), nullable=False),
-        pa.field("all_cost", pa.float64(), nullable=False),
-        pa.field("timestamp", pa.float64(), nullable=False),
-        pa.field("flop", pa.float64(), nullable=True),
-        pa.field("build", pa.string(), nullable=False),
-        pa.field("extra", pa.string(), nullable=False),
-        pa.field("source", pa.string(), nullable=False),
-    ]
-)
+
+def arrow_schema():
+    """The Arrow schema of a record table (:data:`ARROW_SCHEMA`; pyarrow is imported on first use,
+    so that what only reads records, a one-shot ``lorien query``, never imports it)."""
+    schema = globals().get("ARROW_SCHEMA")
+    if schema is not None:
+        return schema
+    import pyarrow as pa
+
+    schema = globals()["ARROW_SCHEMA"] = pa.schema(
+        [
+            pa.field("record_id", pa.string(), nullable=False),
+            pa.field("dialect", pa.string(), nullable=False),
+            pa.field("target", pa.string(), nullable=False),
+            pa.field("target_key", pa.string(), nullable=False),
+            pa.field("target_raw", pa.string(), nullable=False),
+            pa.field("workload_key", pa.string(), nullable=False),
+            pa.field("task_name", pa.string(), nullable=False),
+            pa.field("args", pa.string(), nullable=False),
+            pa.field("layout", pa.string(), nullable=False),
+            pa.field("config", pa.string(), nullable=False),
+            pa.field("costs", pa.list_(pa.float64()), nullable=False),
+            pa.field("cost_s", pa.float64(), nullable=True),
+            pa.field("error_no", pa.int32(), nullable=False),
+            pa.field("all_cost", pa.float64(), nullable=False),
+            pa.field("timestamp", pa.float64(), nullable=False),
+            pa.field("flop", pa.float64(), nullable=True),
+            pa.field("build", pa.string(), nullable=False),
+            pa.field("extra", pa.string(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),
+        ]
+    )
+    return schema
+
+
+def __getattr__(name: str):
+    if name == "ARROW_SCHEMA":
+        return arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Fields that identify a measurement; two records equal on these are the same record.
 IDENTITY_FIELDS = ("dialect", "target", "workload_key", "layout", "config", "costs", "error_no", "timestamp")
@@ -193,12 +213,31 @@ class TuningRecord:
 
 def records_to_table(records: list[TuningRecord]) -> pa.Table:
     """Arrow table (schema :data:`ARROW_SCHEMA`) of a list of records."""
-    columns: dict[str, list] = {f.name: [] for f in ARROW_SCHEMA}
+    import pyarrow as pa
+
+    schema = arrow_schema()
+    columns: dict[str, list] = {f.name: [] for f in schema}
     for record in records:
         for name, column in columns.items():
             column.append(record.cost_s if name == "cost_s" else getattr(record, name))
-    return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def table_to_records(table: pa.Table) -> list[TuningRecord]:
     return [TuningRecord.from_row(row) for row in table.to_pylist()]
+
+
+def record_summary(record: TuningRecord) -> dict[str, object]:
+    """The fields a person reads first, for table and JSON output."""
+    cost_s = record.cost_s
+    gflops = record.gflops
+    return {
+        "cost_us": None if cost_s is None else round(cost_s * 1e6, 3),
+        "gflops": None if gflops is None else round(gflops, 2),
+        "layout": record.layout,
+        "target": record.target,
+        "measured_by": record.measured_by,
+        "workload_key": record.workload_key,
+        "config": record.config,
+        "record_id": record.record_id,
+    }

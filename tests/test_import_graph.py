@@ -11,7 +11,9 @@ The layers of ``lorien/``, lowest first; a module may import its own layer and t
 
 1. base: ``lorien/{errors,record,target,workload,native,progress,plugins}.py`` -- the data
    model, targets, workload keys, and finding the installed dialect plugins
-   (:mod:`lorien.plugins`).
+   (:mod:`lorien.plugins`); and what a one-shot query needs without pyarrow:
+   ``lorien/{storeuri,partitions,serving_index}.py`` (which store, its partition directories,
+   the persisted serving index file).
 2. formats: ``lorien/formats/`` -- the codecs of the native logs.
 3. dialect: ``lorien/dialect.py`` -- the plugin boundary, the ``Dialect`` interface and
    the tables derived from the registered dialects (which dialect owns a format, whose
@@ -37,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lorien", "dialects")
 BASE_MODULES = {f"lorien.{name}" for name in ("errors", "record", "target", "workload", "native", "progress",
-                                              "plugins")}
+                                              "plugins", "storeuri", "partitions", "serving_index")}
 #: Layer names, lowest first; everything not named here is above them all.
 LAYERS = ("base", "formats", "dialect", "warehouse")
 

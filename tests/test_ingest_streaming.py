@@ -113,9 +113,43 @@ def test_the_compact_record_id_set_answers_as_a_python_set_would():
         assert len(ids) == len(reference)
 
 
+@pytest.mark.parametrize("spelling", ["hex", "upper", "same_high_half", "other"])
+def test_dedupe_keeps_the_first_row_of_each_id_whatever_its_spelling(spelling):
+    from lorien.warehouse.parquet.tables import dedupe
+
+    make = {"hex": lambda: secrets.token_hex(16), "upper": lambda: secrets.token_hex(16).upper(),
+            "same_high_half": lambda: "0123456789abcdef" + secrets.token_hex(8),
+            "other": lambda: "custom-" + secrets.token_hex(4)}[spelling]
+    pool = [make() for _ in range(50)]
+    rng = np.random.default_rng(1)
+    ids = rng.choice(pool, 200).tolist()
+    table = pa.table({"record_id": pa.array(ids, pa.string()), "row": pa.array(range(200), pa.int64())})
+    kept = dedupe(table)
+    firsts = {}
+    for row, rid in enumerate(ids):
+        firsts.setdefault(rid, row)
+    assert kept.column("row").to_pylist() == sorted(firsts.values())
+    distinct = table.take(sorted(firsts.values()))
+    assert dedupe(distinct).num_rows == distinct.num_rows
+
+
 @pytest.mark.parametrize("batch_size", [0, -5])
 def test_a_batch_size_below_one_is_refused_naming_the_value(tmp_path, batch_size):
     from lorien.errors import LorienError
 
     with pytest.raises(LorienError, match=str(batch_size)):
         ingest_paths([TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}", batch_size=batch_size)
+
+
+def test_record_ids_are_kept_in_partitions_so_a_merge_holds_only_a_partitions_ids():
+    from lorien.warehouse.parquet.ids import PARTITION_BITS
+
+    ids = RecordIds()
+    for _ in range(8):
+        ids.update(pa.array([secrets.token_hex(16) for _ in range(4000)], pa.string()))
+    assert len(ids) == 32000
+    largest = max(len(high) for high, _ in ids._runs)
+    assert largest < 4 * 32000 / 2**PARTITION_BITS  # about 125 per partition, never all 32,000 in one run
+    # every id is found, none twice
+    again = pa.array([secrets.token_hex(16) for _ in range(1000)], pa.string())
+    assert ids.fresh(again).all()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lorien.dialect import format_owner
-from lorien.record import TuningRecord, table_to_records
+from lorien.record import TuningRecord, record_summary, table_to_records  # noqa: F401 - record_summary lives beside the record
 from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import Store
 
@@ -48,17 +48,3 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
     return table_to_records(table.take(np.asarray(order[starts])))
 
 
-def record_summary(record: TuningRecord) -> dict[str, object]:
-    """The fields a person reads first, for table and JSON output."""
-    cost_s = record.cost_s
-    gflops = record.gflops
-    return {
-        "cost_us": None if cost_s is None else round(cost_s * 1e6, 3),
-        "gflops": None if gflops is None else round(gflops, 2),
-        "layout": record.layout,
-        "target": record.target,
-        "measured_by": record.measured_by,
-        "workload_key": record.workload_key,
-        "config": record.config,
-        "record_id": record.record_id,
-    }

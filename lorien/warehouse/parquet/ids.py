@@ -14,9 +14,10 @@ import pyarrow as pa
 _SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
 
 
-def id_halves(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
+def id_halves(ids: pa.Array | pa.ChunkedArray, low: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
     """The two uint64 halves of each 32-hex-digit id, read from the Arrow buffers; None when
-    some id is not 32 lowercase hex digits."""
+    some id is not 32 lowercase hex digits. Without ``low`` only the high halves are computed
+    (the second array is then empty): enough to tell ids apart quickly (see tables.dedupe)."""
     chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
     highs, lows = [], []
     for chunk in chunks:
@@ -34,10 +35,11 @@ def id_halves(ids: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] 
             return None
         nibbles = np.where(is_digit, digits - 48, digits - 87).astype(np.uint64)
         highs.append((nibbles[:, :16] << _SHIFTS).sum(axis=1, dtype=np.uint64))
-        lows.append((nibbles[:, 16:] << _SHIFTS).sum(axis=1, dtype=np.uint64))
+        if low:
+            lows.append((nibbles[:, 16:] << _SHIFTS).sum(axis=1, dtype=np.uint64))
     if not highs:
         return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
-    return np.concatenate(highs), np.concatenate(lows)
+    return np.concatenate(highs), (np.concatenate(lows) if low else np.zeros(0, dtype=np.uint64))
 
 
 def _merged(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]
@@ -56,13 +58,32 @@ def _merged(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.nd
     return merged[0], merged[1]
 
 
+#: Ids are kept in 2**PARTITION_BITS partitions by the top bits of their high half, each with its
+#: own sorted runs: merging two runs then needs memory for one partition's ids, not for all of
+#: them (one merge of every id would briefly hold them twice).
+PARTITION_BITS = 8
+_PARTITIONS = 1 << PARTITION_BITS
+_PARTITION_SHIFT = np.uint64(64 - PARTITION_BITS)
+_PARTITION_NUMBERS = np.arange(_PARTITIONS + 1, dtype=np.uint64)
+
+
+def _partition_bounds(high: np.ndarray) -> np.ndarray:
+    """Where each partition's ids start in ``high`` (sorted), and where the last one ends."""
+    return np.searchsorted(high >> _PARTITION_SHIFT, _PARTITION_NUMBERS)
+
+
 class RecordIds:
     """A set of record ids: :meth:`update` adds an Arrow column of ids, :meth:`fresh` tells
     which ids of a column are not in the set."""
 
     def __init__(self) -> None:
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (high, low), sorted by high
+        # per partition, runs of (high, low) sorted by high
+        self._parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(_PARTITIONS)]
         self._other: set[str] = set()
+
+    @property
+    def _runs(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [run for runs in self._parts for run in runs]
 
     def __len__(self) -> int:
         return sum(len(high) for high, _ in self._runs) + len(self._other)
@@ -74,8 +95,9 @@ class RecordIds:
 
     def update(self, ids: pa.Array | pa.ChunkedArray | RecordIds) -> None:
         if isinstance(ids, RecordIds):
-            for high, low in ids._runs:
-                self._add_run(high, low)
+            for number, runs in enumerate(ids._parts):
+                for high, low in runs:
+                    self._add_run(number, high, low)
             self._other |= ids._other
             return
         halves = id_halves(ids)
@@ -83,13 +105,18 @@ class RecordIds:
             self._other.update(ids.to_pylist())
         elif len(halves[0]):
             order = np.argsort(halves[0], kind="stable")
-            self._add_run(halves[0][order], halves[1][order])
+            high, low = halves[0][order], halves[1][order]
+            bounds = _partition_bounds(high)
+            for number in np.flatnonzero(np.diff(bounds)).tolist():
+                start, stop = bounds[number], bounds[number + 1]
+                self._add_run(number, high[start:stop].copy(), low[start:stop].copy())
 
-    def _add_run(self, high: np.ndarray, low: np.ndarray) -> None:
-        self._runs.append((high, low))
-        while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
-            newer, older = self._runs.pop(), self._runs.pop()
-            self._runs.append(_merged(older, newer))
+    def _add_run(self, number: int, high: np.ndarray, low: np.ndarray) -> None:
+        runs = self._parts[number]
+        runs.append((high, low))
+        while len(runs) > 1 and len(runs[-2][0]) <= 2 * len(runs[-1][0]):
+            newer, older = runs.pop(), runs.pop()
+            runs.append(_merged(older, newer))
 
     def fresh(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """A boolean per id: True where the id is not in the set."""
@@ -99,26 +126,39 @@ class RecordIds:
                                dtype=bool, count=len(ids))
         high, low = halves
         fresh = np.ones(len(high), dtype=bool)
-        for run_high, run_low in self._runs:
+        order = np.argsort(high, kind="stable")
+        bounds = _partition_bounds(high[order])
+        for number in np.flatnonzero(np.diff(bounds)).tolist():
+            if not self._parts[number]:
+                continue
+            rows = order[bounds[number]:bounds[number + 1]]
+            fresh[rows] = ~self._found(self._parts[number], high[rows], low[rows])
+        if self._other:
+            fresh &= np.fromiter((rid not in self._other for rid in ids.to_pylist()), dtype=bool, count=len(ids))
+        return fresh
+
+    @staticmethod
+    def _found(runs: list[tuple[np.ndarray, np.ndarray]], high: np.ndarray, low: np.ndarray) -> np.ndarray:
+        found_any = np.zeros(len(high), dtype=bool)
+        for run_high, run_low in runs:
             at = np.searchsorted(run_high, high)
             inside = at < len(run_high)
             clipped = np.minimum(at, len(run_high) - 1)
             same_high = inside & (run_high[clipped] == high)
             found = same_high & (run_low[clipped] == low)
-            fresh &= ~found
+            found_any |= found
             # ids sharing their high half with another (rare): look at the rest of that run
-            for row in np.flatnonzero(same_high & ~found & fresh).tolist():
+            for row in np.flatnonzero(same_high & ~found & ~found_any).tolist():
                 stop = np.searchsorted(run_high, high[row], side="right")
                 if np.any(run_low[at[row]:stop] == low[row]):
-                    fresh[row] = False
-        if self._other:
-            fresh &= np.fromiter((rid not in self._other for rid in ids.to_pylist()), dtype=bool, count=len(ids))
-        return fresh
+                    found_any[row] = True
+        return found_any
 
     def _has_text(self, rid: str) -> bool:
         halves = id_halves(pa.array([rid], pa.string()))
         return halves is not None and not self.fresh(pa.array([rid], pa.string()))[0]
 
     def clear(self) -> None:
-        self._runs.clear()
+        for runs in self._parts:
+            runs.clear()
         self._other.clear()

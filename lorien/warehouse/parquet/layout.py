@@ -8,15 +8,20 @@ import re
 import sys
 import time
 from collections.abc import Iterable
-from urllib.parse import quote, unquote
 
 import pyarrow as pa
 
 from lorien.errors import StoreError
+from lorien.partitions import (  # noqa: F401 - the store's layout, in one place
+    NULL_PARTITION,
+    SERVING_DIR,
+    decode_partition,
+    encode_partition,
+    serving_dir,
+)
 from lorien.record import ARROW_SCHEMA
 
 RECORDS_DIR = "records"
-SERVING_DIR = "best"
 #: Workload entries records refer to by content hash (MetaSchedule IRModules): one file each.
 WORKLOADS_DIR = "workloads"
 WORKLOAD_FILE_SCHEMA = pa.schema([("workload_hash", pa.string()), ("entry", pa.string())])
@@ -25,7 +30,6 @@ STAGING_DIR = "_staging"
 #: Serving depth when a commit names none: best records kept per (target, workload, layout).
 DEFAULT_NBEST = 20
 #: Hive's name for a null/empty partition value.
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 PARTITION_COLUMNS = ("target_key", "layout")
 #: Columns stored in record files: the partition columns live in the path only.
 RECORD_FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in PARTITION_COLUMNS])
@@ -54,20 +58,8 @@ READ_RETRIES = 3
 
 # ---- partition paths ------------------------------------------------------------------------
 
-def encode_partition(value: str) -> str:
-    return quote(value, safe="") if value else NULL_PARTITION
-
-
-def decode_partition(text: str) -> str:
-    return "" if text == NULL_PARTITION else unquote(text)
-
-
 def records_dir(target_key: str, layout: str) -> str:
     return f"{RECORDS_DIR}/target_key={encode_partition(target_key)}/layout={encode_partition(layout)}"
-
-
-def serving_dir(target_key: str) -> str:
-    return f"{SERVING_DIR}/target_key={encode_partition(target_key)}"
 
 
 def partition_of(rel_path: str) -> dict[str, str]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,16 @@ import pyarrow as pa
 
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord
+from lorien.serving_index import (
+    GROUP_COLUMNS,
+    IndexDamaged,
+    PersistedIndex,
+    SuspectRow,
+    index_rel,
+    rank_rows,
+    staged_path,
+    write_index,
+)
 from lorien.target import match_mode, match_tier, parse_target
 from lorien.warehouse.base import CommitResult, Store, register_store
 from lorien.warehouse.parquet.commit import ParquetCommit, PendingFile
@@ -33,6 +45,7 @@ from lorien.warehouse.parquet.layout import (
     SERVING_MERGE_FILES,
     SERVING_MERGE_ROWS,
     SERVING_ROW_GROUP,
+    STAGING_DIR,
     STALE_STAGING_S,
     WORKLOAD_FILE_SCHEMA,
     WORKLOADS_DIR,
@@ -49,12 +62,19 @@ from lorien.warehouse.parquet.serving import ServingIndex
 from lorien.warehouse.parquet.tables import (
     constant,
     dedupe,
+    group_starts,
     may_hold,
-    rank_rows,
     serving_dictionary_columns,
     sort_for_serving,
     top_per_group,
 )
+
+#: Rows of the serving files a persisted index build reads at a time (about; see _serving_ranges).
+INDEX_BUILD_ROWS = 16384
+
+
+class ServingIndexWarning(UserWarning):
+    """A persisted serving index could not be trusted and is rebuilt."""
 
 
 @dataclass
@@ -326,8 +346,19 @@ class ParquetStore(Store):
         if cached is not None and cached.listed == listed and not cached.pending:
             files, depth, pending = cached.files, cached.depth, False
         else:
-            files, pending = self._visible_serving(listed)
-            depth = min((serving_depth(rel) for rel in files), default=None)
+            # A persisted index of exactly this listing was built when all of it was visible
+            # (it is never persisted otherwise), so it says which files are visible.
+            index = self._indexes.get(target_key)
+            if listed and not (isinstance(index, PersistedIndex) and index.listed == listed):
+                index = self._open_persisted(target_key, listed)
+                if index is not None:
+                    self._indexes[target_key] = index
+            if isinstance(index, PersistedIndex) and index.listed == listed:
+                files, depth, pending = index.files, index.depth, False
+                self._complete.update(commit[0] for commit in map(commit_of, files) if commit is not None)
+            else:
+                files, pending = self._visible_serving(listed)
+                depth = min((serving_depth(rel) for rel in files), default=None)
         self._listed[target_key] = Listing(now, listed, files, depth, pending)
         return files, depth
 
@@ -392,10 +423,156 @@ class ParquetStore(Store):
                     rows[row["record_id"]] = row
         return [TuningRecord.from_row(row) for row in rank_rows(list(rows.values()), k, per_layout)]
 
-    def _index(self, target_key: str, files: tuple[str, ...]) -> ServingIndex:
+    # -- the persisted serving index (local stores; see lorien.serving_index) -----------------
+
+    def _open_persisted(self, target_key: str, listed: tuple[str, ...]) -> PersistedIndex | None:
+        """The persisted index of this listing, or None when there is none (or it was damaged:
+        then it is deleted, with a warning, and rebuilt by the next warm lookup)."""
+        if not self._files.is_local:
+            return None
+        path = self._files._path(index_rel(serving_dir(target_key), listed))
+        try:
+            return PersistedIndex(path, target_key)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return None  # none built for this listing (or none can be read here)
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not trusted
+            self._drop_persisted(path, exc)
+            return None
+
+    def _drop_persisted(self, path: str, why: object) -> None:
+        warnings.warn(f"serving index {path} is damaged ({why}); rebuilding it from the serving files",
+                      ServingIndexWarning, stacklevel=4)
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+    def _serving_ranges(self, files: tuple[str, ...]):
+        """The rows of ``files``, deduplicated and in serving order, one workload-key range at a
+        time (about :data:`INDEX_BUILD_ROWS` rows): serving files are sorted by workload key, and
+        their row-group statistics say which row groups can hold a range."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        groups = []  # (min key, max key, rows, file, row group)
+        # read, not memory-mapped: mapped pages of every serving file would stay in this
+        # process's resident set for the whole build
+        handles = {rel: pq.ParquetFile(self._files._path(rel), memory_map=False) for rel in files}
+        for rel, handle in handles.items():
+            metadata = handle.metadata
+            column = metadata.schema.names.index("workload_key")
+            for number in range(metadata.num_row_groups):
+                row_group = metadata.row_group(number)
+                statistics = row_group.column(column).statistics
+                if statistics is None or not statistics.has_min_max:
+                    groups = []
+                    break
+                groups.append((statistics.min, statistics.max, row_group.num_rows, rel, number))
+            else:
+                continue
+            break
+        else:
+            groups.sort()
+        if not groups and files:  # no statistics to range by: one range of everything
+            table = pa.concat_tables([handle.read() for handle in handles.values()])
+            yield sort_for_serving(dedupe(table)).select(SERVING_FILE_SCHEMA.names)
+            return
+        bounds: list[str] = []  # a range runs from one bound (included) to the next (excluded)
+        rows = 0
+        for low, _high, count, _rel, _number in groups:
+            if rows >= INDEX_BUILD_ROWS and (not bounds or low > bounds[-1]):
+                bounds.append(low)
+                rows = 0
+            rows += count
+        edges: list[str | None] = [None, *bounds, None]
+        for low, high in zip(edges[:-1], edges[1:], strict=True):
+            by_file: dict[str, list[int]] = {}
+            for key_min, key_max, _count, rel, number in groups:
+                if (high is None or key_min < high) and (low is None or key_max >= low):
+                    by_file.setdefault(rel, []).append(number)
+            parts = []
+            for rel, numbers in by_file.items():
+                part = handles[rel].read_row_groups(numbers, columns=SERVING_FILE_SCHEMA.names)
+                keys = part.column("workload_key")
+                mask = None
+                if low is not None:
+                    mask = pc.greater_equal(keys, low)
+                if high is not None:
+                    below = pc.less(keys, high)
+                    mask = below if mask is None else pc.and_(mask, below)
+                parts.append(part if mask is None else part.filter(mask))
+            if parts:
+                table = sort_for_serving(dedupe(pa.concat_tables(parts))).select(SERVING_FILE_SCHEMA.names)
+                del parts
+                yield table
+                del table
+                pa.default_memory_pool().release_unused()  # give freed ranges back to the system
+
+    def _build_persisted(self, target_key: str, files: tuple[str, ...]) -> PersistedIndex | None:
+        """Build and publish the persisted index of ``files`` (the whole listing, all visible);
+        older index files of the target key are deleted. None when a file vanished meanwhile."""
+        final = self._files._path(index_rel(serving_dir(target_key), files))
+        staging = self._files._path(STAGING_DIR)
+        try:
+            os.makedirs(staging, exist_ok=True)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+        except OSError:
+            return None  # a store this process may only read: the index stays in memory
+        staged = staged_path(staging)
+        depth = min((serving_depth(rel) for rel in files), default=None)
+        try:
+            ranges = ((table, group_starts(table, GROUP_COLUMNS).tolist()) for table in self._serving_ranges(files))
+            write_index(staged, lambda: ranges, SERVING_FILE_SCHEMA.names, files, files, depth)
+            os.rename(staged, final)
+        except FileNotFoundError:
+            return None  # a merge or compaction replaced a serving file: the listing is stale
+        except PermissionError:
+            return None
+        finally:
+            if os.path.exists(staged):
+                os.remove(staged)
+        directory = os.path.dirname(final)
+        for name in os.listdir(directory):
+            if name != os.path.basename(final):
+                try:
+                    os.remove(os.path.join(directory, name))
+                except FileNotFoundError:
+                    pass
+        return PersistedIndex(final, target_key)
+
+    def build_serving_indexes(self) -> dict[str, int]:
+        """Build (or find) the persisted serving index of every target key, so that a new
+        process answers its first warm ``best()`` without building one; returns the rows of
+        each index. Local stores only (an S3 store returns {})."""
+        if not self._files.is_local:
+            return {}
+        built = {}
+        for name in sorted(os.listdir(self._files._path(SERVING_DIR)) if os.path.isdir(
+                self._files._path(SERVING_DIR)) else []):
+            if not name.startswith("target_key="):
+                continue
+            target_key = partition_of(f"{SERVING_DIR}/{name}/x.parquet")["target_key"]
+            files, _depth = self._relist(target_key)
+            if files:
+                index = self._index(target_key, files)
+                built[target_key] = index.rows if isinstance(index, PersistedIndex) else index.table.num_rows
+        return built
+
+    def _relist(self, target_key: str) -> tuple[tuple[str, ...], int | None]:
+        self._listed.pop(target_key, None)
+        return self._serving_files(target_key)
+
+    def _index(self, target_key: str, files: tuple[str, ...]) -> ServingIndex | PersistedIndex:
         index = self._indexes.get(target_key)
         if index is not None and index.files == files:
             return index
+        listing = self._listed.get(target_key)
+        if (self._files.is_local and files and listing is not None and not listing.pending
+                and listing.listed == files):
+            persisted = self._open_persisted(target_key, files) or self._build_persisted(target_key, files)
+            if persisted is not None:
+                self._indexes[target_key] = persisted
+                return persisted
         for _attempt in range(READ_RETRIES):
             try:
                 tables = [self._read_serving(rel, target_key) for rel in files]
@@ -434,7 +611,25 @@ class ParquetStore(Store):
             except FileNotFoundError:
                 files = self._relist_serving(target_key)
         index = self._index(target_key, files)
-        return index.best(workload_key, canonical, k, layout, mode, prefix, per_layout)
+        try:
+            return index.best(workload_key, canonical, k, layout, mode, prefix, per_layout)
+        except SuspectRow as suspect:
+            # A row that does not hash to its id: a record whose caller chose its id, or damage.
+            # The serving files decide.
+            exact = self._best_cold(files, target_key, workload_key, canonical, k, layout, mode,
+                                    prefix, per_layout)
+            if any(record.record_id == suspect.row["record_id"] and TuningRecord.from_row(suspect.row) == record
+                   for record in exact):
+                index.verified.add(str(suspect.row["record_id"]))
+                return exact
+            damage: object = f"record {suspect.row['record_id']} differs from the serving files"
+        except IndexDamaged as exc:
+            damage = exc
+        self._drop_persisted(index.path, damage)
+        index.close()
+        self._indexes.pop(target_key, None)
+        files = self._relist(target_key)[0]
+        return self._index(target_key, files).best(workload_key, canonical, k, layout, mode, prefix, per_layout)
 
     def _best_from_records(self, workload_key: str, target: str, target_key: str, k: int,
                            layout: str | None, mode: str, prefix: bool,
@@ -562,6 +757,7 @@ class ParquetStore(Store):
         self._invalidate()
         self._indexes.clear()
         self._serving_tables.clear()
+        indexed = self.build_serving_indexes()
         after = self._files.list(RECORDS_DIR)
         return {
             "record_files_before": len(record_files),
@@ -571,6 +767,7 @@ class ParquetStore(Store):
             "serving_files_after": len(self._files.list(SERVING_DIR)),
             "serving_depth": depth,
             "abandoned_files_removed": abandoned,
+            "serving_index_rows": sum(indexed.values()),
         }
 
 

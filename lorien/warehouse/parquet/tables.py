@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from lorien.errors import StoreError
 from lorien.record import ARROW_SCHEMA, TuningRecord, mean_cost_s, records_to_table
+from lorien.warehouse.parquet.ids import id_halves
 from lorien.warehouse.parquet.layout import SERVING_FILE_SCHEMA
 
 #: Columns with few distinct values, dictionary-encoded in files; the rest (configs, ids,
@@ -77,27 +78,6 @@ def conform(records: Iterable[TuningRecord] | pa.Table) -> pa.Table:
                                  for field in ARROW_SCHEMA]))
 
 
-def id_prefixes(ids: pa.ChunkedArray) -> np.ndarray | None:
-    """The first 16 hex digits of each record_id as a uint64, read straight from the Arrow
-    buffers; None when the ids are not all 32 characters (then callers hash the strings)."""
-    parts = []
-    shifts = np.arange(60, -4, -4, dtype=np.uint64)
-    for chunk in ids.chunks:
-        if len(chunk) == 0:
-            continue
-        if chunk.type != pa.string() or chunk.null_count:
-            return None
-        _, offsets_buffer, data_buffer = chunk.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[chunk.offset:chunk.offset + len(chunk) + 1]
-        if not np.all(np.diff(offsets) == 32):
-            return None
-        digits = np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, 32)[:, :16]
-        nibbles = digits.astype(np.int64) - 48
-        nibbles -= 39 * (nibbles > 9)
-        parts.append((nibbles.astype(np.uint64) << shifts).sum(axis=1, dtype=np.uint64))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-
-
 def serving_dictionary_columns() -> list[str]:
     """The columns of a serving file read dictionary-encoded (they repeat per workload)."""
     return [name for name in DICTIONARY_COLUMNS if name in SERVING_FILE_SCHEMA.names]
@@ -111,11 +91,11 @@ def dedupe(table: pa.Table) -> pa.Table:
     if rows <= 1:
         return table
     ids = table.column("record_id")
-    prefixes = id_prefixes(ids)
-    if prefixes is not None:
-        ordered = np.sort(prefixes)
+    halves = id_halves(ids, low=False)
+    if halves is not None:
+        ordered = np.sort(halves[0])
         if not np.any(ordered[1:] == ordered[:-1]):
-            return table  # distinct prefixes: distinct ids (equal prefixes go the exact way below)
+            return table  # distinct high halves: distinct ids (equal ones go the exact way below)
     elif pc.count_distinct(ids).as_py() == rows:
         return table
     firsts = (pa.table({"id": ids, "row": pa.array(np.arange(rows, dtype=np.int64))})
@@ -186,16 +166,3 @@ def may_hold(statistics: Any, low: str, high: str) -> bool:
     if statistics is None or not statistics.has_min_max:
         return True
     return statistics.min <= high and statistics.max >= low
-
-
-def rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:
-    """Most specific target match first (``row["tier"]``, see lorien.target.match_tier), then
-    fastest (ties by record_id); with ``per_layout`` the best k of each layout, layouts ordered
-    by their first row."""
-    ordered = sorted(rows, key=lambda row: (row["tier"], row["cost_s"], row["record_id"]))
-    if not per_layout:
-        return ordered[:k]
-    by_layout: dict[str, list[dict]] = {}
-    for row in ordered:
-        by_layout.setdefault(row["layout"], []).append(row)
-    return [row for group in by_layout.values() for row in group[:k]]

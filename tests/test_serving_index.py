@@ -1,0 +1,258 @@
+"""The persisted serving index of a local parquet store: a new process answers from it without
+building one, never from a stale one, and a damaged one is rebuilt with a warning."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_store_contract import SKYLAKE, ZNVER, workload_records
+
+from lorien.serving_index import PersistedIndex
+from lorien.warehouse import open_store
+from lorien.warehouse.parquet.serving import ServingIndex
+from lorien.warehouse.parquet.store import ServingIndexWarning
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+QUERIES = [
+    {"workload_key": "conv#a", "k": 1},
+    {"workload_key": "conv#a", "k": 3},
+    {"workload_key": "conv#a", "k": 2, "layout": "NHWC"},
+    {"workload_key": "conv#a", "k": 2, "per_layout": True},
+    {"workload_key": "conv#", "k": 4, "prefix": True},
+    {"workload_key": "conv#b", "k": 5, "prefix": True, "per_layout": True, "by_alternate_key": True},
+    {"workload_key": "conv#a", "k": 3, "by_alternate_key": True},
+    {"workload_key": "conv#a", "k": 2, "exact": True},
+    {"workload_key": "conv#zz", "k": 1},
+]
+
+
+#: rows of fill()'s serving files: each of 3 commits keeps 4 + 4 + 2 + 3 + 3 rows
+SERVING_ROWS = 3 * (4 + 4 + 2 + 3 + 3)
+
+
+def fill(uri: str) -> None:
+    writer = open_store(uri)
+    for index in range(3):
+        writer.commit(workload_records("conv#a", 4, layout="NCHW", first_index=4 * index)
+                      + workload_records("conv#a", 4, layout="NHWC", base_s=1.5e-3, first_index=4 * index)
+                      + workload_records("conv#a", 2, target="llvm -mcpu=skylake-avx512 -num-cores=2",
+                                         base_s=9e-4, first_index=4 * index)
+                      + workload_records("conv#b", 3, target=ZNVER, base_s=5e-4, first_index=3 * index)
+                      + workload_records("conv#bb", 3, layout="NHWC", base_s=7e-4, first_index=3 * index), nbest=5)
+    writer.close()
+
+
+def index_files(root: Path) -> list[Path]:
+    return sorted((root / "_index").rglob("*.lsi"))
+
+
+def in_memory_answers(uri: str) -> list:
+    store = open_store(uri)
+    store._files.is_local = False  # the in-memory index only, as an S3 store keeps it
+    answers = [store.best(target=SKYLAKE, **query) for query in QUERIES for _ in range(2)][1::2]
+    assert all(isinstance(index, ServingIndex) for index in store._indexes.values())
+    return answers
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "warehouse"
+
+
+def test_a_new_process_answers_from_the_persisted_index_as_the_in_memory_index_does(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    assert open_store(uri).build_serving_indexes() == {"llvm_cpu": SERVING_ROWS}
+    assert len(index_files(root)) == 1
+    fresh = open_store(uri)
+    answers = [fresh.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert isinstance(fresh._indexes["llvm_cpu"], PersistedIndex)  # found, not built
+    assert answers == in_memory_answers(uri)
+    assert answers[0][0].cost_s == pytest.approx(1e-3)  # the query's own target first
+    assert answers[-1] == []
+
+
+def test_the_first_warm_lookup_persists_the_index_and_compaction_rebuilds_it(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    store = open_store(uri)
+    store.best("conv#a", SKYLAKE)  # a first lookup reads the files
+    assert not index_files(root)
+    store.best("conv#a", SKYLAKE)
+    assert len(index_files(root)) == 1
+    before = index_files(root)
+    result = store.compact()
+    assert result["serving_index_rows"] == 5 * 5  # compaction keeps the best 5 of each group
+    assert len(index_files(root)) == 1 and index_files(root) != before  # the old listing's file is gone
+    assert [open_store(uri).best(target=SKYLAKE, **query) for query in QUERIES] == in_memory_answers(uri)
+
+
+COMMIT_FASTER = f"""
+import sys
+sys.path.insert(0, {str(TESTS_DIR)!r})
+from lorien.warehouse import open_store
+from test_store_contract import make_record
+store = open_store(sys.argv[1])
+store.commit([make_record("conv#a", 1e-5, config_index=99)])
+"""
+
+
+def test_an_index_is_never_used_after_another_process_commits(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    reader = open_store(uri)
+    reader.build_serving_indexes()
+    old_index = index_files(root)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    assert isinstance(reader._indexes["llvm_cpu"], PersistedIndex)
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    assert old_index[0].exists()  # still on disk, for the listing it names
+    # this process, its index open, and a new process both see the new record
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+    assert reader.best("conv#a", SKYLAKE, k=2)[0].cost_s == pytest.approx(1e-5)
+    fresh = open_store(uri)
+    assert fresh.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+    assert fresh.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+    assert index_files(root) != old_index and len(index_files(root)) == 1
+    assert reader.best("conv#a", SKYLAKE, k=3) == in_memory_answers(uri)[1]
+
+
+def damage_rows(path: Path) -> None:
+    """Change one config in the rows (a digit of an index, so the Arrow layout stays valid)."""
+    data = bytearray(path.read_bytes())
+    at = data.index(b'{"index": 0,')
+    data[at + 10] = ord("7")
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "costs"])
+def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[:len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"x" * len(data))
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "rows":
+        damage_rows(path)
+    else:  # a byte of a section: the group arrays, a string column's offsets, the costs
+        header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
+        header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+        section = {"arrays": "group.starts", "offsets": "config.offsets", "costs": "costs.data"}[damage]
+        at, length = header["sections"][section]
+        data = bytearray(data)
+        for offset in range(at + 8, at + length, 64):
+            data[offset] ^= 0x5A
+        path.write_bytes(bytes(data))
+    store = open_store(uri)
+    with pytest.warns(ServingIndexWarning, match="damaged"):
+        answers = [store.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert answers == in_memory_answers(uri)
+    (rebuilt,) = index_files(root)
+    assert PersistedIndex(str(rebuilt), "llvm_cpu").rows == SERVING_ROWS
+
+
+def test_records_with_ids_of_their_own_are_answered_from_the_index_without_a_warning(root, recwarn):
+    uri = f"parquet:{root}"
+    writer = open_store(uri)
+    writer.commit([record.with_changes(record_id=f"mine-{number}")
+                   for number, record in enumerate(workload_records("conv#a", 4))])
+    writer.build_serving_indexes()
+    store = open_store(uri)
+    for _ in range(3):
+        best = store.best("conv#a", SKYLAKE, k=2)
+        assert [record.record_id for record in best] == ["mine-0", "mine-1"]
+    assert isinstance(store._indexes["llvm_cpu"], PersistedIndex)
+    assert not [warning for warning in recwarn if issubclass(warning.category, ServingIndexWarning)]
+    assert len(index_files(root)) == 1
+
+
+def test_a_store_where_the_index_cannot_be_written_keeps_it_in_memory(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    (root / "_index").write_text("not a directory")  # (a read-only store fails the same way)
+    store = open_store(uri)
+    store.best("conv#a", SKYLAKE)
+    assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    assert isinstance(store._indexes["llvm_cpu"], ServingIndex)
+    assert not list((root / "_staging").glob("*.lsi.tmp"))
+
+
+QUERY_CHILD = """
+import json, sys
+from lorien.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "pyarrow": "pyarrow" in sys.modules, "numpy": "numpy" in sys.modules}))
+"""
+
+
+def run_query(uri: str, *options: str) -> tuple[dict, list]:
+    child = subprocess.run([sys.executable, "-c", QUERY_CHILD, "query", "--store", uri, "--format", "json",
+                            *options], capture_output=True, text=True, check=True)
+    *answer, summary = child.stdout.strip().splitlines()
+    return json.loads(summary), json.loads("\n".join(answer))
+
+
+def test_a_one_shot_query_answers_from_the_index_without_pyarrow_or_numpy(root):
+    from lorien.quick_query import quick_best
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    options = ["--workload-key", "conv#a", "--target", SKYLAKE, "--nbest", "3"]
+    before, slow_answer = run_query(uri, *options)  # no index yet: the store answers
+    assert before["code"] == 0 and before["pyarrow"]
+    open_store(uri).build_serving_indexes()
+    after, quick_answer = run_query(uri, *options)
+    assert after == {"code": 0, "pyarrow": False, "numpy": False}
+    assert quick_answer == slow_answer and len(quick_answer) == 3
+    # the same answers as the store's, query by query
+    store = open_store(uri)
+    for query in QUERIES:
+        expected = store.best(target=SKYLAKE, **query)
+        assert quick_best(uri, target=SKYLAKE, **query) == (expected or None)
+    # deeper than the serving view, or after another commit: left to the store
+    assert quick_best(uri, "conv#a", SKYLAKE, k=6) is None
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    assert quick_best(uri, "conv#a", SKYLAKE) is None
+    newer, answer = run_query(uri, *options)
+    assert newer["code"] == 0 and answer[0]["cost_us"] == pytest.approx(10.0)
+
+
+def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch):
+    import lorien.warehouse.parquet.store as parquet_store
+
+    uri = f"parquet:{root}"
+    writer = open_store(uri)
+    keys = [f"dense#{name}" for name in "abcdefghij"]
+    for commit in range(4):  # every commit touches every key: the files overlap in key ranges
+        records = [record for number, key in enumerate(keys)
+                   for record in workload_records(key, 3, base_s=1e-3 * (1 + number), first_index=3 * commit)]
+        records += workload_records("dense#c", 2, layout="NHWC", first_index=10 * commit)
+        writer.commit(records, nbest=2)
+    first, second = open_store(uri), open_store(uri)  # racing writers store the same records twice
+    with first.transaction() as one, second.transaction() as two:
+        one.add(workload_records("dense#k", 2))
+        two.add(workload_records("dense#k", 2))
+    monkeypatch.setattr(parquet_store, "INDEX_BUILD_ROWS", 5)
+    built = open_store(uri).build_serving_indexes()
+    assert built == {"llvm_cpu": 4 * (10 * 2 + 2) + 2}  # the records stored twice are indexed once
+    fresh = open_store(uri)
+    queries = [{"workload_key": key, "k": 2} for key in [*keys, "dense#k"]] + [
+        {"workload_key": "dense#c", "k": 2, "per_layout": True}, {"workload_key": "dense#", "k": 5, "prefix": True}]
+    answers = [fresh.best(target=SKYLAKE, **query) for query in queries]
+    assert isinstance(fresh._indexes["llvm_cpu"], PersistedIndex)
+    memory = open_store(uri)
+    memory._files.is_local = False
+    assert answers == [memory.best(target=SKYLAKE, **query) for query in queries for _ in range(2)][1::2]
+    assert [len(answer) for answer in answers] == [2] * 11 + [4, 5]
