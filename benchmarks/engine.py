@@ -73,7 +73,13 @@ import numpy as np
 from lorien.engine import build, reference, runtime, te
 from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.schedule import create_schedule
-from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate, depthwise_NCHWc_candidate, vector_lanes
+from lorien.engine.x86 import (
+    conv2d_NCHWc_candidate,
+    dense_candidate,
+    dense_gemv_candidate,
+    depthwise_NCHWc_candidate,
+    vector_lanes,
+)
 
 # ResNet-18 3x3 conv2d layers, batch 1: (in channels, input size, out channels, stride)
 RESNET18_3X3 = [(64, 56, 64, 1), (64, 56, 128, 2), (128, 28, 128, 1), (128, 28, 256, 2),
@@ -169,6 +175,21 @@ def template_candidates(task_name: str, m: int, n: int, k: int, count: int) -> l
     rng = np.random.default_rng(0)
     picks = rng.choice(len(task.space), size=min(count, len(task.space)), replace=False)
     return [(f"{task_name} #{index}", functools.partial(task.instantiate, task.config(int(index)))) for index in picks]
+
+
+def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, object]]:
+    """The engine's schedules for few rows: the GEMV (rfactor over K, ``rows`` weight rows at
+    once) and, from M = 4, the register tile with each weight panel packed just before use."""
+    lanes = vector_lanes()
+    gemv = ((4, 1), (8, 1)) if quick else ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2))
+    out = [(f"gemv rows={rows} k_vectors={kv}", functools.partial(dense_gemv_candidate, m, n, k, rows, kv))
+           for rows, kv in gemv if m * rows * kv <= 32]
+    if m >= 4:
+        for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 4), 4 * lanes), (min(m, 8), lanes)):
+            if n % nr == 0:
+                out.append((f"panel-packed tile mr={mr} nr={nr}",
+                            functools.partial(dense_candidate, m, n, k, mr, nr, "nm", True)))
+    return out
 
 
 def torch_dense_calls(data: np.ndarray, weight: np.ndarray) -> dict[str, Callable[[], object]]:
@@ -797,14 +818,17 @@ def main() -> None:
     omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40)
     dense_samples = 30 if quick else 150
     dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), dense_samples,
-                                template_configs=8 if quick else 32)
+                                template_configs=8 if quick else 32,
+                                extra=dense_skinny_candidates(*shape, quick) if shape[0] < 64 else None)
              for shape in DENSE_SHAPES}
     layer_samples = 20 if quick else 40
     m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
-                      template_configs=8 if quick else 24, with_torch=have_torch)
+                      template_configs=8 if quick else 24, with_torch=have_torch,
+                      extra=dense_skinny_candidates(*shape, quick))
           for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)]
     small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
-                           template_configs=8 if quick else 24, with_torch=have_torch)
+                           template_configs=8 if quick else 24, with_torch=have_torch,
+                           extra=dense_skinny_candidates(*shape, quick))
                for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)]
     launch_c, dense512_c = (NAN, NAN) if opts.layers_only else bench_other_runtime("c", quick)
     nan_pair = ([NAN], [NAN])
