@@ -349,6 +349,7 @@ OPERATORS: dict[str, tuple[Callable[[Sequence[Any]], str], Callable[[Sequence[An
     "conv3d_ndhwc": (_fixed("NDHWC"), _flop_conv3d_ndhwc),
     "dense": (_NA, _flop_dense),
     "dense_nopack": (_NA, _flop_dense),
+    "dense_gemv": (_NA, _flop_dense),
     "dense_pack": (_NA, _flop_dense),
     "dense_small_batch": (_NA, _flop_dense),
     "dense_large_batch": (_NA, _flop_dense),

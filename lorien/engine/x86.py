@@ -6,6 +6,8 @@ tuners search the same knobs (tile sizes, unroll) through their own templates.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lorien.engine import te
 from lorien.engine.schedule import Schedule, Stage, create_schedule
 
@@ -151,38 +153,50 @@ def schedule_dense_gemv(s: Schedule, out: te.Tensor, rows: int = 4, k_vectors: i
     (``rfactor``) so that each output accumulates that many vectors over K, with one horizontal
     sum at the end; ``rows`` weight rows (times all M data rows) are accumulated at once, so each
     data vector is loaded once for them; parallel over blocks of ``rows`` outputs."""
-    lanes = vector_lanes()
-    width = lanes * k_vectors
-    top = s[out]
     acc_name = f"{out.name}.acc"
-    red = s[acc_name] if any(st.name == acc_name for st in s.stages) else top
     if any(st.name == f"{out.name}.weight_pack" for st in s.stages):
         raise ValueError("schedule_dense_gemv: build ops.dense without pack_nr (the GEMV reads the weight as it is)")
+    red = s[acc_name] if any(st.name == acc_name for st in s.stages) else s[out]
+    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum)
+
+
+def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: int, unroll_sum: bool = True,
+                         inline: Sequence[Stage] = ()) -> Schedule:
+    """The GEMV schedule on explicit stages: ``red`` reduces ``[.., M, N]`` over one K axis,
+    ``top`` is the output (``red`` itself or an element-wise epilogue of it, same shape; stages
+    in ``inline`` between them are inlined). K is split by ``width`` (a multiple of the vector
+    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``."""
+    lanes = vector_lanes()
+    for stage in inline:
+        stage.compute_inline()
     (k,) = red.op.reduce_axis
     _, ki = red.split(k, factor=width)
-    rf = s[s.rfactor(red.tensor, ki, factor_axis=2)]
-    m, n = top.op.axis
+    rf = s[s.rfactor(red.tensor, ki, factor_axis=len(red.op.axis))]
+    *outer, m, n = top.op.axis
     no, ni = top.split(n, factor=rows)
-    top.reorder(no, m, ni)
-    top.parallel(no)
+    top.reorder(*outer, no, m, ni)
+    top.parallel(top.fuse(*outer, no) if outer else no)
     top.unroll(ni)
     if red is not top:
-        red.compute_at(top, no)
-        red.unroll(red.op.axis[1])
+        red.compute_at(top, no if not outer else top.leaf[0])
+        red.unroll(red.op.axis[-1])
         target = red
     else:
         target = top
     if unroll_sum:
         target.unroll(target.op.reduce_axis[0])
-    rf.compute_at(top, no)
-    rm, rn, rk = rf.op.axis
+    rf.compute_at(top, top.leaf[0])
+    *rspatial, rk = rf.op.axis
     (rko,) = rf.op.reduce_axis
-    rf.reorder(rko, rm, rn, rk)
-    rf.unroll(rm)
-    rf.unroll(rn)
-    vo, vi = rf.split(rk, factor=lanes)
-    rf.unroll(vo)
-    rf.vectorize(vi)
+    rf.reorder(rko, *rspatial, rk)
+    for axis in rspatial:
+        rf.unroll(axis)
+    if width > lanes and width % lanes == 0:
+        vo, vi = rf.split(rk, factor=lanes)
+        rf.unroll(vo)
+        rf.vectorize(vi)
+    else:
+        rf.vectorize(rk)
     return s
 
 
