@@ -103,3 +103,26 @@ def test_tuning_finds_the_gemv_path_and_the_records_name_it(store_uri, dialect, 
     valid = [r for r in records if r.error_no == 0]
     assert valid and len(valid) == len(records)         # every kernel passed the runner's NumPy check
     assert any(names_path(r.config) for r in valid)
+
+
+@pytest.mark.tvm
+def test_tvm_applies_and_builds_the_rfactor_rule_trace_and_it_computes_the_dense():
+    tvm = pytest.importorskip("tvm")
+    from tvm import s_tir
+
+    from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+
+    dag = workload_registry.workload_dag(workload_registry.make_workload_key("dense_layer", [1, 48, 64, False, False, F32]))
+    space = TraceSpace(dag, cores=2)
+    (tiled,) = space.tiled
+    positions = [0] * len(space.dims)
+    positions[tiled.rule_knob] = RULES.index("rfactor")
+    schedule = s_tir.Schedule(tvm_module_of(dag))
+    s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(space.render(positions)), schedule)
+    assert "dense_rf" in schedule.mod.script()
+    kernel = tvm.tirx.build(schedule.mod, target=tvm.target.Target({"kind": "llvm"}))
+    rng = np.random.default_rng(6)
+    data, weight = rng.uniform(-1, 1, (1, 64)).astype("float32"), rng.uniform(-1, 1, (48, 64)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 48), "float32"))
+    kernel(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    np.testing.assert_allclose(out.numpy(), reference.dense(data, weight), rtol=1e-4, atol=1e-4)
