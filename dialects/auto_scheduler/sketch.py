@@ -219,7 +219,9 @@ def _rfactor_sketch(state: LoopState, sketch: Sketch, index: int) -> Sketch:
     ki`` and factored on ``ki`` (RF), so a stage ``<name>.rf`` accumulates ``ki`` lanes over
     ``ko``; the stage itself (one horizontal sum of ``ki`` per output) is split on its last
     axis, ``rf`` computed at the outer part (a block of outputs at once, all rows), whose loop
-    is the parallel one. Split lengths open: ``ki`` (vectorized) and the block of outputs."""
+    is the parallel one; the rows and outputs around the vector of lanes are unrolled (the
+    accumulators stay in registers), and so are the sums of the lanes. Split lengths open:
+    ``ki`` (vectorized) and the block of outputs."""
     stage = state.schedule[state.names[index]]
     n_spatial = len(stage.op.axis)
     offset = len(sketch.steps)
@@ -233,6 +235,11 @@ def _rfactor_sketch(state: LoopState, sketch: Sketch, index: int) -> Sketch:
         ["RE", index + 1, [last, *range(last), last + 1, last + 2]],                # block, rows, inner, ki.v
         ["CA", index, index + 1, 0],
         ["RE", index, [n_spatial + 1, *range(n_spatial + 1)]],                    # ko, rows, outputs, ki
+        # the accumulators stay in registers: rows and outputs unrolled around the vector of
+        # lanes; the sums of the lanes unrolled too
+        *(["AN", index, position, 1] for position in range(1, n_spatial + 1)),
+        ["AN", index + 1, n_spatial, 1],
+        ["AN", index + 1, n_spatial + 1, 1],
     ]
     return _extend(sketch, steps, f"rfactor {stage.name} (GEMV: the reduction split, factored and vectorized)",
                    [offset, offset + 2], [f"{stage.name}.rf", stage.name], vector_splits=[offset])
