@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import F32
 
+import lorien.builtin_workloads  # noqa: F401 - registers dense_layer, batch_matmul_layer
 from dialects.meta_schedule.compile import check_kernel
 from dialects.meta_schedule.space import RULES, TraceSpace
 from dialects.meta_schedule.trace import replay_trace
-import lorien.builtin_workloads  # noqa: F401 - registers dense_layer, batch_matmul_layer
 from lorien import workload_registry
 from lorien.engine import build, ops, reference, te
 from lorien.engine.schedule import create_schedule
