@@ -69,6 +69,7 @@ def test_panel_packed_small_m_tile_packs_one_panel_per_block_and_matches_numpy()
 
 @pytest.mark.parametrize("name, args", [("dense_layer", [1, 40, 64, False, False, F32]),
                                         ("dense_layer", [3, 24, 48, False, False, F32]),
+                                        ("dense_layer", [4, 8, 16, False, False, F32]),   # blocks of all N: a unit loop
                                         ("batch_matmul_layer", [2, 1, 24, 32, False, False, F32])])
 def test_meta_schedule_rfactor_rule_traces_replay_and_match_numpy(name, args):
     dag = workload_registry.workload_dag(workload_registry.make_workload_key(name, args))
@@ -76,9 +77,12 @@ def test_meta_schedule_rfactor_rule_traces_replay_and_match_numpy(name, args):
     (tiled,) = space.tiled
     assert tiled.rule_knob >= 0
     rng = np.random.default_rng(4)
-    for _ in range(4):
+    for trial in range(6):
         positions = [int(rng.integers(d)) for d in space.dims]
         positions[tiled.rule_knob] = RULES.index("rfactor")
+        whole = (1, int(dag.outputs[0].shape[-1]))
+        if trial == 0 and whole in space.gemv_entities[1]:  # one block of all outputs: the block loop is a unit loop
+            positions[tiled.gemv_knobs[1]] = space.gemv_entities[1].index(whole)
         trace = space.render(positions)
         assert "RFactor" in [inst[0] for inst in trace[0]]
         replay = replay_trace(dag, json.loads(json.dumps(trace)))

@@ -343,8 +343,10 @@ class TraceSpace(MixedRadixSpace):
         writer.emit("Unroll", [block_inner], [], [])
         (location,) = writer.emit("SampleComputeLocation", [rf], [], writer.names("l", 1), n_spatial - 1)
         writer.emit("ComputeAt", [rf, location], [1, -1], [])
-        rf_loops = writer.emit("GetLoops", [rf], [], writer.names("l", n_spatial + n_spatial + 2))
-        inside = rf_loops[n_spatial:]            # after the loops it shares: lanes, rows..., outputs, reduction
+        # the loops it shares (fewer when the location was a unit loop), then its own: lanes,
+        # rows..., outputs, reduction
+        count = len(writer.state.loops_of(writer.state.stage(rf)))
+        inside = writer.emit("GetLoops", [rf], [], writer.names("l", count))[-(n_spatial + 2):]
         writer.emit("Reorder", [inside[-1], *inside[1:-1], inside[0]], [], [])
         for loop in inside[1:-1]:
             writer.emit("Unroll", [loop], [], [])
