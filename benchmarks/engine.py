@@ -17,6 +17,24 @@ get the same number of samples; the ratio is of medians, and minimums are printe
   beforehand; which one is printed). ``conv3x3_e2e_vs_torch_geomean``: Lorien from an NCHW
   input to an NCHW output, packing the input and unpacking the output (engine kernels) timed;
   the weights are packed once beforehand, as any inference engine does with constants.
+- Layer classes against PyTorch (each side's best layout, same sample counts; kernel-only for
+  Lorien's packed convolutions, as above, with ``*_e2e_*`` from NCHW beside):
+  ``conv1x1_vs_torch_*``: ResNet-18's three 1x1 downsample convolutions and ten MobileNetV2
+  pointwise layers (NCHW[x]c kernels, the channel block the widest power of two dividing C);
+  ``depthwise_vs_torch_*``: MobileNetV2's ten 3x3 depthwise layers (Lorien's depthwise
+  NCHW[x]c kernel, PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
+  attention's two batch_matmuls (12 heads, sequence 128) against ``torch.bmm`` with y
+  transposed as a view or stored transposed; ``dense_m1_*`` / ``dense_small_m_*``: BERT-base
+  dense layers at M = 1 (and the ResNet classifier) and at M = 8-32, against NumPy/OpenBLAS
+  (``*_vs_numpy_min``: the worst layer) and PyTorch (``F.linear`` or ``matmul`` on the weight
+  stored transposed). ``layers_vs_torch_geomean``: geomean of the six class geomeans
+  (dense M=1, dense small M, conv3x3 kernel, conv1x1, depthwise, bmm).
+- ``dense1024_peak_fraction``: dense 1024³'s median FLOP/s over the host's peak, cores x
+  measured clock x FMA lanes x 2 FLOP x 2 FMA units; the clock is measured with a chain of
+  dependent integer adds (one cycle each; the fastest of 301 runs of ~1 ms), the FMA lanes come
+  from the CPU flags (avx512f: 16, avx2+fma: 8). ``dense1024_fma_peak_fraction``: over the FMA
+  throughput measured on one core (12 independent FMA chains) x cores, which is half the
+  formula where 512-bit FMAs issue as two 256-bit halves (znver4).
 - ``trials_per_s_dense`` / ``trials_per_s_conv``: candidates per second through the autotvm
   tuner end to end (propose, build, check against NumPy, time, commit to a store) on dense
   256³ and a ResNet-18 conv2d_NCHWc layer; ``trials_per_s_vs_tvm``: the same count of trials
@@ -30,7 +48,8 @@ get the same number of samples; the ratio is of medians, and minimums are printe
   (``$LORIEN_RUNTIME=c``), measured in a child process.
 
     python benchmarks/engine.py            # full run, about 10 minutes (TVM tuning included)
-    python benchmarks/engine.py --quick    # fewer samples, 2 conv layers, 8 trials
+    python benchmarks/engine.py --quick    # fewer samples and layers, 8 trials
+    python benchmarks/engine.py --layers-only   # no tuning throughput, no C runtime child
 """
 
 from __future__ import annotations
@@ -52,13 +71,34 @@ from collections.abc import Callable
 import numpy as np
 
 from lorien.engine import build, reference, runtime, te
+from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.schedule import create_schedule
-from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate, vector_lanes
+from lorien.engine.x86 import (
+    conv2d_NCHWc_candidate,
+    dense_candidate,
+    dense_gemv_candidate,
+    depthwise_NCHWc_candidate,
+    vector_lanes,
+)
 
 # ResNet-18 3x3 conv2d layers, batch 1: (in channels, input size, out channels, stride)
 RESNET18_3X3 = [(64, 56, 64, 1), (64, 56, 128, 2), (128, 28, 128, 1), (128, 28, 256, 2),
                 (256, 14, 256, 1), (256, 14, 512, 2), (512, 7, 512, 1)]
 DENSE_SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1, 1000, 512), (256, 64, 512)]
+# ResNet-18's 1x1 (downsample) convolutions: (in channels, input size, out channels, stride)
+RESNET18_1X1 = [(64, 56, 128, 2), (128, 28, 256, 2), (256, 14, 512, 2)]
+# MobileNetV2's pointwise (1x1, stride 1) convolutions, expand and project, one of each stage
+MOBILENET_V2_POINTWISE = [(16, 112, 96, 1), (96, 56, 24, 1), (24, 56, 144, 1), (144, 28, 32, 1),
+                          (32, 28, 192, 1), (64, 14, 384, 1), (384, 14, 64, 1), (576, 7, 160, 1),
+                          (160, 7, 960, 1), (960, 7, 320, 1)]
+# MobileNetV2's 3x3 depthwise convolutions: (channels, input size, stride)
+MOBILENET_V2_DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2),
+                          (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
+# BERT-base at batch 1, sequence 128: dense at M = 1 (one token) and small M, and attention's
+# batch_matmuls (12 heads of 64): Q Kᵀ and (softmax) V.
+BERT_DENSE_M1 = [(1, 768, 768), (1, 3072, 768), (1, 768, 3072), (1, 1000, 512)]
+BERT_DENSE_SMALL_M = [(8, 768, 768), (16, 3072, 768), (32, 768, 3072)]
+BERT_BMM = [(12, 128, 128, 64), (12, 128, 64, 128)]   # (batch, M, N, K) of x[B, M, K] y[B, N, K]ᵀ
 NAN = float("nan")
 
 
@@ -93,8 +133,12 @@ def describe(name: str, seconds: list[float], flop: float | None = None) -> str:
 
 
 def native_best_s(kernel, arrays, repeat: int = 5) -> float:
-    """Fastest single run of ``repeat`` by the native timing loop (screening only)."""
-    return min(kernel.time(*arrays, number=1, repeat=repeat))
+    """Fastest single run by the native timing loop (screening only): ``repeat`` runs, more
+    for short kernels (up to 50, about 20 ms in all), whose fastest run a loaded machine
+    disturbs most often."""
+    first = min(kernel.time(*arrays, number=1, repeat=1))
+    repeat = max(repeat, min(50, int(0.02 / max(first, 1e-6))))
+    return min(first, *kernel.time(*arrays, number=1, repeat=repeat, warmup=False))
 
 
 def pin_blas_threads(threads: int):
@@ -137,38 +181,77 @@ def template_candidates(task_name: str, m: int, n: int, k: int, count: int) -> l
     return [(f"{task_name} #{index}", functools.partial(task.instantiate, task.config(int(index)))) for index in picks]
 
 
+def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, object]]:
+    """The engine's schedules for few rows: the GEMV (rfactor over K, ``rows`` weight rows at
+    once) and, from M = 4, the register tile with each weight panel packed just before use."""
+    lanes = vector_lanes()
+    gemv = ((4, 1), (8, 1)) if quick else ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2))
+    out = [(f"gemv rows={rows} k_vectors={kv}", functools.partial(dense_gemv_candidate, m, n, k, rows, kv))
+           for rows, kv in gemv if m * rows * kv <= 32]
+    if m >= 4:
+        for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 4), 4 * lanes), (min(m, 8), lanes)):
+            if n % nr == 0:
+                out.append((f"panel-packed tile mr={mr} nr={nr}",
+                            functools.partial(dense_candidate, m, n, k, mr, nr, "nm", True)))
+    return out
+
+
+def torch_dense_calls(data: np.ndarray, weight: np.ndarray) -> dict[str, Callable[[], object]]:
+    """PyTorch's two layouts of C = A Bᵀ: ``F.linear`` on the [N, K] weight, and ``matmul`` on
+    the weight stored transposed ([K, N], converted beforehand)."""
+    import torch
+
+    t_data, t_weight = torch.from_numpy(data), torch.from_numpy(weight)
+    t_weight_t = t_weight.t().contiguous()
+    out = torch.empty((data.shape[0], weight.shape[0]))
+    return {"torch linear": functools.partial(torch.nn.functional.linear, t_data, t_weight),
+            "torch matmul Bt": functools.partial(torch.matmul, t_data, t_weight_t, out=out)}
+
+
 def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str]], samples: int,
-                template_configs: int = 0) -> float:
-    """Median NumPy time / median Lorien time for C = A Bᵀ (M x N x K). Lorien's kernel is the
-    best of the hand-written register tiles (``grid``) and, with ``template_configs``, as many
-    random configs of each autotvm dense template (dense_pack.x86, dense_nopack.x86)."""
+                template_configs: int = 0, with_torch: bool = False, extra: list | None = None) -> dict[str, float]:
+    """Ratios for C = A Bᵀ (M x N x K): ``numpy`` (median NumPy time / median Lorien time), with
+    ``with_torch`` also ``torch`` (PyTorch's faster layout), and ``gflops`` (Lorien's median).
+    Lorien's kernel is the best of the hand-written register tiles (``grid``), ``extra``
+    (label, builder) candidates and, with ``template_configs``, as many random configs of each
+    autotvm dense template (dense_pack.x86, dense_nopack.x86)."""
     rng = np.random.default_rng(0)
-    data = rng.uniform(-1, 1, (m, k)).astype("float32")
-    weight = rng.uniform(-1, 1, (n, k)).astype("float32")
+    data = aligned_copy(rng.uniform(-1, 1, (m, k)).astype("float32"))
+    weight = aligned_copy(rng.uniform(-1, 1, (n, k)).astype("float32"))
     expected = reference.dense(data, weight)
     flop = 2.0 * m * n * k
     candidates = [((mr, nr, order), functools.partial(dense_candidate, m, n, k, mr, nr, order))
                   for mr, nr, order in grid]
+    candidates += list(extra or [])
     for task_name in ("dense_pack.x86", "dense_nopack.x86") if template_configs else ():
         candidates += template_candidates(task_name, m, n, k, template_configs)
     screened = []
     for label, make in candidates:
         s, args = make()
         kernel = build(s, args)
-        out = np.zeros((m, n), "float32")
+        out = aligned_zeros((m, n), "float32")
         kernel(data, weight, out)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
         screened.append((native_best_s(kernel, [data, weight, out]), label, kernel))
     _, config, kernel = min(screened, key=lambda item: item[0])
-    ours, theirs = np.zeros((m, n), "float32"), np.zeros((m, n), "float32")
-    times = paired_samples({"lorien": functools.partial(kernel, data, weight, ours),
-                            "numpy": functools.partial(np.matmul, data, weight.T, out=theirs)}, samples)
+    ours, theirs = aligned_zeros((m, n), "float32"), aligned_zeros((m, n), "float32")
+    calls = {"lorien": functools.partial(kernel, data, weight, ours),
+             "numpy": functools.partial(np.matmul, data, weight.T, out=theirs)}
+    if with_torch:
+        calls.update(torch_dense_calls(data, weight))
+    times = paired_samples(calls, samples)
     np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-3)
-    ratio = statistics.median(times["numpy"]) / statistics.median(times["lorien"])
-    print(f"dense {m}x{n}x{k}: {describe('lorien', times['lorien'], flop)} {config}; "
-          f"{describe('numpy', times['numpy'], flop)}; ratio {ratio:.2f} "
-          f"(min ratio {min(times['numpy']) / min(times['lorien']):.2f})")
-    return ratio
+    lorien_s = statistics.median(times["lorien"])
+    result = {"numpy": statistics.median(times["numpy"]) / lorien_s, "gflops": flop / lorien_s / 1e9}
+    line = (f"dense {m}x{n}x{k}: {describe('lorien', times['lorien'], flop)} {config}; "
+            f"{describe('numpy', times['numpy'], flop)}; ratio {result['numpy']:.2f} "
+            f"(min ratio {min(times['numpy']) / min(times['lorien']):.2f})")
+    if with_torch:
+        best = min((name for name in calls if name.startswith("torch")), key=lambda name: statistics.median(times[name]))
+        result["torch"] = statistics.median(times[best]) / lorien_s
+        line += f"; {describe(best, times[best], flop)}; vs torch {result['torch']:.2f}"
+    print(line)
+    return result
 
 
 # ---- conv2d ---------------------------------------------------------------------------------
@@ -197,48 +280,64 @@ def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, i
     return pack, build(s, [y, plain])
 
 
-def conv_grid(out_size: int, quick: bool) -> list[tuple[int, int, int, bool, int]]:
+def channel_block(channels: int) -> int:
+    """The packed channel block: the vector width when it divides ``channels``, else the widest
+    power of two that does."""
     lanes = vector_lanes()
+    return next(bn for bn in (lanes, 16, 8, 4, 2, 1) if bn <= lanes and channels % bn == 0)
+
+
+def conv_grid(out_size: int, quick: bool, channels: int = 64, out_channels: int = 64,
+              kernel: int = 3) -> list[tuple[int, int, int, bool, int]]:
+    ic_bn, oc_bn = channel_block(channels), channel_block(out_channels)
     tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
     tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
-    unroll = (True,) if quick else (True, False)
-    grid = [(lanes, lanes, t, kw, 1) for t in tiles for kw in unroll]
+    unroll = (True,) if quick or kernel == 1 else (True, False)
+    grid = [(ic_bn, oc_bn, t, kw, 1) for t in tiles for kw in unroll]
     if not quick:  # two vectors of output channels, or two output rows, per register tile
-        grid += [(lanes, 2 * lanes, t, kw, 1) for t in tiles if t <= 14 for kw in unroll]
+        if oc_bn == vector_lanes() and out_channels % (2 * oc_bn) == 0:
+            grid += [(ic_bn, 2 * oc_bn, t, kw, 1) for t in tiles if t <= 14 for kw in unroll]
         if out_size % 2 == 0:
-            grid += [(lanes, lanes, t, kw, 2) for t in tiles if t <= 8 for kw in unroll]
+            grid += [(ic_bn, oc_bn, t, kw, 2) for t in tiles if t <= 8 for kw in unroll]
     return grid
 
 
+def torch_best(times: dict[str, list[float]]) -> str:
+    return min((name for name in times if name.startswith("torch")), key=lambda name: statistics.median(times[name]))
+
+
 def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, quick: bool,
-                     samples: int) -> tuple[float, float]:
-    """(kernel-only ratio, end-to-end ratio) of one 3x3 layer against PyTorch's faster layout."""
+                     samples: int, kernel_size: int = 3) -> tuple[float, float]:
+    """(kernel-only ratio, end-to-end ratio) of one conv layer (3x3 pad 1 or 1x1 pad 0)
+    against PyTorch's faster layout."""
     import torch
 
-    out_size = (size + 2 - 3) // stride + 1
+    pad = kernel_size // 2
+    out_size = (size + 2 * pad - kernel_size) // stride + 1
     rng = np.random.default_rng(0)
     data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
-    weight = rng.uniform(-1, 1, (out_channels, channels, 3, 3)).astype("float32")
+    weight = rng.uniform(-1, 1, (out_channels, channels, kernel_size, kernel_size)).astype("float32")
     t_data, t_weight = torch.from_numpy(data), torch.from_numpy(weight)
     t_data_cl = t_data.contiguous(memory_format=torch.channels_last)
     t_weight_cl = t_weight.contiguous(memory_format=torch.channels_last)
     conv = torch.nn.functional.conv2d
-    expected = conv(t_data, t_weight, stride=stride, padding=1).numpy()
-    flop = 2.0 * out_channels * out_size * out_size * channels * 9
+    expected = conv(t_data, t_weight, stride=stride, padding=pad).numpy()
+    flop = 2.0 * out_channels * out_size * out_size * channels * kernel_size * kernel_size
     screened = []
-    for ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh in conv_grid(out_size, quick):
+    for ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh in conv_grid(out_size, quick, channels, out_channels, kernel_size):
         s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw,
-                                         tile_oh=tile_oh)
+                                         kernel=kernel_size, pad=pad, tile_oh=tile_oh)
         kernel = build(s, args)
-        packed = [reference.pack_nchwc(data, ic_bn), reference.pack_kernel_oihwio(weight, ic_bn, oc_bn)]
-        out = np.zeros(args[-1].shape, "float32")
+        packed = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
+                  aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
+        out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
         screened.append((native_best_s(kernel, [*packed, out]), (ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh),
                          kernel, packed, out))
     _, config, kernel, (packed_data, packed_weight), packed_out = min(screened, key=lambda item: item[0])
     pack, unpack = layout_kernels(channels, size, out_channels, out_size, config[0], config[1])
-    plain_out = np.zeros((1, out_channels, out_size, out_size), "float32")
+    plain_out = aligned_zeros((1, out_channels, out_size, out_size), "float32")
 
     def end_to_end() -> None:
         pack(data, packed_data)
@@ -251,27 +350,268 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
         times = paired_samples({
             "lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
             "lorien e2e": end_to_end,
-            "torch NCHW": functools.partial(conv, t_data, t_weight, stride=stride, padding=1),
-            "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl, stride=stride, padding=1),
+            "torch NCHW": functools.partial(conv, t_data, t_weight, stride=stride, padding=pad),
+            "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl, stride=stride, padding=pad),
         }, samples)
-    torch_layout = min(("torch NCHW", "torch channels_last"), key=lambda name: statistics.median(times[name]))
+    torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
     kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
     e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
-    print(f"conv3x3 {channels}x{size}x{size}->{out_channels} s{stride} (ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)="
+    print(f"conv{kernel_size}x{kernel_size} {channels}x{size}x{size}->{out_channels} s{stride} "
+          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)="
           f"{config}: kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
     for name, seconds in times.items():
         print(f"    {describe(name, seconds, flop)}")
     return kernel_ratio, e2e_ratio
 
 
-def bench_conv(layers, quick: bool, samples: int) -> tuple[list[float], list[float]]:
+def bench_conv(layers, quick: bool, samples: int, kernel_size: int = 3) -> tuple[list[float], list[float]]:
     import torch
 
     torch.set_num_threads(runtime.num_threads())
-    print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads")
-    results = [bench_conv_layer(*layer, quick, samples) for layer in layers]
+    results = [bench_conv_layer(*layer, quick, samples, kernel_size) for layer in layers]
     return [kernel for kernel, _ in results], [e2e for _, e2e in results]
+
+
+def depthwise_grid(out_size: int, quick: bool) -> list[tuple[int, int, bool]]:
+    tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
+    tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 3]
+    grid = [(t, 1, False) for t in tiles]
+    if not quick:
+        grid += [(t, 2, False) for t in tiles if out_size % 2 == 0 and t <= 8] + [(tiles[0], 1, True)]
+    return grid
+
+
+def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, samples: int) -> tuple[float, float]:
+    """(kernel-only ratio, end-to-end ratio) of one 3x3 depthwise layer (pad 1) against
+    PyTorch's faster layout (``F.conv2d(groups=C)``, NCHW or channels_last)."""
+    import torch
+
+    out_size = (size + 2 - 3) // stride + 1
+    rng = np.random.default_rng(0)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (channels, 1, 3, 3)).astype("float32")
+    t_data, t_weight = torch.from_numpy(data), torch.from_numpy(weight)
+    t_data_cl = t_data.contiguous(memory_format=torch.channels_last)
+    t_weight_cl = t_weight.contiguous(memory_format=torch.channels_last)
+    conv = functools.partial(torch.nn.functional.conv2d, stride=stride, padding=1, groups=channels)
+    expected = conv(t_data, t_weight).numpy()
+    flop = 2.0 * channels * out_size * out_size * 9
+    bn = channel_block(channels)
+    packed = [aligned_copy(reference.pack_nchwc(data, bn)), aligned_copy(reference.pack_depthwise_kernel(weight, bn))]
+    screened = []
+    for tile_ow, tile_oh, pad_inline in depthwise_grid(out_size, quick):
+        s, args = depthwise_NCHWc_candidate(channels, size, stride, bn, tile_ow, tile_oh, pad_inline=pad_inline)
+        kernel = build(s, args)
+        out = aligned_zeros(args[-1].shape, "float32")
+        kernel(*packed, out)
+        np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-4, atol=1e-4)
+        screened.append((native_best_s(kernel, [*packed, out]), (bn, tile_ow, tile_oh, pad_inline), kernel, out))
+    _, config, kernel, packed_out = min(screened, key=lambda item: item[0])
+    pack, unpack = layout_kernels(channels, size, channels, out_size, bn, bn)
+    plain_out = aligned_zeros((1, channels, out_size, out_size), "float32")
+
+    def end_to_end() -> None:
+        pack(data, packed[0])
+        kernel(*packed, packed_out)
+        unpack(packed_out, plain_out)
+
+    end_to_end()
+    np.testing.assert_allclose(plain_out, expected, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        times = paired_samples({
+            "lorien kernel": functools.partial(kernel, *packed, packed_out),
+            "lorien e2e": end_to_end,
+            "torch NCHW": functools.partial(conv, t_data, t_weight),
+            "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl),
+        }, samples)
+    torch_layout = torch_best(times)
+    torch_s = statistics.median(times[torch_layout])
+    kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
+    e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
+    print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}: "
+          f"kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
+    for name, seconds in times.items():
+        print(f"    {describe(name, seconds, flop)}")
+    return kernel_ratio, e2e_ratio
+
+
+def bmm_candidates(b: int, m: int, n: int, k: int, count: int) -> list[tuple[str, object]]:
+    from dialects.autotvm.templates import instantiate
+
+    task = instantiate("batch_matmul.x86", [["TENSOR", [b, m, k], "float32"], ["TENSOR", [b, n, k], "float32"], None])
+    lanes = vector_lanes()
+    # register tiles that fit: 4-8 rows x 1-4 vectors of columns (the template's tile_y[-1] x
+    # tile_x[-1]), then random configs
+    tiles = [i for i in range(len(task.space)) if len(task.space) <= 50000
+             and task.config(i)["tile_y"].size[-1] in (4, 6, 8)
+             and task.config(i)["tile_x"].size[-1] in (lanes, 2 * lanes, 4 * lanes)
+             and task.config(i)["tile_y"].size[-1] * task.config(i)["tile_x"].size[-1] <= 24 * lanes]
+    rng = np.random.default_rng(0)
+    picks = list(rng.choice(tiles, size=min(count // 2, len(tiles)), replace=False)) if tiles else []
+    others = [i for i in range(len(task.space)) if i not in set(picks)]
+    picks += list(rng.choice(others, size=min(count - len(picks), len(others)), replace=False))
+    return [(f"batch_matmul.x86 #{index}", functools.partial(task.instantiate, task.config(int(index))))
+            for index in picks]
+
+
+def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> float:
+    """Median PyTorch time (faster of ``bmm`` on y transposed as a view and on y stored [B, K, N])
+    / median Lorien time for out = x yᵀ; Lorien's kernel is the best of ``configs`` random
+    configs of the autotvm batch_matmul.x86 template."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = aligned_copy(rng.uniform(-1, 1, (b, m, k)).astype("float32"))
+    y = aligned_copy(rng.uniform(-1, 1, (b, n, k)).astype("float32"))
+    expected = reference.batch_matmul(x, y)
+    flop = 2.0 * b * m * n * k
+    screened = []
+    for label, make in bmm_candidates(b, m, n, k, configs):
+        s, args = make()
+        kernel = build(s, args)
+        out = aligned_zeros((b, m, n), "float32")
+        kernel(x, y, out)
+        np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
+        screened.append((native_best_s(kernel, [x, y, out]), label, kernel, out))
+    _, config, kernel, out = min(screened, key=lambda item: item[0])
+    t_x, t_y = torch.from_numpy(x), torch.from_numpy(y)
+    t_yt = t_y.transpose(1, 2).contiguous()
+    t_out = torch.empty((b, m, n))
+    times = paired_samples({"lorien": functools.partial(kernel, x, y, out),
+                            "torch bmm y.T view": functools.partial(torch.bmm, t_x, t_y.transpose(1, 2), out=t_out),
+                            "torch bmm yT stored": functools.partial(torch.bmm, t_x, t_yt, out=t_out)}, samples)
+    np.testing.assert_allclose(out, t_out.numpy(), rtol=1e-3, atol=1e-3)
+    best = torch_best(times)
+    ratio = statistics.median(times[best]) / statistics.median(times["lorien"])
+    print(f"batch_matmul {b}x{m}x{n}x{k} {config}: {ratio:.2f}x against {best}")
+    for name, seconds in times.items():
+        print(f"    {describe(name, seconds, flop)}")
+    return ratio
+
+
+# ---- the host's peak ------------------------------------------------------------------------
+
+CLOCK_IR = r"""
+define i64 @lorien_bench_clock(i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %x = phi i64 [ 0, %entry ], [ %y, %loop ]
+  %y = call i64 asm sideeffect ".rept 200\0AADD\0A.endr", "=r,0"(i64 %x)
+  %next = add i64 %i, 1
+  %more = icmp slt i64 %next, %n
+  br i1 %more, label %loop, label %exit
+exit:
+  ret i64 %y
+}
+"""
+#: One dependent integer add (1 cycle of latency on every x86-64 and AArch64 core).
+CLOCK_ADD = {"x86_64": "addq $$1, $0", "AMD64": "addq $$1, $0", "aarch64": "add $0, $0, #1"}
+
+
+def measure_clock_hz() -> float:
+    """The core clock while busy: the fastest of many short runs (~1 ms) of a chain of dependent
+    integer adds, one cycle each; short runs so that one of them fits between the scheduler's
+    preemptions on a shared machine. nan on an architecture not in CLOCK_ADD."""
+    import platform
+
+    import llvmlite.binding as llvm
+
+    from lorien.engine.codegen import llvm as llvm_codegen
+
+    add = CLOCK_ADD.get(platform.machine())
+    if add is None:
+        return NAN
+    llvm.initialize_native_asmparser()
+    address = llvm_codegen.compile_ir(CLOCK_IR.replace("ADD", add), "lorien_bench_clock")
+    chain = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(address)
+    iterations = 5000
+    chain(iterations)
+    best = math.inf
+    for _ in range(301):
+        start = time.perf_counter()
+        chain(iterations)
+        best = min(best, time.perf_counter() - start)
+    return 200 * iterations / best
+
+
+def fma_ir(lanes: int, chains: int = 12) -> str:
+    vec = f"<{lanes} x float>"
+    lines = [f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})",
+             "define float @lorien_bench_fma(i64 %n, float %s) {", "entry:",
+             f"  %one = insertelement {vec} undef, float %s, i32 0",
+             f"  %b = shufflevector {vec} %one, {vec} undef, <{lanes} x i32> zeroinitializer",
+             "  br label %loop", "loop:", "  %i = phi i64 [ 0, %entry ], [ %next, %loop ]"]
+    lines += [f"  %a{c} = phi {vec} [ %b, %entry ], [ %f{c}, %loop ]" for c in range(chains)]
+    lines += [f"  %f{c} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{c}, {vec} %b, {vec} %b)" for c in range(chains)]
+    lines += ["  %next = add i64 %i, 1", "  %more = icmp slt i64 %next, %n",
+              "  br i1 %more, label %loop, label %exit", "exit:", f"  %s0 = fadd {vec} %f0, %f1"]
+    lines += [f"  %s{c - 1} = fadd {vec} %s{c - 2}, %f{c}" for c in range(2, chains)]
+    lines += [f"  %r = extractelement {vec} %s{chains - 2}, i32 0", "  ret float %r", "}"]
+    return "\n".join(lines)
+
+
+def measure_fma_flops(lanes: int) -> float:
+    """FLOP/s of one core issuing independent ``lanes``-wide FMAs (12 chains, enough to cover
+    the FMA latency), fastest of many short runs."""
+    from lorien.engine.codegen import llvm as llvm_codegen
+
+    address = llvm_codegen.compile_ir(fma_ir(lanes), "lorien_bench_fma")
+    fma = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float)(address)
+    iterations = 200000
+    fma(1000, 0.5)
+    best = math.inf
+    for _ in range(101):
+        start = time.perf_counter()
+        fma(iterations, 0.5)
+        best = min(best, time.perf_counter() - start)
+    return 12 * lanes * 2 * iterations / best
+
+
+def fma_lanes_from_flags() -> tuple[int, str]:
+    """float32 lanes of the widest FMA the CPU flags announce (/proc/cpuinfo): 16 with
+    avx512f, 8 with fma (+avx2), 4 otherwise (SSE or AArch64 NEON)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return 4, "no /proc/cpuinfo"
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith(("flags", "Features"))), [])
+    if "avx512f" in flags:
+        return 16, "avx512f"
+    if "fma" in flags and "avx2" in flags:
+        return 8, "avx2+fma"
+    return 4, "no avx2/avx512f"
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def host_peak(threads: int) -> dict[str, float]:
+    """The host's peak float32 FLOP/s: ``threads`` cores x measured clock x FMA lanes (from the
+    flags) x 2 FLOP per FMA x 2 FMA units; and the FMA throughput actually measured on one core
+    (x ``threads``), which is lower where wide FMAs issue over narrower units (znver4 runs a
+    512-bit FMA as two 256-bit halves)."""
+    clock = measure_clock_hz()
+    lanes, why = fma_lanes_from_flags()
+    formula = threads * clock * lanes * 2 * 2
+    measured = threads * measure_fma_flops(lanes)
+    print(f"peak: {cpu_model_name()}, clock {clock / 1e9:.2f} GHz (measured: dependent adds), FMA {lanes} lanes "
+          f"({why}); {threads} cores x clock x {lanes} lanes x 2 FLOP x 2 FMA units = {formula / 1e9:.0f} GFLOPS; "
+          f"measured FMA throughput {measured / 1e9:.0f} GFLOPS ({measured / threads / clock / lanes / 2:.2f} "
+          f"{lanes}-lane FMAs per cycle per core)")
+    return {"clock_hz": clock, "formula": formula, "measured": measured}
 
 
 # ---- tuning throughput ----------------------------------------------------------------------
@@ -453,7 +793,7 @@ def runtime_child(quick: bool) -> None:
     """--runtime-child: warm launch overhead and dense 512 on this process's runtime, then JSON."""
     limiter = pin_blas_threads(runtime.num_threads())
     launch_us, _ = bench_launch(rounds=5)
-    dense512 = bench_dense(512, 512, 512, dense_grid(quick), 30 if quick else 120)
+    dense512 = bench_dense(512, 512, 512, dense_grid(quick), 30 if quick else 120)["numpy"]
     limiter.restore_original_limits()
     print(json.dumps({"runtime": runtime.backend(), "launch_us": launch_us, "dense512": dense512}))
 
@@ -464,7 +804,10 @@ def geomean(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples, 2 conv layers, 8 trials")
+    parser.add_argument("--quick", action="store_true", help="fewer samples, layers and trials")
+    parser.add_argument("--layers-only", action="store_true",
+                        help="only the layer classes against PyTorch/NumPy and the launch (no tuning throughput, "
+                             "no C runtime child)")
     parser.add_argument("--runtime-child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     quick = opts.quick
@@ -472,33 +815,83 @@ def main() -> None:
         runtime_child(quick)
         return
     threads = runtime.num_threads()
-    print(f"host: {os.cpu_count()} CPUs, {threads} kernel threads ({runtime.backend()} runtime), "
+    print(f"host: {cpu_model_name()}, {os.cpu_count()} CPUs, {threads} kernel threads ({runtime.backend()} runtime), "
           f"load average {os.getloadavg()[0]:.1f}")
+    have_torch = importlib.util.find_spec("torch") is not None
+    if have_torch:
+        import torch
+
+        torch.set_num_threads(threads)
+        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads")
+    else:
+        print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
+    peak = host_peak(threads)
     launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40)
     omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40)
-    dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), 30 if quick else 150,
-                                template_configs=8 if quick else 32)
+    dense_samples = 30 if quick else 150
+    dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), dense_samples,
+                                template_configs=8 if quick else 32,
+                                extra=dense_skinny_candidates(*shape, quick) if shape[0] < 64 else None)
              for shape in DENSE_SHAPES}
-    launch_c, dense512_c = bench_other_runtime("c", quick)
-    if importlib.util.find_spec("torch") is None:
-        print("conv2d vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
-        kernel_ratios, e2e_ratios = [NAN], [NAN]
-    else:
+    layer_samples = 20 if quick else 40
+    m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
+                      template_configs=8 if quick else 24, with_torch=have_torch,
+                      extra=dense_skinny_candidates(*shape, quick))
+          for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)]
+    small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
+                           template_configs=8 if quick else 24, with_torch=have_torch,
+                           extra=dense_skinny_candidates(*shape, quick))
+               for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)]
+    launch_c, dense512_c = (NAN, NAN) if opts.layers_only else bench_other_runtime("c", quick)
+    nan_pair = ([NAN], [NAN])
+    if have_torch:
         kernel_ratios, e2e_ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick,
                                                20 if quick else 60)
+        conv1x1 = bench_conv(RESNET18_1X1[:1] + MOBILENET_V2_POINTWISE[:1] if quick
+                             else RESNET18_1X1 + MOBILENET_V2_POINTWISE, quick, layer_samples, kernel_size=1)
+        depthwise = [bench_depthwise_layer(*layer, quick, layer_samples)
+                     for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
+        depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
+        bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24) for shape in BERT_BMM]
+    else:
+        kernel_ratios, e2e_ratios = conv1x1 = depthwise = nan_pair
+        bmm = [NAN]
     limiter.restore_original_limits()
-    trials = 8 if quick else 32
-    dense_rate, conv_rate = bench_tuner(DENSE_256_JOB, trials), bench_tuner(CONV_JOB, trials)
-    tvm_rates = bench_tvm_tuning(trials)
-    vs_tvm = geomean([dense_rate / tvm_rates["dense"], conv_rate / tvm_rates["conv"]]) if tvm_rates else NAN
+    if opts.layers_only:
+        dense_rate = conv_rate = vs_tvm = NAN
+    else:
+        trials = 8 if quick else 32
+        dense_rate, conv_rate = bench_tuner(DENSE_256_JOB, trials), bench_tuner(CONV_JOB, trials)
+        tvm_rates = bench_tvm_tuning(trials)
+        vs_tvm = geomean([dense_rate / tvm_rates["dense"], conv_rate / tvm_rates["conv"]]) if tvm_rates else NAN
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     name = {shape: "dense" + ("x".join(map(str, shape)) if len(set(shape)) > 1 else str(shape[0]))
             for shape in DENSE_SHAPES}
-    print(" ".join(f"{name[shape]}_vs_numpy={ratio:.2f}" for shape, ratio in dense.items())
-          + f" conv3x3_kernel_vs_torch_geomean={geomean(kernel_ratios):.2f}"
+    classes = {"dense_m1": geomean([r.get("torch", NAN) for r in m1]),
+               "dense_small_m": geomean([r.get("torch", NAN) for r in small_m]),
+               "conv3x3": geomean(kernel_ratios), "conv1x1": geomean(conv1x1[0]),
+               "depthwise": geomean(depthwise[0]), "bmm": geomean(bmm)}
+    print("layer classes vs PyTorch (geomean per class): "
+          + ", ".join(f"{key} {value:.2f}" for key, value in classes.items()))
+    print(" ".join(f"{name[shape]}_vs_numpy={ratio['numpy']:.2f}" for shape, ratio in dense.items())
+          + f" dense_m1_vs_numpy_min={min(r['numpy'] for r in m1):.2f}"
+          f" dense_m1_vs_numpy_geomean={geomean([r['numpy'] for r in m1]):.2f}"
+          f" dense_small_m_vs_numpy_min={min(r['numpy'] for r in small_m):.2f}"
+          f" dense_m1_vs_torch_geomean={classes['dense_m1']:.2f}"
+          f" dense_small_m_vs_torch_geomean={classes['dense_small_m']:.2f}"
+          f" conv1x1_vs_torch_geomean={geomean(conv1x1[0]):.2f} conv1x1_vs_torch_min={min(conv1x1[0]):.2f}"
+          f" conv1x1_e2e_vs_torch_geomean={geomean(conv1x1[1]):.2f}"
+          f" depthwise_vs_torch_geomean={geomean(depthwise[0]):.2f} depthwise_vs_torch_min={min(depthwise[0]):.2f}"
+          f" depthwise_e2e_vs_torch_geomean={geomean(depthwise[1]):.2f}"
+          f" bmm_vs_torch_geomean={geomean(bmm):.2f}"
+          f" conv3x3_kernel_vs_torch_geomean={geomean(kernel_ratios):.2f}"
           f" conv3x3_kernel_vs_torch_min={min(kernel_ratios):.2f}"
           f" conv3x3_e2e_vs_torch_geomean={geomean(e2e_ratios):.2f}"
+          f" layers_vs_torch_geomean={geomean(list(classes.values())):.2f}"
+          f" dense1024_peak_fraction={dense[(1024, 1024, 1024)]['gflops'] * 1e9 / peak['formula']:.2f}"
+          f" dense1024_fma_peak_fraction={dense[(1024, 1024, 1024)]['gflops'] * 1e9 / peak['measured']:.2f}"
+          f" clock_ghz={peak['clock_hz'] / 1e9:.2f}"
           f" trials_per_s_dense={dense_rate:.2f} trials_per_s_conv={conv_rate:.2f}"
           f" trials_per_s_vs_tvm={vs_tvm:.1f}"
           f" launch_warm_us={launch_warm:.2f} launch_warm_vs_omp={omp_warm / max(launch_warm, 1e-3):.2f}"

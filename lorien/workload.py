@@ -216,6 +216,9 @@ def _flop_depthwise_nhwc(args: Sequence[Any]) -> float:
 
 
 def _flop_depthwise_nchwc(args: Sequence[Any]) -> float:
+    shapes = [_tensor_shape(_arg(args, i)) for i in (0, 1)]
+    if [len(shape or ()) for shape in shapes] == [4, 4]:  # the task's NCHW data and [C, multiplier, KH, KW] kernel
+        return _flop_depthwise_nchw(args)
     data, kernel = _shapes(args, (5, 6))
     n, h, w = data[0], data[2], data[3]
     co, kh, kw = kernel[0] * kernel[5], kernel[2], kernel[3]
@@ -349,6 +352,7 @@ OPERATORS: dict[str, tuple[Callable[[Sequence[Any]], str], Callable[[Sequence[An
     "conv3d_ndhwc": (_fixed("NDHWC"), _flop_conv3d_ndhwc),
     "dense": (_NA, _flop_dense),
     "dense_nopack": (_NA, _flop_dense),
+    "dense_gemv": (_NA, _flop_dense),
     "dense_pack": (_NA, _flop_dense),
     "dense_small_batch": (_NA, _flop_dense),
     "dense_large_batch": (_NA, _flop_dense),

@@ -52,14 +52,39 @@ def test_every_sketch_of_every_listed_op_gives_programs_matching_numpy(op):
 def test_a_reduction_with_an_epilogue_is_tiled_and_fused_into_it_at_two_levels():
     descriptions = [s.description for s in _space("dense+bias+relu").sketches]
     assert descriptions == ["tile dense.acc SSRSRS, fused into dense at level 1",
-                            "tile dense.acc SSRSRS, fused into dense at level 2"]
+                            "tile dense.acc SSRSRS, fused into dense at level 2",
+                            "rfactor dense.acc (GEMV: the reduction split, factored and vectorized)"]  # M = 4
 
 
 def test_a_reduction_without_an_epilogue_gets_a_cache_write_sketch_and_a_plain_one():
     descriptions = [s.description for s in _space("dense").sketches]
     assert descriptions == ["cache write dense; tile dense.local SSRSRS, fused into dense at level 1",
                             "cache write dense; tile dense.local SSRSRS, fused into dense at level 2",
-                            "tile dense SSRSRS"]
+                            "tile dense SSRSRS",
+                            "rfactor dense (GEMV: the reduction split, factored and vectorized)"]
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_dense_at_few_rows_gets_the_rfactor_sketch_whose_programs_match_numpy(m):
+    key = workload_registry.make_workload_key("dense_layer", [m, 40, 48, True, False, F32])
+    space = SketchSpace(workload_registry.workload_dag(key))
+    sketch_id = next(i for i, s in enumerate(space.sketches) if s.description.startswith("rfactor"))
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        positions = [int(rng.integers(dim)) for dim in space.dims]
+        positions[0] = sketch_id
+        steps = space.get(space.index_of_knobs(positions))
+        assert any(step[0] == "RF" for step in steps)          # the record names the path: an RF step
+        assert _check(key, steps) < 1e-3
+    sampled = [space.get(space.sample(rng)) for _ in range(40)]
+    rf_steps = [next(st for st in steps if st[0] == "SP" and st[2] == 2) for steps in sampled
+                if any(st[0] == "RF" for st in steps)]
+    assert rf_steps and all(st[4][0] % 8 == 0 for st in rf_steps)  # the sampler keeps whole vectors of K
+
+
+def test_dense_with_many_rows_has_no_rfactor_sketch():
+    key = workload_registry.make_workload_key("dense_layer", [16, 32, 16, False, False, F32])
+    assert not any(s.description.startswith("rfactor") for s in SketchSpace(workload_registry.workload_dag(key)).sketches)
 
 
 def test_tvm_tutorial_conv2d_sketch_inlines_padding_and_bias_add_and_fuses_into_relu():

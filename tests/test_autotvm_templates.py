@@ -14,11 +14,14 @@ T = "TENSOR"
 SMALL_WORKLOADS = {
     "dense_pack.x86": [[T, [16, 24], "float32"], [T, [32, 24], "float32"], None, "float32"],
     "dense_nopack.x86": [[T, [12, 16], "float32"], [T, [20, 16], "float32"], [T, [20], "float32"], "float32"],
+    "dense_gemv.x86": [[T, [1, 48], "float32"], [T, [20, 48], "float32"], [T, [20], "float32"], "float32"],
     "batch_matmul.x86": [[T, [2, 8, 16], "float32"], [T, [2, 12, 16], "float32"], None],
     "conv2d_nchw.x86": [[T, [1, 4, 9, 9], "float32"], [T, [8, 4, 3, 3], "float32"], [2, 2], [1, 1, 1, 1], [1, 1], "float32"],
     "conv2d_nhwc.x86": [[T, [1, 8, 8, 4], "float32"], [T, [3, 3, 4, 8], "float32"], [1, 1], [1, 1, 1, 1], [1, 1], "float32"],
     "depthwise_conv2d_nchw.x86": [[T, [1, 4, 8, 8], "float32"], [T, [4, 2, 3, 3], "float32"], [1, 1], [1, 1, 1, 1],
                                   [1, 1], "float32"],
+    "depthwise_conv2d_NCHWc.x86": [[T, [1, 16, 9, 9], "float32"], [T, [16, 1, 3, 3], "float32"], [2, 2],
+                                   [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"],
     "conv2d_NCHWc.x86": [[T, [1, 8, 8, 8], "float32"], [T, [16, 8, 3, 3], "float32"], [1, 1], [1, 1, 1, 1], [1, 1],
                          "NCHW", "NCHW", "float32"],
 }
@@ -112,3 +115,32 @@ def test_vector_tiles_wider_than_the_registers_are_split_and_still_correct():
                                            ["tile_k", "sp", [-1, 4]]])
     output, expected = run_config(dense, config.index, rng)
     np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, k", [(1, 64), (3, 40), (1, 12)])  # 12: no whole 8-lane vector divides K
+def test_dense_gemv_factors_the_reduction_and_matches_numpy_on_every_config(m, k):
+    task = instantiate("dense_gemv.x86", [[T, [m, k], "float32"], [T, [24, k], "float32"], None, "float32"])
+    assert list(task.space.space_map) == ["tile_x", "tile_k", "unroll_sum"]   # the records name the GEMV path
+    rng = np.random.default_rng(2)
+    for index in range(len(task.space)):
+        schedule, _ = task.instantiate(task.config(index))
+        assert any(step["kind"] == "rfactor" for step in schedule.steps)
+        output, expected = run_config(task, index, rng)
+        np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")
+
+
+@pytest.mark.parametrize("data, kernel, stride", [([1, 16, 8, 8], [16, 1, 3, 3], 1), ([1, 8, 7, 7], [8, 2, 3, 3], 2)])
+def test_depthwise_nchwc_matches_numpy_with_equal_and_unequal_channel_blocks(data, kernel, stride):
+    task = instantiate("depthwise_conv2d_NCHWc.x86", [[T, data, "float32"], [T, kernel, "float32"], [stride, stride],
+                                                      [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"])
+    assert list(task.space.space_map) == ["tile_ic", "tile_oc", "tile_ow", "unroll_kw"]
+    rng = np.random.default_rng(5)
+    blocks = {}
+    for index in range(len(task.space)):
+        config = task.config(index)
+        key = (config["tile_ic"].size[-1] == config["tile_oc"].size[-1], config["unroll_kw"].val)
+        blocks.setdefault(key, index)
+    assert len(blocks) == 4
+    for index in blocks.values():
+        output, expected = run_config(task, index, rng)
+        np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4, err_msg=f"config {index}")

@@ -50,6 +50,10 @@ AUTO_UNROLL_STEPS = (0, 16, 64, 512)
 #: Iterations per core the fused parallel loop should reach (infinite: fuse every outer loop).
 PARALLEL_CHUNKS = (1, 4, 16, math.inf)
 MAX_VECTOR_LANES = 64
+#: The rfactor (GEMV) sketch is added for reductions with at most this many output rows
+#: besides the last axis, over at least GEMV_MIN_REDUCE elements.
+GEMV_MAX_ROWS = 4
+GEMV_MIN_REDUCE = 16
 #: Where a stage of open compute location goes: inlined, at the root, or computed at the end
 #: of a tiling level of its reader (S0, S1 or R0 of ``SSRSRS``).
 LOCATIONS = ("inline", "root", "S0", "S1", "R0")
@@ -66,6 +70,9 @@ class Sketch:
     tiled_stages: list[str] = field(default_factory=list)
     #: Stages (by id) whose compute location the completion chooses (see :data:`LOCATIONS`).
     located: list[int] = field(default_factory=list)
+    #: Tiling split steps whose inner length becomes a vectorized loop (the rfactor sketch's
+    #: reduction split), beside the last spatial split of a tiled stage.
+    vector_splits: list[int] = field(default_factory=list)
 
 
 def _filled(steps: Sequence[Sequence[Any]]) -> list[list[Any]]:
@@ -183,6 +190,8 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
         elif _inlinable(state, stage):
             frontier.append((_extend(sketch, [["CI", index]], f"inline {name}"), index - 1))
         elif needs_multi_level_tiling(stage.op):
+            if _gemv_like(stage) and not stage.name.endswith(".local"):  # not again on its cache-write copy
+                frontier.append((_rfactor_sketch(state, sketch, index), index - 1))
             frontier.extend(reversed(_tiling_sketches(state, sketch, index)))
         else:
             frontier.append((sketch, index - 1))
@@ -190,10 +199,50 @@ def generate_sketches(dag: ComputeDAG) -> list[Sketch]:
 
 
 def _extend(sketch: Sketch, steps: list[list[Any]], what: str, tile_steps: Sequence[int] = (),
-            tiled: Sequence[str] = (), located: Sequence[int] = ()) -> Sketch:
+            tiled: Sequence[str] = (), located: Sequence[int] = (), vector_splits: Sequence[int] = ()) -> Sketch:
     return Sketch(sketch.steps + steps, f"{sketch.description}; {what}",
                   sketch.tile_steps + list(tile_steps), sketch.tiled_stages + list(tiled),
-                  sketch.located + list(located))
+                  sketch.located + list(located), sketch.vector_splits + list(vector_splits))
+
+
+def _gemv_like(stage: Stage) -> bool:
+    """A reduction over one axis of at least :data:`GEMV_MIN_REDUCE` whose output has at most
+    :data:`GEMV_MAX_ROWS` rows besides its last axis (dense or batch_matmul at M = 1..4): little
+    to reuse across rows, so the reduction itself is what vectorizes."""
+    if len(stage.op.reduce_axis) != 1 or stage.op.reduce_axis[0].extent < GEMV_MIN_REDUCE or not stage.op.axis:
+        return False
+    return math.prod(iv.extent for iv in stage.op.axis[:-1]) <= GEMV_MAX_ROWS
+
+
+def _rfactor_sketch(state: LoopState, sketch: Sketch, index: int) -> Sketch:
+    """The GEMV sketch (Ansor's rfactor rule, for vectorization): the reduction split ``ko x
+    ki`` and factored on ``ki`` (RF), so a stage ``<name>.rf`` accumulates ``ki`` lanes over
+    ``ko``; the stage itself (one horizontal sum of ``ki`` per output) is split on its last
+    axis, ``rf`` computed at the outer part (a block of outputs at once, all rows), whose loop
+    is the parallel one; the rows and outputs around the vector of lanes are unrolled (the
+    accumulators stay in registers), and so are the sums of the lanes. Split lengths open:
+    ``ki`` (vectorized) and the block of outputs."""
+    stage = state.schedule[state.names[index]]
+    n_spatial = len(stage.op.axis)
+    offset = len(sketch.steps)
+    reduce_iter = n_spatial
+    last = n_spatial - 1
+    steps: list[list[Any]] = [
+        ["SP", index, reduce_iter, stage.op.reduce_axis[0].extent, [None], 1],   # k -> ko, ki
+        ["RF", index, reduce_iter + 1, n_spatial],                                # rf: [..spatial, ki] over ko
+        # the stage is now index + 1: spatial axes, then ki.v (reduce); split the last spatial axis
+        ["SP", index + 1, last, stage.op.axis[-1].extent, [None], 1],
+        ["RE", index + 1, [last, *range(last), last + 1, last + 2]],                # block, rows, inner, ki.v
+        ["CA", index, index + 1, 0],
+        ["RE", index, [n_spatial + 1, *range(n_spatial + 1)]],                    # ko, rows, outputs, ki
+        # the accumulators stay in registers: rows and outputs unrolled around the vector of
+        # lanes; the sums of the lanes unrolled too
+        *(["AN", index, position, 1] for position in range(1, n_spatial + 1)),
+        ["AN", index + 1, n_spatial, 1],
+        ["AN", index + 1, n_spatial + 1, 1],
+    ]
+    return _extend(sketch, steps, f"rfactor {stage.name} (GEMV: the reduction split, factored and vectorized)",
+                   [offset, offset + 2], [f"{stage.name}.rf", stage.name], vector_splits=[offset])
 
 
 def _tiling_sketches(state: LoopState, sketch: Sketch, index: int) -> list[tuple[Sketch, int]]:

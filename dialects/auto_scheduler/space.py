@@ -101,7 +101,11 @@ class SketchSpace(MixedRadixSpace):
         for sketch_id, (sketch, state) in enumerate(zip(self.sketches, states, strict=True)):
             for knob, step_index in zip(self._tile_of[sketch_id], sketch.tile_steps, strict=True):
                 step = sketch.steps[step_index]
-                if step[2] == SPATIAL_LEVELS * (len(state.stage(step[1]).op.axis) - 1):
+                if step_index in sketch.vector_splits:  # the rfactor sketch's reduction split: whole vectors
+                    entities = self.tiles[knob].entities
+                    lanes = max((f for f in divisors(step[3]) if f <= VECTOR_TILE), default=1)
+                    self._prior[knob] = [i for i, e in enumerate(entities) if e[-1] % lanes == 0]
+                elif step[2] == SPATIAL_LEVELS * (len(state.stage(step[1]).op.axis) - 1):
                     entities = self.tiles[knob].entities
                     lanes = max((f for f in divisors(step[3]) if f <= VECTOR_TILE), default=1)
                     self._prior[knob] = [i for i, e in enumerate(entities) if e[-1] >= lanes]

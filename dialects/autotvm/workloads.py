@@ -69,9 +69,16 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         return templates[layout], [data, kernel, stride, padding, dilation, dtype]
     if op == "depthwise_conv2d":
         p = _take(params, op, ("C", "H", "W"), {"N": 1, "kernel": 3, "stride": 1, "padding": 0, "dilation": 1,
-                                               "multiplier": 1, "dtype": "float32"})
+                                               "multiplier": 1, "dtype": "float32", "layout": "NCHW"})
         kh, kw = _pair(p["kernel"], "kernel")
         dtype = p["dtype"]
+        if p["layout"] not in ("NCHW", "NCHWc"):
+            raise DialectError(f"depthwise_conv2d: layout must be NCHW or NCHWc, got {p['layout']!r}")
+        if p["layout"] == "NCHWc":  # packed channel blocks (tile_ic / tile_oc), TVM's task args
+            return "depthwise_conv2d_NCHWc.x86", [
+                _tensor([p["N"], p["C"], p["H"], p["W"]], dtype), _tensor([p["C"], p["multiplier"], kh, kw], dtype),
+                list(_pair(p["stride"], "stride")), _padding(p["padding"]), list(_pair(p["dilation"], "dilation")),
+                "NCHW", "NCHW", dtype]
         return SHORTHAND_TEMPLATES["depthwise_conv2d"], [
             _tensor([p["N"], p["C"], p["H"], p["W"]], dtype), _tensor([p["C"], p["multiplier"], kh, kw], dtype),
             _pair(p["stride"], "stride"), _padding(p["padding"]), _pair(p["dilation"], "dilation"), dtype]

@@ -65,6 +65,31 @@ class _Tiled:
     epilogue: str | None
     tile_knobs: list[int] = field(default_factory=list)
     cache_knob: int = -1
+    #: The rfactor (GEMV) rule, for blocks with few rows (see :func:`gemv_like`): a knob
+    #: choosing it over multi-level tiling (-1: not offered), and its two tile knobs (the
+    #: reduction split, its inner part factored and vectorized; the block of outputs).
+    rule_knob: int = -1
+    gemv_knobs: list[int] = field(default_factory=list)
+
+
+#: The rfactor rule is offered for reductions with at most this many rows besides the last
+#: axis (dense / batch_matmul at M = 1..4), over at least GEMV_MIN_REDUCE elements.
+GEMV_MAX_ROWS = 4
+GEMV_MIN_REDUCE = 16
+#: The block of outputs the rfactor rule accumulates at once is at most this long.
+GEMV_MAX_BLOCK = 16
+RULES = ("multi_level_tiling", "rfactor")
+
+
+def gemv_like(stage: Any) -> bool:
+    """One reduce axis of at least GEMV_MIN_REDUCE and at most GEMV_MAX_ROWS output rows
+    besides the last axis: little to reuse across rows; the reduction is what vectorizes."""
+    if len(stage.op.reduce_axis) != 1 or stage.op.reduce_axis[0].extent < GEMV_MIN_REDUCE or not stage.op.axis:
+        return False
+    rows = 1
+    for iv in stage.op.axis[:-1]:
+        rows *= int(iv.extent)
+    return rows <= GEMV_MAX_ROWS
 
 
 @dataclass
@@ -125,6 +150,7 @@ class TraceSpace(MixedRadixSpace):
         self.placed: list[_Placed] = []
         self.dims: list[int] = []
         self.tile_entities: list[tuple[tuple[int, ...], ...]] = []
+        self.gemv_entities: list[tuple[tuple[int, ...], ...]] = []
         epilogues: set[str] = set()
         for stage in schedule.stages:
             if not needs_multi_level_tiling(stage.op):
@@ -145,6 +171,16 @@ class TraceSpace(MixedRadixSpace):
                 self.dims.append(len(entities))
             tiled.cache_knob = len(self.dims)
             self.dims.append(3)
+            if gemv_like(stage) and epilogue is None:
+                tiled.rule_knob = len(self.dims)
+                self.dims.append(len(RULES))
+                k_extent, n_extent = int(stage.op.reduce_axis[0].extent), int(stage.op.axis[-1].extent)
+                k_tiles = tuple(factorizations(k_extent, 2, max_innermost))
+                whole = tuple(e for e in k_tiles if e[-1] % 8 == 0)   # whole vectors of K where K allows
+                for entities in (whole or k_tiles, tuple(factorizations(n_extent, 2, GEMV_MAX_BLOCK))):
+                    tiled.gemv_knobs.append(len(self.dims))
+                    self.gemv_entities.append(entities)
+                    self.dims.append(len(entities))
             self.tiled.append(tiled)
         tiled_names = {t.stage for t in self.tiled}
         for stage in schedule.stages:
@@ -168,6 +204,7 @@ class TraceSpace(MixedRadixSpace):
         self.parallel_knob = len(self.dims)
         self.dims.append(len(JOBS_PER_CORE))
         self._entity_index = [{e: i for i, e in enumerate(entities)} for entities in self.tile_entities]
+        self._gemv_index = [{e: i for i, e in enumerate(entities)} for entities in self.gemv_entities]
 
     def get(self, index: int) -> list[Any]:
         """The trace ``[instructions, decisions]`` of point ``index``."""
@@ -183,6 +220,10 @@ class TraceSpace(MixedRadixSpace):
                 tables[k] = np.log2(np.array(self.tile_entities[knob], dtype=float))
                 knob += 1
             tables[tiled.cache_knob] = np.arange(3, dtype=float).reshape(-1, 1)
+            if tiled.rule_knob >= 0:
+                tables[tiled.rule_knob] = np.arange(len(RULES), dtype=float).reshape(-1, 1)
+        for k, entities in zip((k for t in self.tiled for k in t.gemv_knobs), self.gemv_entities, strict=True):
+            tables[k] = np.log2(np.array(entities, dtype=float))
         for placed in self.placed:
             tables[placed.knob] = (np.array(placed.choices, dtype=float) / max(1, len(placed.choices))).reshape(-1, 1)
         tables[self.unroll_knob] = np.log2(1.0 + np.array(UNROLL_STEPS, dtype=float)).reshape(-1, 1)
@@ -196,10 +237,17 @@ class TraceSpace(MixedRadixSpace):
         kinds, weights = zip(*MUTATIONS, strict=True)
         kind = kinds[int(rng.choice(len(kinds), p=np.array(weights) / sum(weights)))]
         tile_knobs = [k for t in self.tiled for k in t.tile_knobs]
-        movable = [(n, k) for n, k in enumerate(tile_knobs) if self.dims[k] > 1]
+        movable = [(self.tile_entities[n], self._entity_index[n], k) for n, k in enumerate(tile_knobs)]
+        movable += [(self.gemv_entities[n], self._gemv_index[n], k)
+                    for n, k in enumerate(k for t in self.tiled for k in t.gemv_knobs)]
+        movable = [m for m in movable if self.dims[m[2]] > 1]
+        rules = [t.rule_knob for t in self.tiled if t.rule_knob >= 0]
         if kind == "tile" and movable:
-            n, k = movable[int(rng.integers(len(movable)))]
-            positions[k] = move_factor(self.tile_entities[n], self._entity_index[n], positions[k], rng)
+            entities, index_of, k = movable[int(rng.integers(len(movable)))]
+            positions[k] = move_factor(entities, index_of, positions[k], rng)
+        elif kind == "cache" and rules and rng.random() < 0.5:
+            k = rules[int(rng.integers(len(rules)))]
+            positions[k] = other_choice(positions[k], len(RULES), rng)
         elif kind == "location" and self.placed:
             placed = self.placed[int(rng.integers(len(self.placed)))]
             positions[placed.knob] = other_choice(positions[placed.knob], self.dims[placed.knob], rng)
@@ -221,8 +269,14 @@ class TraceSpace(MixedRadixSpace):
             (blocks[stage.name],) = writer.emit("GetSBlock", [], [stage.name, "main"], writer.names("b", 1))
         (root,) = writer.emit("GetSBlock", [], ["root", "main"], writer.names("b", 1))
         knob = 0
+        gemv = 0
         for tiled in self.tiled:
-            knob = self._tile(writer, blocks, tiled, positions, knob)
+            if tiled.rule_knob >= 0 and RULES[positions[tiled.rule_knob]] == "rfactor":
+                self._rfactor(writer, blocks, tiled, positions, gemv)
+                knob += len(tiled.tile_knobs)
+            else:
+                knob = self._tile(writer, blocks, tiled, positions, knob)
+            gemv += len(tiled.gemv_knobs)
         for name in self.inlined:
             writer.emit("ComputeInline", [blocks[name]], [], [])
         max_parallel = JOBS_PER_CORE[positions[self.parallel_knob]] * self.cores
@@ -263,6 +317,39 @@ class TraceSpace(MixedRadixSpace):
                 (cache,) = writer.emit("CacheWrite", [block, []], [0, "global"], writer.names("b", 1))
                 writer.emit("ReverseComputeAt", [cache, point], [1, -1], [])
         return knob
+
+    def _rfactor(self, writer: _Writer, blocks: dict[str, str], tiled: _Tiled, positions: Sequence[int],
+                 gemv: int) -> None:
+        """The GEMV rule (TVM's AddRFactor, for vectorization): the reduction split in two
+        (``SamplePerfectTile``), its inner loop factored out (``RFactor``) into ``<block>_rf``,
+        which accumulates that many lanes (vectorized by the postprocessing) over the outer
+        loop; the block then sums the lanes, its last axis split into blocks of outputs, and
+        ``<block>_rf`` is computed at the outer block loop (``SampleComputeLocation``) with its
+        reduction loop outermost and the rows and outputs unrolled around the vector."""
+        block = blocks[tiled.stage]
+        n_spatial = sum(1 for _, _, levels in tiled.loops if levels == SPATIAL_LEVELS)
+        writer.emit("Annotate", [block, '"rfactor"'], ["meta_schedule.tiling_structure"], [])
+        loops = writer.emit("GetLoops", [block], [], writer.names("l", len(tiled.loops)))
+        k_sizes = list(self.gemv_entities[gemv][positions[tiled.gemv_knobs[0]]])
+        n_sizes = list(self.gemv_entities[gemv + 1][positions[tiled.gemv_knobs[1]]])
+        factors = writer.emit("SamplePerfectTile", [loops[-1]], [2, MAX_INNERMOST], writer.names("v", 2), k_sizes)
+        _, inner = writer.emit("Split", [loops[-1], *factors], [1, 0], writer.names("l", 2))
+        (rf,) = writer.emit("RFactor", [inner], [n_spatial], writer.names("b", 1))
+        own = writer.emit("GetLoops", [block], [], writer.names("l", n_spatial + 1))      # spatial..., lanes
+        factors = writer.emit("SamplePerfectTile", [own[n_spatial - 1]], [2, GEMV_MAX_BLOCK], writer.names("v", 2),
+                              n_sizes)
+        outer, block_inner = writer.emit("Split", [own[n_spatial - 1], *factors], [1, 0], writer.names("l", 2))
+        writer.emit("Reorder", [*own[: n_spatial - 1], outer, block_inner], [], [])
+        writer.emit("Unroll", [block_inner], [], [])
+        (location,) = writer.emit("SampleComputeLocation", [rf], [], writer.names("l", 1), n_spatial - 1)
+        writer.emit("ComputeAt", [rf, location], [1, -1], [])
+        # the loops it shares (fewer when the location was a unit loop), then its own: lanes,
+        # rows..., outputs, reduction
+        count = len(writer.state.loops_of(writer.state.stage(rf)))
+        inside = writer.emit("GetLoops", [rf], [], writer.names("l", count))[-(n_spatial + 2):]
+        writer.emit("Reorder", [inside[-1], *inside[1:-1], inside[0]], [], [])
+        for loop in inside[1:-1]:
+            writer.emit("Unroll", [loop], [], [])
 
     def _postprocess(self, writer: _Writer, max_parallel: int, unroll: int) -> None:
         """TVM's RewriteParallelVectorizeUnroll as trace instructions, then DecomposeReduction."""

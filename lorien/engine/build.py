@@ -52,8 +52,25 @@ class Kernel:
         self.args = program.args
         self._fn = KERNEL_FN(address)
         self.last_number = 0
+        # what a call checks, computed once: (shape, dtype, output) per argument
+        self._expected = [(tuple(spec.shape), np.dtype(spec.dtype), bool(spec.is_output)) for spec in self.args]
+        self._pointer_array = ctypes.c_void_p * len(self.args)
 
     def _pointers(self, arrays) -> ctypes.Array:
+        # The common case checked in one pass (a call's overhead is a few microseconds, which
+        # small kernels feel); anything unusual takes the checks below, which name the problem.
+        if len(arrays) == len(self._expected):
+            for (shape, dtype, output), arr in zip(self._expected, arrays, strict=True):
+                if type(arr) is not np.ndarray or arr.shape != shape or arr.dtype != dtype:
+                    break
+                flags = arr.flags
+                if not flags.c_contiguous or (output and not flags.writeable):
+                    break
+            else:
+                return self._pointer_array(*[a.ctypes.data for a in arrays])
+        return self._checked_pointers(arrays)
+
+    def _checked_pointers(self, arrays) -> ctypes.Array:
         if len(arrays) != len(self.args):
             raise KernelArgumentError(f"kernel {self.name} takes {len(self.args)} arrays "
                                       f"({[a.name for a in self.args]}), got {len(arrays)}")
@@ -91,6 +108,9 @@ class Kernel:
 
     def __call__(self, *arrays: np.ndarray) -> None:
         pointers = self._pointers(arrays)
+        if self.num_threads is None:  # the runtime's threads: no context to enter
+            self._fn(pointers)
+            return
         with runtime.threads(self.num_threads):
             self._fn(pointers)
 

@@ -479,6 +479,7 @@ class _Lowering:
         """The box of ``child`` that ``loads`` touch while ``inner_vars`` run over their ranges:
         offsets in the other (outer) variables; the whole dimension where that is not affine."""
         region = []
+        loads = [self.simp(ld) for ld in loads]  # (c*q + r) // c -> q: a packed panel's box, not the whole tensor
         for d, size in enumerate(child.tensor.shape):
             forms = [linear(ld.indices[d]) for ld in loads]
             if not forms or any(f is None or any(isinstance(k, Atom) and any(contains(k.expr, v) for v in inner_vars)

@@ -205,3 +205,22 @@ def depthwise_conv2d_nchw(data: te.Tensor, kernel: te.Tensor, stride=1, padding=
         padded[nn, ch // mult, yy * sh + ry * dh, xx * sw + rx * dw] * kernel[ch // mult, ch % mult, ry, rx],
         axis=[ry, rx]), name=_acc_name(name, fused), tag="depthwise_conv2d_nchw")
     return _epilogue(acc, name, bias, (1,), relu, None)
+
+
+def depthwise_conv2d_NCHWc(data: te.Tensor, kernel: te.Tensor, stride=1, padding=0, dilation=1,
+                           bias: te.Tensor | None = None, relu: bool = False,
+                           name: str = "depthwise_conv2d_NCHWc") -> te.Tensor:
+    """Packed depthwise conv2d (multiplier 1): data [N, C/bn, H, W, bn], kernel
+    [C/bn, 1, KH, KW, 1, bn] (TVM's layout); output [N, C/bn, OH, OW, bn]; ``bias`` [C/bn, bn]."""
+    (n, chunks, h, w, bn), (chunks2, one, kh, kw, one2, bn2) = data.shape, kernel.shape
+    if (chunks, bn, one, one2) != (chunks2, bn2, 1, 1):
+        raise WorkloadError(f"depthwise_conv2d_NCHWc: data {data.shape} and kernel {kernel.shape} disagree "
+                            "(kernel must be [C/bn, 1, KH, KW, 1, bn])")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr), (oh, ow) = _window(h, w, kh, kw, stride, padding, dilation)
+    padded = pad(data, (0, 0, pt, pl, 0), (0, 0, pb, pr, 0), name=f"{name}.pad")
+    ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
+    fused = bias is not None or relu
+    acc = te.compute((n, chunks, oh, ow, bn), lambda nn, c, yy, xx, b: te.sum(
+        padded[nn, c, yy * sh + ry * dh, xx * sw + rx * dw, b] * kernel[c, 0, ry, rx, 0, b], axis=[ry, rx]),
+        name=_acc_name(name, fused), tag="depthwise_conv2d_NCHWc")
+    return _epilogue(acc, name, bias, (1, 4), relu, None)

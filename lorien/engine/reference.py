@@ -104,3 +104,20 @@ def depthwise_conv2d_nchw(data: np.ndarray, kernel: np.ndarray, stride=1, paddin
     out = np.einsum("ncyxhw,cmhw->ncmyx", win, kernel, optimize=True)
     n, _, _, oh, ow = out.shape
     return _epilogue(out.reshape(n, c * mult, oh, ow), bias, (1, -1, 1, 1), relu, None)
+
+
+def pack_depthwise_kernel(kernel: np.ndarray, bn: int) -> np.ndarray:
+    """[C, 1, KH, KW] -> [C/bn, 1, KH, KW, 1, bn] (depthwise NCHWc)."""
+    c, mult, kh, kw = kernel.shape
+    if mult != 1:
+        raise ValueError(f"pack_depthwise_kernel: multiplier {mult}, only 1 is packed")
+    return np.ascontiguousarray(kernel.reshape(c // bn, bn, kh, kw).transpose(0, 2, 3, 1)
+                                .reshape(c // bn, 1, kh, kw, 1, bn))
+
+
+def depthwise_conv2d_NCHWc(data: np.ndarray, kernel: np.ndarray, stride=1, padding=0, dilation=1,
+                           bias: np.ndarray | None = None, relu: bool = False) -> np.ndarray:
+    chunks, _, kh, kw, _, bn = kernel.shape
+    plain = kernel.reshape(chunks, kh, kw, bn).transpose(0, 3, 1, 2).reshape(chunks * bn, 1, kh, kw)
+    out = pack_nchwc(depthwise_conv2d_nchw(unpack_nchwc(data), plain, stride, padding, dilation), bn)
+    return _epilogue(out, bias, (1, chunks, 1, 1, bn), relu, None)

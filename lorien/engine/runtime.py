@@ -53,23 +53,51 @@ typedef void (*body_fn)(void *, int64_t, int64_t);
 typedef void (*kernel_fn)(void **);
 
 #define MAX_THREADS 256
-#define SPIN_LIMIT 100000
+#define SPIN_NS 1000000L   /* spin this long on the ticket before parking (workers) or yielding (the caller) */
+#define CLOCK_EVERY 64     /* spins between two readings of the clock */
 #define PARTS_PER_THREAD 4
 
 static int wanted_threads = 0, started_threads = 0;
-static atomic_uint generation;
-static atomic_int sleepers;
-static atomic_ulong next_part;   /* (job id << 32) | next unclaimed part */
-static atomic_int done_parts;
-static body_fn job_fn;
-static void *job_ctx;
-static int64_t job_n;
-static int job_parts;
-static unsigned job_id;
+/* The job ticket, one cache line: generation (the futex word workers spin on) and the job;
+   a worker that sees a new generation has the whole job in the same line. The counters that
+   threads write while they claim and finish parts each have a line of their own. */
+static struct {
+    atomic_uint generation;
+    int parts;
+    int64_t n;
+    body_fn fn;
+    void *ctx;
+} job __attribute__((aligned(64)));
+#define generation job.generation
+static atomic_int sleepers __attribute__((aligned(64)));
+static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | next unclaimed part */
+static atomic_int done_parts __attribute__((aligned(64)));
 static unsigned initial_generation[MAX_THREADS];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
+#if defined(__x86_64__) || defined(__i386__)
 static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+#elif defined(__aarch64__)
+static inline void cpu_relax(void) { __asm__ __volatile__("yield"); }
+#else
+static inline void cpu_relax(void) {}
+#endif
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Spinning is bounded in time, not in iterations (a pause is 10 cycles on one CPU and 140 on
+   another): every CLOCK_EVERY spins the clock is read (vDSO, no system call); true once
+   SPIN_NS have passed since the first reading. */
+static int spun_out(int spins, int64_t *start) {
+    if (spins % CLOCK_EVERY) return 0;
+    int64_t t = now_ns();
+    if (spins == CLOCK_EVERY) { *start = t; return 0; }
+    return t - *start > SPIN_NS;
+}
 
 /* Claim and run parts of the current job until none is left. Parts are claimed with a CAS on
    (job id, index), so a thread that wakes late never runs a part twice or of a later job. */
@@ -77,13 +105,13 @@ static void run_parts(unsigned id) {
     for (;;) {
         unsigned long cur = atomic_load_explicit(&next_part, memory_order_acquire);
         unsigned part = (unsigned)(cur & 0xffffffffu);
-        if ((unsigned)(cur >> 32) != id || part >= (unsigned)job_parts) return;
+        if ((unsigned)(cur >> 32) != id || part >= (unsigned)job.parts) return;
         if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, cur + 1,
                                                    memory_order_acq_rel, memory_order_acquire)) continue;
-        int64_t chunk = (job_n + job_parts - 1) / job_parts;
+        int64_t chunk = (job.n + job.parts - 1) / job.parts;
         int64_t begin = (int64_t)part * chunk, end = begin + chunk;
-        if (end > job_n) end = job_n;
-        if (begin < end) job_fn(job_ctx, begin, end);
+        if (end > job.n) end = job.n;
+        if (begin < end) job.fn(job.ctx, begin, end);
         atomic_fetch_add_explicit(&done_parts, 1, memory_order_release);
     }
 }
@@ -94,8 +122,9 @@ static void *worker_main(void *arg) {
     for (;;) {
         unsigned now;
         int spins = 0;
+        int64_t start = 0;
         while ((now = atomic_load_explicit(&generation, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_LIMIT) {
+            if (!spun_out(++spins, &start)) {
                 cpu_relax();
             } else {
                 atomic_fetch_add(&sleepers, 1);
@@ -154,15 +183,16 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
        most a small part while the others claim the rest. */
     int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
     unsigned id = atomic_load(&generation) + 1;
-    job_fn = fn; job_ctx = ctx; job_n = n; job_parts = parts; job_id = id;
+    job.fn = fn; job.ctx = ctx; job.n = n; job.parts = parts;
     atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
     atomic_store_explicit(&next_part, (unsigned long)id << 32, memory_order_release);
     atomic_store_explicit(&generation, id, memory_order_release);
     if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
     run_parts(id);
     int spins = 0;
+    int64_t start = 0;
     while (atomic_load_explicit(&done_parts, memory_order_acquire) < parts) {
-        if (++spins < SPIN_LIMIT) cpu_relax(); else sched_yield();
+        if (spun_out(++spins, &start)) sched_yield(); else cpu_relax();
     }
     pthread_mutex_unlock(&pool_lock);
 }

@@ -28,7 +28,11 @@ _ARCHES = {
     "x86_64": (202, "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
     "aarch64": (98, "", 'call void asm sideeffect "yield", ""()'),
 }
-SPIN_LIMIT = 100000
+#: How long a worker spins on the job ticket before it parks on the futex, and how long the
+#: launching thread spins for the others to finish before it yields its core between checks.
+SPIN_NS = 1_000_000
+#: Spins between two readings of the clock (a power of two).
+CLOCK_EVERY = 64
 PARTS_PER_THREAD = 4
 MAX_THREADS = 256
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
@@ -38,14 +42,13 @@ CLOCK_MONOTONIC = 1
 IR_TEMPLATE = r"""
 @wanted_threads = internal global i32 0
 @started_threads = internal global i32 0
-@generation = internal global i32 0, align 64
-@sleepers = internal global i32 0, align 64
-@next_part = internal global i64 0, align 64      ; (job id << 32) | next unclaimed part
-@done_parts = internal global i32 0, align 64
-@job_fn = internal global ptr null
-@job_ctx = internal global ptr null
-@job_n = internal global i64 0
-@job_parts = internal global i32 0
+; The job ticket, one cache line: generation (the futex word workers spin on), parts, n, fn,
+; ctx. A worker that sees a new generation has the whole job in the same line.
+@generation = internal global {{ i32, i32, i64, ptr, ptr, [32 x i8] }} zeroinitializer, align 64
+; The counters each on a line of their own, written by the threads that claim and finish parts.
+@sleepers = internal global [16 x i32] zeroinitializer, align 64
+@next_part = internal global [8 x i64] zeroinitializer, align 64      ; (job id << 32) | next unclaimed part
+@done_parts = internal global [16 x i32] zeroinitializer, align 64
 @initial_generation = internal global [{max_threads} x i32] zeroinitializer
 @pool_lock = internal global i32 0                ; 0 free, 1 held
 @atfork_done = internal global i32 0
@@ -63,6 +66,41 @@ declare i32 @clock_gettime(i32, ptr)
 declare i32 @posix_memalign(ptr, i64, i64)
 declare void @free(ptr)
 {pause_declaration}
+
+define internal i64 @now_ns() {{
+  %ts = alloca [2 x i64]
+  %rc = call i32 @clock_gettime(i32 {clock_monotonic}, ptr %ts)
+  %s = load i64, ptr %ts
+  %ns_at = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
+  %ns = load i64, ptr %ns_at
+  %s_ns = mul i64 %s, 1000000000
+  %t = add i64 %s_ns, %ns
+  ret i64 %t
+}}
+
+; Spinning is bounded in time, not in iterations: a pause takes 10 cycles on one CPU and 140
+; on another. Every {clock_every} spins, the clock is read (vDSO, no system call); true once
+; {spin_ns} ns have passed since %start (which the first check sets).
+define internal i1 @spun_out(i32 %spins, ptr %start) {{
+entry:
+  %low = and i32 %spins, {clock_mask}
+  %check = icmp eq i32 %low, 0
+  br i1 %check, label %clock, label %no
+clock:
+  %t = call i64 @now_ns()
+  %first = icmp eq i32 %spins, {clock_every}
+  br i1 %first, label %mark, label %compare
+mark:
+  store i64 %t, ptr %start
+  br label %no
+compare:
+  %t0 = load i64, ptr %start
+  %elapsed = sub i64 %t, %t0
+  %long = icmp sgt i64 %elapsed, {spin_ns}
+  ret i1 %long
+no:
+  ret i1 false
+}}
 
 define internal void @cpu_relax() {{
   {pause_call}
@@ -99,7 +137,7 @@ claim:
   %cur_high = lshr i64 %cur, 32
   %cur_id = trunc i64 %cur_high to i32
   %other_job = icmp ne i32 %cur_id, %id
-  %parts = load i32, ptr @job_parts
+  %parts = load i32, ptr getelementptr inbounds (i8, ptr @generation, i64 4)
   %claimed_all = icmp uge i32 %part, %parts
   %stop = or i1 %other_job, %claimed_all
   br i1 %stop, label %done, label %try
@@ -109,7 +147,7 @@ try:
   %won = extractvalue {{ i64, i1 }} %pair, 1
   br i1 %won, label %run, label %claim
 run:
-  %n = load i64, ptr @job_n
+  %n = load i64, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
   %parts64 = zext i32 %parts to i64
   %rounded = add i64 %n, %parts64
   %rounded1 = sub i64 %rounded, 1
@@ -122,8 +160,8 @@ run:
   %nonempty = icmp slt i64 %begin, %end
   br i1 %nonempty, label %call, label %count
 call:
-  %fn = load ptr, ptr @job_fn
-  %ctx = load ptr, ptr @job_ctx
+  %fn = load ptr, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
+  %ctx = load ptr, ptr getelementptr inbounds (i8, ptr @generation, i64 24)
   call void %fn(ptr %ctx, i64 %begin, i64 %end)
   br label %count
 count:
@@ -135,6 +173,7 @@ done:
 
 define internal ptr @worker_main(ptr %arg) {{
 entry:
+  %spin_start = alloca i64
   %index = ptrtoint ptr %arg to i64
   %slot = getelementptr [{max_threads} x i32], ptr @initial_generation, i64 0, i64 %index
   %first_seen = load i32, ptr %slot
@@ -149,8 +188,8 @@ spin:
   br i1 %idle, label %count, label %work
 count:
   %spins_next = add i32 %spins, 1
-  %short = icmp slt i32 %spins_next, {spin_limit}
-  br i1 %short, label %relax, label %sleep
+  %long = call i1 @spun_out(i32 %spins_next, ptr %spin_start)
+  br i1 %long, label %sleep, label %relax
 relax:
   call void @cpu_relax()
   br label %spin
@@ -265,6 +304,7 @@ define void @lorien_set_num_threads(i32 %n) {{
 ; fn(ctx, begin, end) over [0, n): on the pool, or serially inside another parallel loop.
 define void @lorien_parallel_for(ptr %fn, ptr %ctx, i64 %n) {{
 entry:
+  %spin_start = alloca i64
   %empty = icmp sle i64 %n, 0
   br i1 %empty, label %return, label %try_lock
 try_lock:
@@ -298,10 +338,10 @@ launch:
   %parts = trunc i64 %parts64 to i32
   %last_id = load atomic i32, ptr @generation monotonic, align 4
   %id = add i32 %last_id, 1
-  store ptr %fn, ptr @job_fn
-  store ptr %ctx, ptr @job_ctx
-  store i64 %n, ptr @job_n
-  store i32 %parts, ptr @job_parts
+  store ptr %fn, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
+  store ptr %ctx, ptr getelementptr inbounds (i8, ptr @generation, i64 24)
+  store i64 %n, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
+  store i32 %parts, ptr getelementptr inbounds (i8, ptr @generation, i64 4)
   store atomic i32 0, ptr @done_parts monotonic, align 4
   %id64 = zext i32 %id to i64
   %first_claim = shl i64 %id64, 32
@@ -317,14 +357,14 @@ own_share:
   call void @run_parts(i32 %id)
   br label %join
 join:
-  %spins = phi i32 [ 0, %own_share ], [ %spins_next, %relax ], [ 0, %yield ]
+  %spins = phi i32 [ 0, %own_share ], [ %spins_next, %relax ], [ %spins_next, %yield ]
   %finished = load atomic i32, ptr @done_parts acquire, align 4
   %all_done = icmp sge i32 %finished, %parts
   br i1 %all_done, label %release, label %count
 count:
   %spins_next = add i32 %spins, 1
-  %short = icmp slt i32 %spins_next, {spin_limit}
-  br i1 %short, label %relax, label %yield
+  %long = call i1 @spun_out(i32 %spins_next, ptr %spin_start)
+  br i1 %long, label %yield, label %relax
 relax:
   call void @cpu_relax()
   br label %join
@@ -404,7 +444,7 @@ def ir_text(machine: str | None = None) -> str:
         raise RuntimeIRError(f"no IR runtime for machine {machine!r} (known: {', '.join(_ARCHES)})")
     sys_futex, pause_declaration, pause_call = _ARCHES[machine]
     return IR_TEMPLATE.format(
-        max_threads=MAX_THREADS, spin_limit=SPIN_LIMIT, parts_per_thread=PARTS_PER_THREAD,
+        max_threads=MAX_THREADS, spin_ns=SPIN_NS, clock_every=CLOCK_EVERY, clock_mask=CLOCK_EVERY - 1, parts_per_thread=PARTS_PER_THREAD,
         sys_futex=sys_futex, futex_wait=FUTEX_WAIT_PRIVATE, futex_wake=FUTEX_WAKE_PRIVATE,
         sc_nprocessors_onln=SC_NPROCESSORS_ONLN, clock_monotonic=CLOCK_MONOTONIC,
         pause_declaration=pause_declaration, pause_call=pause_call)

@@ -6,6 +6,8 @@ tuners search the same knobs (tile sizes, unroll) through their own templates.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lorien.engine import te
 from lorien.engine.schedule import Schedule, Stage, create_schedule
 
@@ -28,9 +30,14 @@ def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:
     return s[out], s[local]
 
 
-def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order: str = "mn") -> Schedule:
+def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order: str = "mn",
+                   pack_inner: bool = False) -> Schedule:
     """Register-tiled dense for ``ops.dense(..., pack_nr=nr)``: an ``mr x nr`` accumulator tile in
-    vector registers (k innermost outside the tile), parallel over the outer M (or N) blocks."""
+    vector registers (k innermost outside the tile), parallel over the outer M (or N) blocks.
+
+    ``pack_inner`` (with ``order="nm"``): each ``nr``-wide panel of the weight is packed inside
+    the parallel N loop, just before all M rows use it, instead of the whole weight up front:
+    the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M)."""
     lanes = min(vector_lanes(), nr)
     top, tile = _output_and_tile(s, out)
     i, j = top.op.axis
@@ -58,7 +65,10 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     if any(st.name == pack_name for st in s.stages):
         pack = s[pack_name]
         po, _, pi = pack.op.axis
-        pack.parallel(po)
+        if pack_inner and order == "nm":
+            pack.compute_at(top, no)
+        else:
+            pack.parallel(po)
         pack.vectorize(pi)
     return s
 
@@ -102,14 +112,113 @@ def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_
     return s
 
 
-def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn"):
+def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile_oh: int = 1,
+                             pad_inline: bool = False) -> Schedule:
+    """Depthwise NCHW[bn]c: a ``tile_oh x tile_ow x bn`` register tile (bn vectorized, the kernel
+    window unrolled around it), parallel over (n, channel block, oh blocks); padding
+    materialized in parallel unless ``pad_inline``."""
+    top, tile = _output_and_tile(s, out)
+    pad_name = f"{out.name}.pad"
+    if any(st.name == pad_name for st in s.stages):
+        pad = s[pad_name]
+        if pad_inline:
+            pad.compute_inline()
+        else:
+            n, cc, h, _, cb = pad.op.axis
+            pad.parallel(pad.fuse(n, cc, h))
+            pad.vectorize(cb)
+    n, c, oh, ow, ob = top.op.axis
+    oho, ohi = top.split(oh, factor=tile_oh)
+    owo, owi = top.split(ow, factor=tile_ow)
+    top.reorder(n, c, oho, owo, ohi, owi, ob)
+    top.parallel(top.fuse(n, c, oho))
+    top.unroll(ohi)
+    top.unroll(owi)
+    top.vectorize(ob)
+    tile.compute_at(top, owo)
+    _, _, toh, tow, tob = tile.op.axis
+    ry, rx = tile.op.reduce_axis
+    tile.reorder(ry, rx, toh, tow, tob)
+    tile.unroll(rx)
+    tile.unroll(toh)
+    tile.unroll(tow)
+    tile.vectorize(tob)
+    return s
+
+
+def schedule_dense_gemv(s: Schedule, out: te.Tensor, rows: int = 4, k_vectors: int = 1,
+                        unroll_sum: bool = True) -> Schedule:
+    """Dense at M = 1 (and a few rows) on the weight as it is, ``[N, K]`` (``ops.dense`` without
+    ``pack_nr``): the reduction is split by ``k_vectors`` vectors of K and factored
+    (``rfactor``) so that each output accumulates that many vectors over K, with one horizontal
+    sum at the end; ``rows`` weight rows (times all M data rows) are accumulated at once, so each
+    data vector is loaded once for them; parallel over blocks of ``rows`` outputs."""
+    acc_name = f"{out.name}.acc"
+    if any(st.name == f"{out.name}.weight_pack" for st in s.stages):
+        raise ValueError("schedule_dense_gemv: build ops.dense without pack_nr (the GEMV reads the weight as it is)")
+    red = s[acc_name] if any(st.name == acc_name for st in s.stages) else s[out]
+    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum)
+
+
+def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: int, unroll_sum: bool = True,
+                         inline: Sequence[Stage] = ()) -> Schedule:
+    """The GEMV schedule on explicit stages: ``red`` reduces ``[.., M, N]`` over one K axis,
+    ``top`` is the output (``red`` itself or an element-wise epilogue of it, same shape; stages
+    in ``inline`` between them are inlined). K is split by ``width`` (a multiple of the vector
+    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``."""
+    lanes = vector_lanes()
+    for stage in inline:
+        stage.compute_inline()
+    (k,) = red.op.reduce_axis
+    _, ki = red.split(k, factor=width)
+    rf = s[s.rfactor(red.tensor, ki, factor_axis=len(red.op.axis))]
+    *outer, m, n = top.op.axis
+    no, ni = top.split(n, factor=rows)
+    top.reorder(*outer, no, m, ni)
+    top.parallel(top.fuse(*outer, no) if outer else no)
+    top.unroll(ni)
+    if red is not top:
+        red.compute_at(top, no if not outer else top.leaf[0])
+        red.unroll(red.op.axis[-1])
+        target = red
+    else:
+        target = top
+    if unroll_sum:
+        target.unroll(target.op.reduce_axis[0])
+    rf.compute_at(top, top.leaf[0])
+    *rspatial, rk = rf.op.axis
+    (rko,) = rf.op.reduce_axis
+    rf.reorder(rko, *rspatial, rk)
+    for axis in rspatial:
+        rf.unroll(axis)
+    if width > lanes and width % lanes == 0:
+        vo, vi = rf.split(rk, factor=lanes)
+        rf.unroll(vo)
+        rf.vectorize(vi)
+    else:
+        rf.vectorize(rk)
+    return s
+
+
+def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int = 1, unroll_sum: bool = True):
+    """(schedule, args) of :func:`schedule_dense_gemv`; a picklable builder for ``MeasureInput``."""
+    from lorien.engine import ops
+
+    data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
+    out = ops.dense(data, weight)
+    s = create_schedule(out)
+    schedule_dense_gemv(s, out, rows, k_vectors, unroll_sum)
+    return s, [data, weight, out]
+
+
+def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False):
     """(schedule, args) of a register-tiled dense; a picklable builder for ``MeasureInput``."""
     from lorien.engine import ops
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
     out = ops.dense(data, weight, pack_nr=nr)
     s = create_schedule(out)
-    schedule_dense(s, out, mr, nr, order)
+    schedule_dense(s, out, mr, nr, order, pack_inner)
     return s, [data, weight, out]
 
 
@@ -124,4 +233,17 @@ def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: 
     out = ops.conv2d_NCHWc(data, weight, stride, pad)
     s = create_schedule(out)
     schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw, tile_oh=tile_oh)
+    return s, [data, weight, out]
+
+
+def depthwise_NCHWc_candidate(channels: int, size: int, stride: int, bn: int = 16, tile_ow: int = 8,
+                              tile_oh: int = 1, kernel: int = 3, pad: int = 1, pad_inline: bool = False):
+    """(schedule, args) of a scheduled depthwise NCHW[bn]c conv2d (batch 1, square input)."""
+    from lorien.engine import ops
+
+    data = te.placeholder((1, channels // bn, size, size, bn), name="data")
+    weight = te.placeholder((channels // bn, 1, kernel, kernel, 1, bn), name="kernel")
+    out = ops.depthwise_conv2d_NCHWc(data, weight, stride, pad)
+    s = create_schedule(out)
+    schedule_depthwise_NCHWc(s, out, tile_ow, tile_oh, pad_inline)
     return s, [data, weight, out]

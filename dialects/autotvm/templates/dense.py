@@ -126,3 +126,35 @@ def dense_nopack(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None,
     vectorize_by_lanes(s[partial], pl, lanes)
     inputs = [data, weight] + ([bias] if bias is not None else [])
     return s, [*inputs, final]
+
+
+def _gemv_k_filter(k_len: int):
+    """Inner K tiles that are whole 8-lane vectors (up to 128), or any up to 64 when K has none."""
+    if any(f % 8 == 0 for f in range(8, min(k_len, 128) + 1) if k_len % f == 0):
+        return lambda e: e.size[-1] % 8 == 0 and e.size[-1] <= 128
+    return lambda e: e.size[-1] <= 64
+
+
+@register_template("dense_gemv.x86", _reference)
+def dense_gemv(cfg: Any, data_arg: Any, weight_arg: Any, bias_arg: Any = None, out_dtype: str = "float32"):
+    """Dense at batch 1 (a GEMV) or a few rows, the weight read as it is ``[N, K]``: K split by
+    ``tile_k[-1]`` (whole vectors) and factored (rfactor), so each output accumulates vectors
+    along K and sums them once at the end; ``tile_x[-1]`` weight rows are accumulated at once
+    (each data vector loaded once for them), blocks of outputs run in parallel; ``unroll_sum``
+    unrolls the final horizontal sums."""
+    from lorien.engine.x86 import schedule_gemv_stages
+
+    data, weight, bias = _inputs(data_arg, weight_arg, bias_arg)
+    m, k_len = data.shape
+    n = weight.shape[0]
+    cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 16 and e.size[-1] * m <= 32)
+    cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2, filter=_gemv_k_filter(k_len))
+    cfg.define_knob("unroll_sum", [True, False])
+
+    k = te.reduce_axis(k_len, name="k")
+    out = te.compute((m, n), lambda y, x: te.sum(data[y, k] * weight[x, k], axis=k), name="dense_gemv")
+    final = _with_bias(out, bias)
+    s = create_schedule(final)
+    schedule_gemv_stages(s, s[final], s[out], cfg["tile_x"].size[-1], cfg["tile_k"].size[-1], cfg["unroll_sum"].val)
+    inputs = [data, weight] + ([bias] if bias is not None else [])
+    return s, [*inputs, final]

@@ -1,0 +1,45 @@
+"""The engine's schedules for the layer classes the benchmark measures beyond 3x3 convolutions:
+depthwise NCHW[x]c (op, reference, schedule) and 1x1 convolutions in NCHW[x]c; outputs checked
+against NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lorien.engine import build, reference
+from lorien.engine.x86 import conv2d_NCHWc_candidate, depthwise_NCHWc_candidate
+
+
+@pytest.mark.parametrize("channels, size, stride, bn, tile_ow, tile_oh, pad_inline", [
+    (32, 10, 1, 16, 4, 1, False), (32, 10, 1, 8, 5, 2, False), (48, 11, 2, 16, 3, 1, True), (24, 9, 2, 8, 4, 2, False)])
+def test_depthwise_nchwc_matches_numpy(channels, size, stride, bn, tile_ow, tile_oh, pad_inline):
+    rng = np.random.default_rng(0)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (channels, 1, 3, 3)).astype("float32")
+    s, args = depthwise_NCHWc_candidate(channels, size, stride, bn, tile_ow, tile_oh, pad_inline=pad_inline)
+    out = np.zeros(args[-1].shape, "float32")
+    packed = [reference.pack_nchwc(data, bn), reference.pack_depthwise_kernel(weight, bn)]
+    build(s, args)(*packed, out)
+    expected = reference.depthwise_conv2d_nchw(data, weight, stride, 1)
+    np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, reference.depthwise_conv2d_NCHWc(*packed, stride, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_depthwise_kernel_refuses_a_multiplier():
+    with pytest.raises(ValueError, match="multiplier 2"):
+        reference.pack_depthwise_kernel(np.zeros((8, 2, 3, 3), "float32"), 8)
+
+
+@pytest.mark.parametrize("channels, size, out_channels, stride, tile_ow, tile_oh", [
+    (32, 12, 16, 2, 3, 1), (16, 7, 32, 1, 7, 1), (16, 8, 16, 1, 4, 2)])
+def test_1x1_conv_nchwc_matches_numpy(channels, size, out_channels, stride, tile_ow, tile_oh):
+    rng = np.random.default_rng(1)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (out_channels, channels, 1, 1)).astype("float32")
+    s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, 16, 16, tile_ow, True, kernel=1, pad=0,
+                                     tile_oh=tile_oh)
+    out = np.zeros(args[-1].shape, "float32")
+    build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(weight, 16, 16), out)
+    np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, weight, stride, 0),
+                               rtol=1e-4, atol=1e-4)

@@ -1,0 +1,132 @@
+"""Dense at batch 1 and a few rows (GEMV): the engine's schedules, the autotvm template
+dense_gemv.x86, the auto_scheduler's rfactor sketch and the meta_schedule rfactor rule; every
+kernel is checked against NumPy, and tuning finds the path and names it in its records."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import F32
+
+import lorien.builtin_workloads  # noqa: F401 - registers dense_layer, batch_matmul_layer
+from dialects.meta_schedule.compile import check_kernel
+from dialects.meta_schedule.space import RULES, TraceSpace
+from dialects.meta_schedule.trace import replay_trace
+from lorien import workload_registry
+from lorien.engine import build, ops, reference, te
+from lorien.engine.schedule import create_schedule
+from lorien.engine.x86 import dense_candidate, dense_gemv_candidate, schedule_dense_gemv
+from lorien.tune.loop import tune_job
+
+MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
+
+
+def _text(config) -> str:
+    return config if isinstance(config, str) else json.dumps(config, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("m, n, k, rows, k_vectors", [(1, 40, 64, 4, 1), (1, 37, 80, 8, 2), (3, 24, 96, 2, 1),
+                                                     (2, 20, 48, 3, 2)])   # uneven blocks and K splits are guarded
+def test_engine_gemv_matches_numpy(m, n, k, rows, k_vectors):
+    rng = np.random.default_rng(0)
+    data, weight = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (n, k)).astype("float32")
+    s, args = dense_gemv_candidate(m, n, k, rows, k_vectors)
+    assert any(step["kind"] == "rfactor" for step in s.steps)
+    out = np.zeros((m, n), "float32")
+    build(s, args)(data, weight, out)
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
+
+
+def test_engine_gemv_with_bias_and_relu_matches_numpy():
+    rng = np.random.default_rng(1)
+    data, weight, bias = te.placeholder((1, 64), name="data"), te.placeholder((30, 64), name="weight"), \
+        te.placeholder((30,), name="bias")
+    out = ops.dense(data, weight, bias, relu=True)
+    s = create_schedule(out)
+    schedule_dense_gemv(s, out, rows=4)
+    arrays = [rng.uniform(-1, 1, t.shape).astype("float32") for t in (data, weight, bias)]
+    result = np.zeros((1, 30), "float32")
+    build(s, [data, weight, bias, out])(*arrays, result)
+    np.testing.assert_allclose(result, reference.dense(*arrays, relu=True), rtol=1e-4, atol=1e-4)
+
+
+def test_panel_packed_small_m_tile_packs_one_panel_per_block_and_matches_numpy():
+    from lorien.engine import lower
+
+    rng = np.random.default_rng(2)
+    m, n, k = 4, 64, 24
+    s, args = dense_candidate(m, n, k, 4, 16, "nm", pack_inner=True)
+    program = lower(s, args)
+    (alloc,) = [u for u in program.uops if u.op == "ALLOC" and u.arg[0].endswith("weight_pack")]
+    assert alloc.arg[1:] == (k * 16, "local")      # one K x 16 panel, not the whole weight
+    data, weight = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (n, k)).astype("float32")
+    out = np.zeros((m, n), "float32")
+    build(s, args)(data, weight, out)
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, args", [("dense_layer", [1, 40, 64, False, False, F32]),
+                                        ("dense_layer", [3, 24, 48, False, False, F32]),
+                                        ("dense_layer", [4, 8, 16, False, False, F32]),   # blocks of all N: a unit loop
+                                        ("batch_matmul_layer", [2, 1, 24, 32, False, False, F32])])
+def test_meta_schedule_rfactor_rule_traces_replay_and_match_numpy(name, args):
+    dag = workload_registry.workload_dag(workload_registry.make_workload_key(name, args))
+    space = TraceSpace(dag, cores=2)
+    (tiled,) = space.tiled
+    assert tiled.rule_knob >= 0
+    rng = np.random.default_rng(4)
+    for trial in range(6):
+        positions = [int(rng.integers(d)) for d in space.dims]
+        positions[tiled.rule_knob] = RULES.index("rfactor")
+        whole = (1, int(dag.outputs[0].shape[-1]))
+        if trial == 0 and whole in space.gemv_entities[1]:  # one block of all outputs: the block loop is a unit loop
+            positions[tiled.gemv_knobs[1]] = space.gemv_entities[1].index(whole)
+        trace = space.render(positions)
+        assert "RFactor" in [inst[0] for inst in trace[0]]
+        replay = replay_trace(dag, json.loads(json.dumps(trace)))
+        assert check_kernel(build(replay.schedule, replay.args), dag) < 1e-3
+
+
+def test_meta_schedule_offers_no_rfactor_rule_for_many_rows():
+    dag = workload_registry.workload_dag(workload_registry.make_workload_key("dense_layer", [16, 32, 32, False, False, F32]))
+    assert all(t.rule_knob < 0 for t in TraceSpace(dag, cores=2).tiled)
+
+
+@pytest.mark.parametrize("dialect, task_name, args, names_path", [
+    ("autotvm", "dense_gemv.x86", [["TENSOR", [1, 64], "float32"], ["TENSOR", [48, 64], "float32"], None, "float32"],
+     lambda config: '["tile_k", "sp"' in _text(config) or '["tile_k","sp"' in _text(config)),
+    ("auto_scheduler", "dense_layer", [1, 48, 64, False, False, F32], lambda config: '["RF",' in _text(config)),
+    ("meta_schedule", "dense_layer", [1, 48, 64, False, False, F32], lambda config: '"RFactor"' in _text(config)),
+])
+def test_tuning_finds_the_gemv_path_and_the_records_name_it(store_uri, dialect, task_name, args, names_path):
+    job = {"dialect": dialect, "task_name": task_name, "args": args, "target": "llvm", "trials": 12, "batch_size": 6,
+           "measure": MEASURE, "seed": 0, "tuner": "random"}
+    records = tune_job(job, store_uri).records
+    valid = [r for r in records if r.error_no == 0]
+    assert valid and len(valid) == len(records)         # every kernel passed the runner's NumPy check
+    assert any(names_path(r.config) for r in valid)
+
+
+@pytest.mark.tvm
+def test_tvm_applies_and_builds_the_rfactor_rule_trace_and_it_computes_the_dense():
+    tvm = pytest.importorskip("tvm")
+    from tvm import s_tir
+
+    from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+
+    dag = workload_registry.workload_dag(workload_registry.make_workload_key("dense_layer", [1, 48, 64, False, False, F32]))
+    space = TraceSpace(dag, cores=2)
+    (tiled,) = space.tiled
+    positions = [0] * len(space.dims)
+    positions[tiled.rule_knob] = RULES.index("rfactor")
+    schedule = s_tir.Schedule(tvm_module_of(dag))
+    s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(space.render(positions)), schedule)
+    assert "dense_rf" in schedule.mod.script()
+    kernel = tvm.tirx.build(schedule.mod, target=tvm.target.Target({"kind": "llvm"}))
+    rng = np.random.default_rng(6)
+    data, weight = rng.uniform(-1, 1, (1, 64)).astype("float32"), rng.uniform(-1, 1, (48, 64)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 48), "float32"))
+    kernel(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
+    np.testing.assert_allclose(out.numpy(), reference.dense(data, weight), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,73 @@
+"""The thread pool under repeated launches: hot (workers spinning), after the workers parked on
+the futex, with 1 and 2 threads, both runtime builds; every launch's result is checked and a
+hang fails the test (each run is a child process with a timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+POOL_SCRIPT = """
+import json, time
+import numpy as np
+from lorien.engine import build, runtime, te
+from lorien.engine.runtime_ir import SPIN_NS
+from lorien.engine.schedule import create_schedule
+
+def kernel(rows, width):
+    a = te.placeholder((rows, width), name="a")
+    out = te.compute((rows, width), lambda r, i: a[r, i] * 2.0 + 1.0, name="out")
+    s = create_schedule(out)
+    s[out].parallel(out.op.axis[0])
+    return build(s, [a, out])
+
+small, wide = kernel(2, 64), kernel(37, 256)   # 2 parts; 37 rows in 8 uneven parts
+checked = 0
+def check(k, rows, width, seed):
+    global checked
+    x = np.random.default_rng(seed).uniform(-1, 1, (rows, width)).astype("float32")
+    y = np.zeros_like(x)
+    k(x, y)
+    assert np.array_equal(y, x * 2 + 1), (rows, width, seed)
+    checked += 1
+
+for threads in (2, 1, 2):
+    with runtime.threads(threads):
+        assert runtime.num_threads() == threads
+        for i in range(300):                   # hot: back to back, workers awake
+            check(small if i % 2 else wide, *((2, 64) if i % 2 else (37, 256)), i)
+        x, y = np.ones((37, 256), "float32"), np.zeros((37, 256), "float32")
+        wide.time(x, y, number=2000, repeat=1)  # 2000 launches from the native timing loop
+        assert np.array_equal(y, x * 3)
+        for i in range(8):                     # cold: the workers have parked on the futex
+            time.sleep(3 * SPIN_NS / 1e9)
+            check(wide, 37, 256, 1000 + i)
+print(json.dumps({"runtime": runtime.backend(), "checked": checked}))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["llvm", "c"])
+def test_pool_survives_repeated_hot_and_cold_launches_with_1_and_2_threads(tmp_path, runtime):
+    env = {**os.environ, "LORIEN_RUNTIME": runtime, "LORIEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(REPO_ROOT), "LORIEN_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", POOL_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"runtime": runtime, "checked": 3 * (300 + 8)}
+
+
+def test_spinning_is_bounded_in_time_not_in_pause_instructions():
+    from lorien.engine import runtime_ir
+
+    text = runtime_ir.ir_text("x86_64")
+    assert "@spun_out" in text and "@clock_gettime" in text
+    assert str(runtime_ir.SPIN_NS) in text
+    # the job ticket (generation and the job) shares one line; the counters have their own
+    assert "@generation = internal global { i32, i32, i64, ptr, ptr, [32 x i8] }" in text
+    for counter in ("@next_part", "@done_parts", "@sleepers"):
+        assert f"{counter} = internal global [" in text and "align 64" in text.split(counter, 1)[1].split("\n")[0]
