@@ -103,7 +103,8 @@ class TvmMeasurer:
     :class:`lorien.engine.measure.MeasureResult` each, whose ``extra["build"]`` is the
     record's build JSON (:func:`tvm_build_info`)."""
 
-    def __init__(self, dag: ComputeDAG, measure: dict[str, Any] | None, target: str):
+    def __init__(self, dag: ComputeDAG, measure: dict[str, Any] | None, target: str,
+                 entry: Sequence[Any] | None = None):
         from lorien.engine.measure import MeasureOption
 
         self.tvm = require_tvm("measuring with TVM")
@@ -112,6 +113,9 @@ class TvmMeasurer:
         except TypeError as exc:
             raise ConfigError(f"bad measure options {measure}: {exc}") from exc
         self.dag, self.target = dag, target
+        #: TVM's ``[shash, module]`` of the workload when it is a TVM task (``lorien extract
+        #: --dialect meta_schedule``): its module is scheduled as it is; else the DAG's.
+        self.entry = None if entry is None or isinstance(entry[1], dict) else list(entry)
         self.tvm_target = self.tvm.target.Target(tvm_target_dict(target))
         self.build = tvm_build_info(target)
         self._module: Any = None
@@ -148,7 +152,12 @@ class TvmMeasurer:
         from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
 
         if self._module is None:
-            self._module = tvm_module_of(self.dag)
+            if self.entry is not None:
+                import tvm.s_tir.meta_schedule as ms
+
+                self._module = ms.database.Workload.from_json(self.entry).mod
+            else:
+                self._module = tvm_module_of(self.dag)
         schedule = s_tir.Schedule(self._module)
         s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
         return schedule
