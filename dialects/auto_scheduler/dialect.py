@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dialects.auto_scheduler import features
@@ -73,6 +74,14 @@ class AutoSchedulerDialect(Dialect):
         from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
+
+    def expand_model_task(self, op: str, params: dict[str, Any], epilogue: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A task found in models: the op in the model's layout with its epilogue fused, or
+        DialectError naming what the built-in workloads cannot compute
+        (:func:`lorien.builtin_workloads.expand_model_task`)."""
+        from lorien.builtin_workloads import expand_model_task
+
+        return expand_model_task(op, params, dict(epilogue), self.name)
 
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built by replaying a stored record's steps."""

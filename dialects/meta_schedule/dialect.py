@@ -69,6 +69,14 @@ class MetaScheduleDialect(Dialect):
 
         return expand_workload(op, params)
 
+    def expand_model_task(self, op: str, params: dict[str, Any], epilogue: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A task found in models: the op in the model's layout with its epilogue fused, or
+        DialectError naming what the built-in workloads cannot compute
+        (:func:`lorien.builtin_workloads.expand_model_task`)."""
+        from lorien.builtin_workloads import expand_model_task
+
+        return expand_model_task(op, params, dict(epilogue), self.name)
+
     def check_job(self, job: TuneJob) -> None:
         """A job with a ``workload_file`` names a workload of that file by its structural hash;
         ``measure_with`` is ``lorien`` or ``tvm`` (``tvm`` needs apache-tvm and a CPU target), and so
