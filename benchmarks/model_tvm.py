@@ -180,6 +180,7 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
 
     from dialects.meta_schedule.tvm_database import warehouse_database
 
+    json_dir.mkdir(parents=True, exist_ok=True)
     json_db = ms.database.JSONDatabase(work_dir=str(json_dir))
     adapter = warehouse_database(store_uri, target=target)
 

@@ -138,7 +138,7 @@ class TvmMeasurer:
         try:
             schedule = self._schedule(trace)
             stage = ErrorNo.COMPILE_HOST
-            kernel = self._build(schedule)
+            kernel = self._build(schedule, trace)
             stage = ErrorNo.RUNTIME_DEVICE
             costs, error_no, error_msg = self._run(kernel)
         except Exception as exc:  # noqa: BLE001 - see above
@@ -162,14 +162,23 @@ class TvmMeasurer:
         s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
         return schedule
 
-    def _build(self, schedule: Any) -> Any:
+    def _build(self, schedule: Any, trace: Any = None) -> Any:
+        """The scheduled module built as MetaSchedule's ``default_build`` builds it
+        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``). ``default_build`` first imports
+        TVM's tensor intrinsics (hundreds of TVMScript functions, about a minute on a small
+        machine); they are imported here only for a trace that tensorizes."""
         import warnings
 
-        from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+        from tvm.driver import build as tvm_build
+        from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+        if trace is None or _tensorizes(trace):
+            import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics Tensorize names
 
         with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
             warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
-            return default_build(schedule.mod, self.tvm_target, None)
+            return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(schedule.mod),
+                             target=self.tvm_target)
 
     def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
         from dialects.meta_schedule.compile import reference_inputs
@@ -195,6 +204,12 @@ class TvmMeasurer:
                                           min_repeat_ms=int(option.min_repeat_ms),
                                           f_preproc="cache_flush_cpu_non_first_arg" if option.flush_cache else "")
         return [float(cost) for cost in evaluator(*arrays).results], ErrorNo.NO_ERROR, ""
+
+
+def _tensorizes(trace: Any) -> bool:
+    """Whether a trace tensorizes (a ``Tensorize`` instruction or an ``auto_tensorize`` annotation)."""
+    text = orjson.dumps(trace)
+    return b'"Tensorize"' in text or b"auto_tensorize" in text
 
 
 def measure_traces_with_tvm(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None,
