@@ -10,7 +10,9 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
    - **TVM**: MetaSchedule ``tune_tasks`` into a JSONDatabase (TVM's LocalBuilder, timeout
      120 s, and LocalRunner, measuring as Lorien does: number 1, repeat 3, min_repeat_ms 10);
      every record TVM commits also goes through Lorien's adapter into a warehouse
-     (``warehouse_database``: the adapter row);
+     (``warehouse_database``: the adapter row). TVM builds candidates in the benchmark's process
+     by default (``--tvm-builder local``: its LocalBuilder, whose fresh workers spend 45 to 80 s
+     per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
      the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
      are built and timed by TVM and committed as TVM-measured records; ``lorien export
@@ -32,7 +34,7 @@ median latency over the Lorien-tuned one's, on the model where Lorien does worst
 Lorien's build is faster); Y TVM's tuning wall time over Lorien's (extract + tune + re-measure
 + export), all models; C of the D records TVM made replayed on Lorien's engine.
 
-    python benchmarks/model_tvm.py                 # ResNet-18 8 tasks x 32 trials, the two small models x 16
+    python benchmarks/model_tvm.py                 # ResNet-18 8 tasks x 32 trials, the two small models x 8
     python benchmarks/model_tvm.py --quick         # ResNet-18 3 tasks x 8 trials, the small models x 4
     python benchmarks/model_tvm.py --models resnet18 --tasks 4 --trials 16
 """
@@ -172,7 +174,35 @@ def select_tasks(tasks: list[Any], count: int | None) -> list[Any]:
     return [task for task in tasks if task.task_name in chosen]
 
 
-def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str, target: Any) -> float:
+def in_process_builder() -> Any:
+    """A MetaSchedule builder that builds candidates in this process with ``default_build``:
+    TVM's LocalBuilder starts fresh workers for every batch, and each spends 45 to 80 s on a
+    2-core machine importing TVM's tensor intrinsics before it builds anything."""
+    import tvm
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+
+    @derived_object
+    class InProcessBuilder(ms.builder.PyBuilder):
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            results = []
+            for build_input in build_inputs:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        artifact = default_export(default_build(build_input.mod, build_input.target, None))
+                except tvm.TVMError as exc:
+                    results.append(ms.builder.BuilderResult(None, str(exc)))
+                    continue
+                results.append(ms.builder.BuilderResult(artifact, None))
+            return results
+
+    return InProcessBuilder()
+
+
+def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str, target: Any,
+                  builder: str) -> float:
     """MetaSchedule tunes ``tasks`` into a JSONDatabase; every commit also goes to a Lorien store
     through the adapter. Returns TVM's tuning wall time (s)."""
     import tvm.s_tir.meta_schedule as ms
@@ -218,7 +248,8 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
                                               min_repeat_ms=MEASURE["min_repeat_ms"])
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                       max_trials_global=trials * len(contexts), max_trials_per_task=trials,
-                      num_trials_per_iter=min(trials, 64), builder=ms.builder.LocalBuilder(timeout_sec=120),
+                      num_trials_per_iter=min(trials, 64),
+                      builder=in_process_builder() if builder == "in-process" else ms.builder.LocalBuilder(timeout_sec=120),
                       runner=ms.runner.LocalRunner(timeout_sec=120, evaluator_config=evaluator),
                       database=Both())
     elapsed = time.perf_counter() - started
@@ -327,7 +358,7 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
                                                                         allow_missing=False)
 
     adapter_store = f"parquet:{work / 'adapter_store'}"
-    run.tvm_tuning_s = tune_with_tvm(selected, trials, work / "tvm_db", adapter_store, target)
+    run.tvm_tuning_s = tune_with_tvm(selected, trials, work / "tvm_db", adapter_store, target, args.tvm_builder)
     print(f"{name}: TVM tuned in {run.tvm_tuning_s:.1f} s", flush=True)
     databases["tvm"] = ms.database.JSONDatabase(work_dir=str(work / "tvm_db"), allow_missing=False)
     databases["tvm_adapter"] = warehouse_database(adapter_store, target=target)
@@ -385,17 +416,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--tasks", type=int, help="ResNet-18 tasks tuned (most FLOPs x weight; default 8)")
     parser.add_argument("--trials", type=int, help="trials per ResNet-18 task (default 32)")
-    parser.add_argument("--small-trials", type=int, help="trials per task of the other models (default 16)")
+    parser.add_argument("--small-trials", type=int, help="trials per task of the other models (default 8)")
     parser.add_argument("--remeasure", type=int, default=4, help="remeasure_with_tvm: best traces per task "
                                                                  "re-measured by TVM (default 4)")
     parser.add_argument("--measure-with-tvm", action="store_true",
                         help="also tune with measure_with: tvm (every candidate timed by TVM; slow)")
+    parser.add_argument("--tvm-builder", choices=["in-process", "local"], default="in-process",
+                        help="TVM's builder: in-process (default: this process, as Lorien's TVM re-measuring "
+                             "builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.tasks = args.tasks or (3 if quick else 8)
     args.trials = args.trials or (8 if quick else 32)
-    args.small_trials = args.small_trials or (4 if quick else 16)
+    args.small_trials = args.small_trials or (4 if quick else 8)
     args.rounds = args.rounds or (10 if quick else 30)
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in models if name not in BUILDERS]
@@ -420,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
 
     target_json = json.dumps(target_value)
     target = tvm.target.Target(target_value)
+    import logging
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)  # TVM's per-task tables
     print(f"model_tvm: {model_name} ({host_cpu_name()}, {os.cpu_count()} cores), TVM {tvm.__version__}, "
           f"target {target_json}; measure {MEASURE}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="lorien-model-tvm-"))
