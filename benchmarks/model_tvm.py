@@ -368,7 +368,7 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
 
     rng = np.random.default_rng(0)
     params = [p for p in mod["main"].params]
-    inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.struct_info.shape]).astype("float32"))
+    inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)))
               for p in params]
     machines = {"untuned": relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())}
     for label, database in databases.items():
