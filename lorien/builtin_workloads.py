@@ -257,7 +257,8 @@ def expand_model_task(op: str, params: dict[str, Any], epilogue: dict[str, int],
     ways = (f"give the entry's bias and relu to choose the one computation tuned for every occurrence, or use "
             f"lorien extract --dialect meta_schedule (TVM's fused tasks; needs apache-tvm)")
     if len(epilogue) > 1:
-        seen = ", ".join(f"{pattern} x{count}" for pattern, count in epilogue.items())
+        seen = ", ".join(f"{pattern} x{count}" for pattern, count in
+                         sorted(epilogue.items(), key=lambda item: (-item[1], item[0])))
         raise DialectError(f"{what}: the models have {len(epilogue)} different epilogues after it ({seen}); the "
                            f"{dialect} dialect tunes an op with its epilogue fused, one computation per task: {ways}")
     (pattern,) = epilogue

@@ -116,3 +116,45 @@ def test_extract_then_tune_meta_schedule_tunes_the_onnx_conv_nchw_with_bias_relu
     dag = workload_dag(records[0])
     assert [t.shape for t in dag.io_tensors] == [(1, 8, 8, 8), (16, 8, 3, 3), (16,), (1, 16, 8, 8)]
     _computes_conv_bias_relu(dag)
+
+
+def _resnet_block_onnx(path, residual: bool) -> str:
+    """conv+bias+relu, then conv+bias (+ the block's input, when ``residual``) + relu; NCHW."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.uniform(-1, 1, shape).astype("float32"), name)
+               for name, shape in (("w1", (8, 8, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 3, 3)), ("b2", (8,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2")]
+    nodes += [helper.make_node("Add", ["c2", "x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])] if residual \
+        else [helper.make_node("Relu", ["c2"], ["y"])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_extract_for_auto_scheduler_writes_nchw_tasks_with_their_epilogue_or_names_what_it_cannot(tmp_path, capsys):
+    from lorien.cli import main
+    from lorien.tune.config import load_tune_config
+
+    plain = _resnet_block_onnx(tmp_path / "plain.onnx", residual=False)
+    out = tmp_path / "tasks" / "plain.yaml"
+    assert main(["extract", plain, "--dialect", "auto_scheduler", "-o", str(out)]) == 0
+    jobs = load_tune_config(out).jobs
+    assert [job["dialect"] for job in jobs] == ["auto_scheduler"]  # both convs are one task: same shape, same epilogue
+    assert jobs[0]["task_name"] == "conv2d_nchw_layer" and jobs[0]["args"][-3:-1] == [True, True]
+    _computes_conv_bias_relu(_dag(jobs[0]))
+
+    residual = _resnet_block_onnx(tmp_path / "residual.onnx", residual=True)
+    bad = tmp_path / "residual.yaml"
+    capsys.readouterr()
+    assert main(["extract", residual, "--dialect", "auto_scheduler", "-o", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "task residual/conv1: conv2d {" in err and "(layout NCHW): the models have 2 different epilogues" in err
+    assert "bias+add+relu x1, bias+relu x1" in err and not bad.exists()
+    assert main(["extract", residual, "--dialect", "auto_scheduler", "--skip-untunable", "-o", str(bad)]) == 0
+    assert "skipped residual/conv1" in capsys.readouterr().out and "workloads:\n" in bad.read_text()
