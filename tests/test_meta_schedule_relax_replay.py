@@ -190,6 +190,22 @@ def test_a_relax_task_using_pow_reads_into_a_dag_that_matches_numpy(tmp_path):
     np.testing.assert_allclose(got, data * data, rtol=1e-6)
 
 
+def test_a_kernel_giving_nan_where_numpy_does_is_right_and_measured():
+    """Random inputs in [-1, 1) make a layer norm task's sqrt NaN in NumPy too: not a wrong answer."""
+    from dialects.meta_schedule.compile import measure_traces
+    from dialects.meta_schedule.space import TraceSpace
+    from lorien.engine.dag import ComputeDAG
+
+    data = te.placeholder((4, 16), "float32", "data")
+    out = te.compute((4, 16), lambda i, j: te.sqrt(data[i, j]), name="out")
+    dag = ComputeDAG([data, out])
+    space = TraceSpace(dag)
+    (result,) = measure_traces(dag, [space.get(0)], {"number": 1, "repeat": 1})
+    assert result.error_no == 0, result.error_msg
+    schedule = create_schedule(out)
+    check_kernel(build(schedule, [data, out]), dag)  # raises WorkloadError on a mismatch; NaN matches NaN
+
+
 def test_lorien_apply_measures_a_relax_record(capsys):
     database, number = _first_line(lambda insts: any(inst[0] == "RFactor" for inst in insts))
     assert main(["apply", "--log", str(DATA / database), "--line", str(number),

@@ -196,7 +196,7 @@ class TvmMeasurer:
                 self._expected = self.dag.evaluate(*self._inputs)
             got = [array.numpy() for array, t in zip(arrays, self.dag.io_tensors, strict=True) if t in outputs]
             for tensor, value, want in zip(outputs, got, self._expected, strict=True):
-                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol):
+                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol, equal_nan=True):
                     error = float(np.max(np.abs(value.astype(np.float64) - want.astype(np.float64))))
                     return [], ErrorNo.WRONG_ANSWER, (f"output {tensor.name!r} differs from the NumPy reference "
                                                       f"(max abs error {error:.3g})")
