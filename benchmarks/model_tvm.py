@@ -321,14 +321,15 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
     from tvm import relax
 
     from dialects.meta_schedule.compile import replay_database
-    from dialects.meta_schedule.relax_tasks import fused_relax_module
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
     from dialects.meta_schedule.tvm_database import warehouse_database
 
     run = ModelRun(name)
     work = root / name
     work.mkdir()
     onnx_path, shapes = BUILDERS[name](work / f"{name}.onnx")
-    mod = fused_relax_module(str(onnx_path), shapes)
+    mod = fused_relax_module(str(onnx_path), shapes)  # what extract_tasks takes
+    raw = relax_module(str(onnx_path), shapes)        # what compile_relax and relax.build take: they fuse it
     tasks = ms.relax_integration.extract_tasks(mod, target)
     selected = select_tasks(tasks, args.tasks if name == "resnet18" else None)
     trials = args.trials if name == "resnet18" else args.small_trials
@@ -367,14 +368,14 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
         run.applied[label] = applied_tasks(mod, database, target, names)
 
     rng = np.random.default_rng(0)
-    params = [p for p in mod["main"].params]
+    params = list(raw["main"].params)
     inputs = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)))
               for p in params]
-    machines = {"untuned": relax.VirtualMachine(relax.build(mod, target=target), tvm.cpu())}
+    machines = {"untuned": relax.VirtualMachine(relax.build(raw, target=target), tvm.cpu())}
     for label, database in databases.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            executable = ms.relax_integration.compile_relax(database, mod, target, params=None)
+            executable = ms.relax_integration.compile_relax(database, raw, target, params=None)
         machines[label] = relax.VirtualMachine(executable, tvm.cpu())
     outputs = {label: vm["main"](*inputs).numpy() for label, vm in machines.items()}
     scale = float(np.max(np.abs(outputs["untuned"]))) or 1.0

@@ -76,7 +76,7 @@ def test_extracted_relax_tasks_tuned_by_lorien_are_all_applied_by_tvm_and_the_bu
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     from tvm import relax
 
-    from dialects.meta_schedule.relax_tasks import fused_relax_module
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
     from lorien.cli import main
 
     model = convnet_onnx(tmp_path / "convnet.onnx")
@@ -107,8 +107,9 @@ def test_extracted_relax_tasks_tuned_by_lorien_are_all_applied_by_tvm_and_the_bu
     def run(executable) -> np.ndarray:
         return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
-    untuned = run(relax.build(mod, target=target))
-    tuned = run(ms.relax_integration.compile_relax(database, mod, target, params=None))
+    raw = relax_module(str(model))  # compile_relax fuses it as extract_tasks' module was fused
+    untuned = run(relax.build(raw, target=target))
+    tuned = run(ms.relax_integration.compile_relax(database, raw, target, params=None))
     np.testing.assert_allclose(tuned, untuned, rtol=1e-4, atol=1e-5)
 
 
@@ -123,7 +124,7 @@ def test_relax_tasks_tuned_on_the_engine_and_remeasured_by_tvm_export_tvm_latenc
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     from tvm import relax
 
-    from dialects.meta_schedule.relax_tasks import fused_relax_module
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
     from lorien.cli import main
     from lorien.record import MEASURED_BY_TVM, TuningRecord
     from lorien.warehouse import open_store
@@ -155,8 +156,33 @@ def test_relax_tasks_tuned_on_the_engine_and_remeasured_by_tvm_export_tvm_latenc
     def run(executable) -> np.ndarray:
         return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
-    np.testing.assert_allclose(run(ms.relax_integration.compile_relax(database, mod, target, params=None)),
-                               run(relax.build(mod, target=target)), rtol=1e-4, atol=1e-5)
+    raw = relax_module(str(model))
+    np.testing.assert_allclose(run(ms.relax_integration.compile_relax(database, raw, target, params=None)),
+                               run(relax.build(raw, target=target)), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_relax_fuses_the_module_it_is_given_so_it_takes_the_unfused_one(tmp_path):
+    """compile_relax runs LegalizeOps ... FuseTIR itself: on relax_module its functions are the
+    extracted tasks (same hashes); on the already fused module it fuses again and none match."""
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import relax
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
+
+    model = str(convnet_onnx(tmp_path / "convnet.onnx"))
+    fuse = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                     relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                     relax.transform.FuseTIR()])
+
+    def hashes(mod) -> set[str]:
+        return {ms.database.Workload(tvm.IRModule({"main": func})).as_json()[0]
+                for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)}
+
+    tasks = {ms.database.Workload(task.dispatched[0]).as_json()[0] for task in
+             ms.relax_integration.extract_tasks(fused_relax_module(model), tvm.target.Target(TARGET))}
+    assert hashes(fuse(relax_module(model))) == tasks
+    assert not hashes(fuse(fused_relax_module(model))) & tasks
 
 
 def test_extract_for_meta_schedule_names_a_model_that_is_not_onnx(tmp_path, capsys):
