@@ -254,8 +254,8 @@ def expand_model_task(op: str, params: dict[str, Any], epilogue: dict[str, int],
         return expand_workload(op, params)
     shape = ", ".join(f"{key}={value}" for key, value in params.items() if key != "layout")
     what = f"{op} {{{shape}}}{layout}"
-    ways = (f"give the entry's bias and relu to choose the one computation tuned for every occurrence, or use "
-            f"lorien extract --dialect meta_schedule (TVM's fused tasks; needs apache-tvm)")
+    ways = ("give the entry's bias and relu to choose the one computation tuned for every occurrence, or use "
+            "lorien extract --dialect meta_schedule (TVM's fused tasks; needs apache-tvm)")
     if len(epilogue) > 1:
         seen = ", ".join(f"{pattern} x{count}" for pattern, count in
                          sorted(epilogue.items(), key=lambda item: (-item[1], item[0])))
