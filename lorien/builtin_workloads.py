@@ -226,3 +226,46 @@ def expand_workload(op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
             _padding(p["padding"]), shorthand_pair(p["dilation"], "dilation"),
             _flag(p, op, "bias"), _flag(p, op, "relu"), p["dtype"]]
     raise DialectError(f"unknown op shorthand {op!r} (known: {', '.join(SHORTHANDS)})")
+
+
+#: The layout of the convolutions ``lorien extract`` finds in ONNX and torch models.
+MODEL_CONV_LAYOUT = "NCHW"
+#: Epilogue parts the built-in workloads fuse (``bias``, ``relu`` flags).
+FUSED_EPILOGUE_PARTS = ("bias", "relu")
+
+
+def expand_model_task(op: str, params: dict[str, Any], epilogue: dict[str, int], dialect: str) -> tuple[str, list[Any]]:
+    """(workload function, args) of a task ``lorien extract`` found in models, for a dialect that
+    fuses epilogues into its tasks (auto_scheduler, meta_schedule): the op in the model's layout
+    (a ``conv2d`` is NCHW unless the entry gives ``layout``) with the one epilogue pattern the
+    model has after it (``bias``, ``relu``, ``bias+relu``). What the built-in workloads cannot
+    compute as the model does is a DialectError naming the op, its layout and the epilogue:
+    a part they do not fuse (a residual ``add``, ``relu6``), or several different patterns in
+    one task (the occurrences differ: one computation each). ``bias``/``relu`` given in the
+    entry say what to tune and are taken as given."""
+    params = dict(params)
+    layout = ""
+    if op == "conv2d":
+        params.setdefault("layout", MODEL_CONV_LAYOUT)
+        layout = f" (layout {params['layout']})"
+    elif op == "depthwise_conv2d":
+        layout = f" (layout {MODEL_CONV_LAYOUT})"
+    if "bias" in params or "relu" in params or not epilogue:
+        return expand_workload(op, params)
+    shape = ", ".join(f"{key}={value}" for key, value in params.items() if key != "layout")
+    what = f"{op} {{{shape}}}{layout}"
+    ways = ("give the entry's bias and relu to choose the one computation tuned for every occurrence, or use "
+            "lorien extract --dialect meta_schedule (TVM's fused tasks; needs apache-tvm)")
+    if len(epilogue) > 1:
+        seen = ", ".join(f"{pattern} x{count}" for pattern, count in
+                         sorted(epilogue.items(), key=lambda item: (-item[1], item[0])))
+        raise DialectError(f"{what}: the models have {len(epilogue)} different epilogues after it ({seen}); the "
+                           f"{dialect} dialect tunes an op with its epilogue fused, one computation per task: {ways}")
+    (pattern,) = epilogue
+    parts = pattern.split("+")
+    unfused = [part for part in parts if part not in FUSED_EPILOGUE_PARTS]
+    if unfused:
+        raise DialectError(f"{what}: epilogue {pattern!r}: the {dialect} dialect's built-in {op} workloads fuse "
+                           f"{' and '.join(FUSED_EPILOGUE_PARTS)} only, not {', '.join(unfused)}: {ways}")
+    params.update(bias="bias" in parts, relu="relu" in parts)
+    return expand_workload(op, params)

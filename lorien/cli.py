@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="print the summary (models, tasks, unsupported operators) as JSON; needs -o")
     extract.add_argument("--dialect", help="the tasks as this dialect's tuning system sees them, e.g. meta_schedule: "
                          "TVM's relax tasks of ONNX models, verbatim, named by structural hash, their modules "
-                         "written beside the YAML (needs -o and apache-tvm; docs/models.md)")
+                         "written beside the YAML (needs -o and apache-tvm; docs/models.md); auto_scheduler: "
+                         "the op shorthands under dialect: auto_scheduler, each checked to be tunable as the model "
+                         "computes it (NCHW, bias/relu fused), no TVM needed")
     extract.add_argument("--target", help="with --dialect: the target the tasks are extracted for (TVM's JSON "
                          "dict or string; default llvm)")
     extract.add_argument("--skip-untunable", action="store_true",

@@ -120,6 +120,15 @@ class Dialect(ABC):
         """(task_name, args) of a tuning-YAML op shorthand (``dense: {M: .., N: .., K: ..}``)."""
         raise DialectError(f"dialect {self.name!r} has no op shorthands; give task_name and args")
 
+    def expand_model_task(self, op: str, params: dict[str, Any], epilogue: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """(task_name, args) of an op shorthand ``lorien extract`` found in models (an entry with
+        ``models`` or ``epilogue``: the elementwise patterns seen after the op, with counts; the
+        models' convolutions are NCHW). By default the anchor operator alone, as
+        :meth:`expand_workload` (a dialect whose tasks are the anchor op, like AutoTVM's templates).
+        A dialect that fuses epilogues into its tasks tunes the op with its epilogue and layout as
+        the model has them, or raises DialectError naming the op, layout and epilogue it cannot."""
+        return self.expand_workload(op, params)
+
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None) -> Any:
         """A kernel (:class:`lorien.engine.Kernel`) built with a stored record's config; ``store``
         is where a record that names its workload by reference finds it."""

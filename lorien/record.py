@@ -40,6 +40,22 @@ class ErrorNo(enum.IntEnum):
 #: ``build`` says nothing: the latencies are whatever the tool that wrote the log measured).
 MEASURED_BY_ENGINE, MEASURED_BY_TVM, MEASURED_BY_LOG = "lorien", "tvm", "log"
 
+
+def measured_by_of(build: str | None) -> str:
+    """Who measured a record's costs, by its ``build`` JSON: its ``measured_by``; a build that
+    names only Lorien's ``engine`` (records from before the field) is the engine's; an empty
+    build (an ingested log line) is :data:`MEASURED_BY_LOG`."""
+    try:
+        value = orjson.loads(build) if build else {}
+    except orjson.JSONDecodeError:
+        value = {}
+    if not isinstance(value, dict):
+        return MEASURED_BY_LOG
+    if value.get("measured_by"):
+        return str(value["measured_by"])
+    return MEASURED_BY_ENGINE if str(value.get("engine", "")).startswith("lorien") else MEASURED_BY_LOG
+
+
 #: Cost given to failed candidates in TVM logs (``MAX_FLOAT``-like sentinel, seconds).
 FAILED_COST_S = 1e10
 
@@ -162,18 +178,8 @@ class TuningRecord:
 
     @property
     def measured_by(self) -> str:
-        """Who measured this record's costs: ``measured_by`` of its build JSON; a build that names
-        only Lorien's ``engine`` (records from before the field) is the engine's; an empty build
-        (an ingested log line) is :data:`MEASURED_BY_LOG`."""
-        try:
-            build = orjson.loads(self.build) if self.build else {}
-        except orjson.JSONDecodeError:
-            build = {}
-        if not isinstance(build, dict):
-            return MEASURED_BY_LOG
-        if build.get("measured_by"):
-            return str(build["measured_by"])
-        return MEASURED_BY_ENGINE if str(build.get("engine", "")).startswith("lorien") else MEASURED_BY_LOG
+        """Who measured this record's costs (:func:`measured_by_of` its build JSON)."""
+        return measured_by_of(self.build)
 
     @property
     def is_valid(self) -> bool:

@@ -145,6 +145,67 @@ def test_an_intrinsic_vectorized_on_the_engine_matches_numpy(intrinsic):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_pow_vectorized_on_the_engine_matches_numpy():
+    """ONNX Pow (layer norm's square in lorien.models.bert) legalizes to tirx.pow."""
+    base = te.placeholder((4, 16), "float32", "base")
+    exponent = te.placeholder((4, 16), "float32", "exponent")
+    out = te.compute((4, 16), lambda i, j: te.power(te.intrinsic("fabs", base[i, j]) + 0.5, exponent[i, j]),
+                     name="out")
+    squared = te.compute((4, 16), lambda i, j: te.power(base[i, j], 2.0), name="squared")
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-3, 3, (2, 4, 16)).astype("float32")
+    for tensor, args, want in ((out, [base, exponent, out], np.power(np.abs(x) + 0.5, y)),
+                               (squared, [base, squared], x * x)):
+        schedule = create_schedule(tensor)
+        _, inner = schedule[tensor].split("j", factor=8)
+        schedule[tensor].vectorize(inner)
+        got = np.zeros_like(x)
+        build(schedule, args)(*([x, y, got] if len(args) == 3 else [x, got]))
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.tvm
+def test_a_relax_task_using_pow_reads_into_a_dag_that_matches_numpy(tmp_path):
+    """An ONNX Pow through TVM's relax pipeline is a task whose module the engine reads and tunes."""
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, untunable_reason
+    from dialects.meta_schedule.workload import dag_of_module
+
+    graph = helper.make_graph([helper.make_node("Pow", ["x", "two"], ["y"])], "pow",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [numpy_helper.from_array(np.float32(2), "two")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "pow.onnx"))
+    (task,) = ms.relax_integration.extract_tasks(fused_relax_module(str(tmp_path / "pow.onnx")),
+                                                 tvm.target.Target("llvm"))
+    module = ms.database.Workload(task.dispatched[0]).as_json()[1]
+    assert "pow" in str(task.dispatched[0]) and untunable_reason(module) is None
+    dag = dag_of_module(module)
+    data = np.random.default_rng(0).uniform(-2, 2, (2, 8)).astype("float32")
+    (got,) = dag.evaluate(data)
+    np.testing.assert_allclose(got, data * data, rtol=1e-6)
+
+
+def test_a_kernel_giving_nan_where_numpy_does_is_right_and_measured():
+    """Random inputs in [-1, 1) make a layer norm task's sqrt NaN in NumPy too: not a wrong answer."""
+    from dialects.meta_schedule.compile import measure_traces
+    from dialects.meta_schedule.space import TraceSpace
+    from lorien.engine.dag import ComputeDAG
+
+    data = te.placeholder((4, 16), "float32", "data")
+    out = te.compute((4, 16), lambda i, j: te.sqrt(data[i, j]), name="out")
+    dag = ComputeDAG([data, out])
+    space = TraceSpace(dag)
+    (result,) = measure_traces(dag, [space.get(0)], {"number": 1, "repeat": 1})
+    assert result.error_no == 0, result.error_msg
+    schedule = create_schedule(out)
+    check_kernel(build(schedule, [data, out]), dag)  # raises WorkloadError on a mismatch; NaN matches NaN
+
+
 def test_lorien_apply_measures_a_relax_record(capsys):
     database, number = _first_line(lambda insts: any(inst[0] == "RFactor" for inst in insts))
     assert main(["apply", "--log", str(DATA / database), "--line", str(number),

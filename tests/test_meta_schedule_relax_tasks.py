@@ -76,7 +76,7 @@ def test_extracted_relax_tasks_tuned_by_lorien_are_all_applied_by_tvm_and_the_bu
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     from tvm import relax
 
-    from dialects.meta_schedule.relax_tasks import fused_relax_module
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
     from lorien.cli import main
 
     model = convnet_onnx(tmp_path / "convnet.onnx")
@@ -107,9 +107,83 @@ def test_extracted_relax_tasks_tuned_by_lorien_are_all_applied_by_tvm_and_the_bu
     def run(executable) -> np.ndarray:
         return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
-    untuned = run(relax.build(mod, target=target))
-    tuned = run(ms.relax_integration.compile_relax(database, mod, target, params=None))
+    raw = relax_module(str(model))  # compile_relax fuses it as extract_tasks' module was fused
+    untuned = run(relax.build(raw, target=target))
+    tuned = run(ms.relax_integration.compile_relax(database, raw, target, params=None))
     np.testing.assert_allclose(tuned, untuned, rtol=1e-4, atol=1e-5)
+
+
+def test_relax_tasks_tuned_on_the_engine_and_remeasured_by_tvm_export_tvm_latencies_and_build(tmp_path, capsys):
+    """remeasure_with_tvm on TVM's own task modules: every task gets TVM-measured records, the
+    export writes those (no engine latency), and compile_relax builds the model from it."""
+    import json
+
+    import yaml
+
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import relax
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
+    from lorien.cli import main
+    from lorien.record import MEASURED_BY_TVM, TuningRecord
+    from lorien.warehouse import open_store
+
+    model = convnet_onnx(tmp_path / "convnet.onnx")
+    config, store, exported = tmp_path / "tasks" / "convnet.yaml", f"parquet:{tmp_path / 'store'}", tmp_path / "db"
+    assert main(["extract", str(model), "--dialect", "meta_schedule", "-o", str(config)]) == 0
+    spec = yaml.safe_load(config.read_text())
+    spec.update({"remeasure_with_tvm": 1, "measure": {"number": 2, "repeat": 2}})
+    config.write_text(yaml.safe_dump(spec))
+    assert main(["tune", str(config), "--store", store, "--trials", "2", "--tuner", "random", "--no-progress"]) == 0
+    with open_store(store) as opened:
+        records = [TuningRecord.from_row(row) for row in opened.scan({}).to_pylist()]
+    timed = {record.workload_key for record in records if record.measured_by == MEASURED_BY_TVM}
+    assert len(timed) == 5 == len({record.workload_key for record in records})
+    capsys.readouterr()
+    assert main(["export", "--format", "meta_schedule", "--target", "llvm", "--alternate-key", "-o", str(exported),
+                 "--store", store, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["records"] == 5 and summary["engine_measured_records"] == 0
+
+    target = tvm.target.Target(TARGET)
+    mod = fused_relax_module(str(model))
+    database = ms.database.JSONDatabase(work_dir=str(exported), allow_missing=False)
+    assert all(database.query_tuning_record(task.dispatched[0], target, task.task_name)
+               for task in ms.relax_integration.extract_tasks(mod, target))
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+
+    def run(executable) -> np.ndarray:
+        return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+    raw = relax_module(str(model))
+    np.testing.assert_allclose(run(ms.relax_integration.compile_relax(database, raw, target, params=None)),
+                               run(relax.build(raw, target=target)), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_relax_fuses_the_module_it_is_given_so_it_takes_the_unfused_one(tmp_path):
+    """compile_relax runs LegalizeOps ... FuseTIR itself: on relax_module its functions are those
+    the tasks were extracted from (same hashes); on the already fused module it fuses again and
+    the convolutions' and dense layers' do not match."""
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import relax
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module, relax_module
+
+    model = str(convnet_onnx(tmp_path / "convnet.onnx"))
+    fuse = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                     relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                     relax.transform.FuseTIR()])
+
+    def hashes(mod) -> set[str]:
+        return {ms.database.Workload(tvm.IRModule({"main": func})).as_json()[0]
+                for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)}
+
+    once = hashes(fused_relax_module(model))  # the functions extract_tasks makes the tasks of
+    assert len(once) == 5
+    assert hashes(fuse(relax_module(model))) == once
+    assert len(hashes(fuse(fused_relax_module(model))) & once) <= 1  # the convs and dense differ; a reshape may not
 
 
 def test_extract_for_meta_schedule_names_a_model_that_is_not_onnx(tmp_path, capsys):

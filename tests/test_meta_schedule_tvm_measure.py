@@ -164,3 +164,79 @@ def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_recor
         direct_s = _tvm_latency_s(dag, orjson.loads(record.config), EXPORT_MEASURE)  # as export times it
         assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
         assert record.cost_s not in engine_s
+
+
+def test_remeasure_with_tvm_without_tvm_is_an_error_naming_what_to_install(monkeypatch):
+    spec = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [4, 8, 16, False, False, "float32"]}
+    with pytest.raises(ConfigError, match=r"'remeasure_with_tvm' is how many .* got -1"):
+        TuneJob.from_spec({**spec, "remeasure_with_tvm": -1})
+    _without_tvm(monkeypatch)
+    with pytest.raises(ConfigError, match=r"remeasure_with_tvm: 2.*pip install 'lorien\[tvm\]'"):
+        TuneJob.from_spec({**spec, "remeasure_with_tvm": 2})
+    assert TuneJob.from_spec(spec).option("remeasure_with_tvm") == 0
+
+
+def test_export_for_tvm_prefers_a_workload_s_tvm_measured_record_to_a_faster_engine_measured_one(
+        tmp_path, store_uri):
+    """The engine's latencies do not rank against TVM's: a record TVM measured is exported even
+    where the engine timed another trace of the workload faster."""
+    from lorien.engine.build import build_info
+    from lorien.warehouse.query import export_records
+
+    dag = _matmul_32()
+    from dialects.meta_schedule.compile import lorien_entry
+    from dialects.meta_schedule.workload import workload_key_of
+
+    key = workload_key_of(dag)
+    base = {"dialect": "meta_schedule", "target": "llvm", "target_key": "llvm_cpu", "workload_key": key,
+            "task_name": "C", "args": "[]", "layout": "NA", "extra": json.dumps({"workload": lorien_entry(dag)})}
+    engine_fast = TuningRecord(**base, config='[[], ["engine"]]', costs=[1e-6], build=build_info())
+    tvm_slow = TuningRecord(**base, config='[[], ["tvm"]]', costs=[5e-6],
+                            build='{"measured_by": "tvm", "tvm_version": "0.27.0"}')
+    engine_only = TuningRecord(**{**base, "workload_key": "7"}, config='[[], ["other"]]', costs=[2e-6],
+                               build=build_info())
+    with open_store(store_uri) as store:
+        store.commit([engine_fast, tvm_slow, engine_only])
+        exported = {record.workload_key: record for record in export_records(store, "llvm", "meta_schedule")}
+        assert exported[key].config == tvm_slow.config
+        assert exported["7"].config == engine_only.config  # no TVM record: the engine's best
+        # other formats rank by latency alone, as before
+        assert export_records(store, "llvm", "meta_schedule", best_only=False).__len__() == 3
+
+
+@pytest.mark.tvm
+def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writes_those(tmp_path, store_uri, capsys):
+    tvm = pytest.importorskip("tvm")
+    from dialects.meta_schedule.tuning import tune_dag
+    from lorien.formats.meta_schedule import iter_records
+
+    dag = _matmul_32()
+    job = {"trials": 4, "batch_size": 4, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 2}
+    progress = tune_dag(dag, job, store_uri)
+    assert progress.trials == 4
+    with open_store(store_uri) as store:
+        records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
+    engine = sorted((r for r in records if r.measured_by == MEASURED_BY_ENGINE), key=lambda r: r.cost_s)
+    timed = [r for r in records if r.measured_by == MEASURED_BY_TVM]
+    assert len(engine) == 4 and len(timed) == 2
+    assert {r.config for r in timed} == {r.config for r in engine[:2]}  # the engine's two fastest traces
+    for record in timed:
+        assert json.loads(record.build)["tvm_version"] == tvm.__version__ and record.error_no == 0
+        direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
+        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+
+    tune_dag(dag, {**job, "trials": 2, "batch_size": 2}, store_uri)  # 2 more: no trace timed by TVM twice
+    with open_store(store_uri) as store:
+        timed = [r for r in (TuningRecord.from_row(row) for row in store.scan({}).to_pylist())
+                 if r.measured_by == MEASURED_BY_TVM]
+    assert len(timed) == 4 and len({r.config for r in timed}) == 4
+    capsys.readouterr()
+    out = tmp_path / "db"
+    assert main(["export", "--target", "llvm", "--format", "meta_schedule", "--store", store_uri, "-o", str(out),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["engine_measured_records"] == 0
+    (written,) = list(iter_records(out))
+    best_tvm = min(timed, key=lambda r: r.cost_s)
+    assert orjson.loads(written.config) == orjson.loads(best_tvm.config)
+    assert written.costs == pytest.approx(best_tvm.costs)

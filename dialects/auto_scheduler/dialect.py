@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dialects.auto_scheduler import features
@@ -73,6 +74,45 @@ class AutoSchedulerDialect(Dialect):
         from lorien.builtin_workloads import expand_workload
 
         return expand_workload(op, params)
+
+    def extract_model_tasks(self, models: list[str], inputs: list[str], batch_size: int | None = None,
+                            target: str | None = None, skip_untunable: bool = False) -> Any:
+        """``lorien extract --dialect auto_scheduler``: the op shorthands of ``lorien extract``
+        (ONNX files, torch modules) under ``dialect: auto_scheduler``, each checked to be tunable
+        as the model computes it (:meth:`expand_model_task`: the NCHW conv with its bias/relu).
+        A task that is not is a DialectError naming it, or, with ``skip_untunable``, left out
+        with a summary line."""
+        from lorien.errors import DialectError
+        from lorien.models import extract_models
+        from lorien.models.extract import ModelTasks
+
+        extraction = extract_models(models, inputs, batch_size=batch_size)
+        entries, skipped = [], []
+        for task in extraction.tasks:
+            entry = task.to_entry()
+            try:
+                self.expand_model_task(task.op, dict(entry[task.op]), dict(task.epilogues))
+            except DialectError as exc:
+                if not skip_untunable:
+                    raise DialectError(f"task {task.name}: {exc}; or pass --skip-untunable to leave it out") from exc
+                skipped.append(f"skipped {task.name}: {exc}")
+                continue
+            entries.append(entry)
+        lines = [*extraction.summary().splitlines(), *skipped,
+                 f"{len(entries)} tasks for the auto_scheduler dialect; {len(skipped)} skipped"]
+        settings: dict[str, Any] = {"dialect": self.name}
+        if target:
+            settings["target"] = target
+        return ModelTasks(entries=entries, settings=settings, files={}, summary_lines=lines,
+                          report={**extraction.to_dict(), "skipped": len(skipped)})
+
+    def expand_model_task(self, op: str, params: dict[str, Any], epilogue: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A task found in models: the op in the model's layout with its epilogue fused, or
+        DialectError naming what the built-in workloads cannot compute
+        (:func:`lorien.builtin_workloads.expand_model_task`)."""
+        from lorien.builtin_workloads import expand_model_task
+
+        return expand_model_task(op, params, dict(epilogue), self.name)
 
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
         """A kernel built by replaying a stored record's steps."""

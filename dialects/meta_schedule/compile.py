@@ -116,7 +116,7 @@ def check_kernel(kernel: Any, dag: ComputeDAG, seed: int = 0, rtol: float = 1e-3
     outputs = [(a, spec) for a, spec in zip(arrays, kernel.args, strict=True) if spec.is_output]
     for (got, spec), value in zip(outputs, want, strict=True):
         error = float(np.max(np.abs(got.astype(np.float64) - value.astype(np.float64))))
-        if not np.allclose(got, value, rtol=rtol, atol=atol):
+        if not np.allclose(got, value, rtol=rtol, atol=atol, equal_nan=True):
             raise WorkloadError(f"output {spec.name!r} differs from the NumPy reference (max abs error {error:.3g})")
         worst = max(worst, error)
     return worst

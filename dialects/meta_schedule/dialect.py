@@ -27,6 +27,9 @@ class MetaScheduleDialect(Dialect):
         "measure_with": JobOption("lorien", str, "who builds and times the candidates: 'lorien' (Lorien's engine, "
                                                  "no TVM needed) or 'tvm' (apache-tvm's builder and evaluator: "
                                                  "TVM-true latencies, records whose build says measured_by tvm)"),
+        "remeasure_with_tvm": JobOption(0, int, "after tuning on Lorien's engine, build and time the job's N fastest "
+                                                "traces with apache-tvm and commit them as TVM-measured records "
+                                                "(0: none; needs apache-tvm and a CPU target)"),
     }
 
     def record_formats(self) -> list[str]:
@@ -66,12 +69,30 @@ class MetaScheduleDialect(Dialect):
 
         return expand_workload(op, params)
 
+    def expand_model_task(self, op: str, params: dict[str, Any], epilogue: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A task found in models: the op in the model's layout with its epilogue fused, or
+        DialectError naming what the built-in workloads cannot compute
+        (:func:`lorien.builtin_workloads.expand_model_task`)."""
+        from lorien.builtin_workloads import expand_model_task
+
+        return expand_model_task(op, params, dict(epilogue), self.name)
+
     def check_job(self, job: TuneJob) -> None:
         """A job with a ``workload_file`` names a workload of that file by its structural hash;
-        ``measure_with`` is ``lorien`` or ``tvm`` (``tvm`` needs apache-tvm and a CPU target)."""
+        ``measure_with`` is ``lorien`` or ``tvm`` (``tvm`` needs apache-tvm and a CPU target), and so
+        does ``remeasure_with_tvm`` above 0."""
         from dialects.meta_schedule.tvm_measure import check_measure_with
 
         check_measure_with(job.option("measure_with"), job.target)
+        remeasure = job.option("remeasure_with_tvm")
+        if isinstance(remeasure, bool) or remeasure < 0:
+            raise DialectError(f"'remeasure_with_tvm' is how many of the best traces TVM re-measures (0 or more), "
+                               f"got {remeasure!r}")
+        if remeasure:
+            from dialects.meta_schedule.tvm_measure import require_tvm, tvm_target_dict
+
+            require_tvm(f"'remeasure_with_tvm: {remeasure}' (the best traces built and timed by TVM)")
+            tvm_target_dict(job.target)
         if job.option("workload_file") is not None:
             from dialects.meta_schedule.relax_tasks import workload_of_file
 

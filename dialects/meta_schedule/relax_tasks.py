@@ -39,10 +39,11 @@ def _tvm() -> tuple[Any, Any, Any]:
     return tvm, ms, relax
 
 
-def fused_relax_module(onnx_path: str, shapes: dict[str, list[int]] | None = None) -> Any:
-    """An ONNX model as TVM tunes it: relax ONNX frontend (weights bound as constants), then
-    LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps and FuseTIR."""
-    tvm, _, relax = _tvm()
+def relax_module(onnx_path: str, shapes: dict[str, list[int]] | None = None) -> Any:
+    """An ONNX model imported by TVM's relax ONNX frontend (weights bound as constants): the
+    module to give ``compile_relax``, which runs the passes of :func:`fused_relax_module` itself
+    (given the fused module, it fuses again and no task's hash matches the database)."""
+    _, _, _ = _tvm()
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
@@ -50,10 +51,16 @@ def fused_relax_module(onnx_path: str, shapes: dict[str, list[int]] | None = Non
         model = onnx.load(onnx_path)
     except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, ValueError) as exc:
         raise DialectError(f"{onnx_path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
-    mod = from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+    return from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+
+
+def fused_relax_module(onnx_path: str, shapes: dict[str, list[int]] | None = None) -> Any:
+    """An ONNX model as TVM tunes it (what ``extract_tasks`` takes): :func:`relax_module`, then
+    LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps and FuseTIR."""
+    tvm, _, relax = _tvm()
     passes = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
               relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    return tvm.transform.Sequential(passes)(mod)
+    return tvm.transform.Sequential(passes)(relax_module(onnx_path, shapes))
 
 
 def untunable_reason(module_json: Any) -> str | None:

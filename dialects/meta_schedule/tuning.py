@@ -53,18 +53,20 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
         from dialects.meta_schedule.workload import dag_of_module
 
         entry = workload_of_file(job.option("workload_file"), job.workload_key)
-        return dag_context(dag_of_module(entry[1]), job, task_name=job.task_name or None, entry=entry)
+        return dag_context(dag_of_module(entry[1]), job, task_name=job.task_name or None, entry=entry, store=store)
     registry_key = job_workload_key(job)
     return dag_context(job_dag(registry_key), job, space=cached_space(registry_key),
-                       task_name=job.task_name or registry_key)
+                       task_name=job.task_name or registry_key, store=store)
 
 
 def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
-                task_name: str | None = None, entry: list[Any] | None = None) -> TuneContext:
+                task_name: str | None = None, entry: list[Any] | None = None, store: Any = None) -> TuneContext:
     """The loop's view of tuning any computation defined with Lorien's compute DSL (a DAG of its
     I/O tensors): its design space, the job's tuner, traces measured by the engine, records
     that carry their workload entry (``entry``: TVM's ``[shash, module]`` the DAG was read from,
-    kept unchanged; default: the DAG's own)."""
+    kept unchanged; default: the DAG's own). With ``remeasure_with_tvm: N`` the job ends by
+    re-measuring its best ``N`` traces with TVM (:func:`remeasure_best`; ``store``: where
+    traces TVM measured before are found)."""
     from lorien.target import parse_target
 
     space = space or TraceSpace(dag)
@@ -80,10 +82,13 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
                             float(r.timestamp), info, flop, task_name, extra, source, layout, r.extra.get("build"))
                 for trace, r in zip(traces, results, strict=True)]
 
+    finish = None
+    if (job.option("remeasure_with_tvm") or 0) > 0 and job.option("measure_with") != "tvm":
+        finish = remeasure_best(dag, job, target, entry, to_records, store)
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
-        measure=job_measure(dag, job, target), to_records=to_records, index_of=lambda record: None,
-        schedule_of=functools.partial(_schedule_of, dag))
+        measure=job_measure(dag, job, target, entry), to_records=to_records, index_of=lambda record: None,
+        finish=finish, schedule_of=functools.partial(_schedule_of, dag))
 
 
 def _schedule_of(dag: ComputeDAG, trace: list[Any]) -> tuple[Any, list[Any]]:
@@ -94,14 +99,49 @@ def _schedule_of(dag: ComputeDAG, trace: list[Any]) -> tuple[Any, list[Any]]:
     return replay.schedule, replay.args
 
 
-def job_measure(dag: ComputeDAG, job: TuneJob, target: str) -> Callable[[list[Any]], list[Any]]:
+def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
+                entry: list[Any] | None = None) -> Callable[[list[Any]], list[Any]]:
     """How a job's traces are measured: by Lorien's engine, or with ``measure_with: tvm`` built
     and timed by TVM (:mod:`dialects.meta_schedule.tvm_measure`; the records say which)."""
     if job.option("measure_with") == "tvm":
         from dialects.meta_schedule.tvm_measure import TvmMeasurer
 
-        return TvmMeasurer(dag, job.measure, target)
+        return TvmMeasurer(dag, job.measure, target, entry)
     return lambda traces: measure_traces(dag, traces, job.measure, engine_target(target))
+
+
+def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
+                   to_records: Callable[[list[Any], list[Any], str], list[TuningRecord]],
+                   store: Any) -> Callable[[dict[bytes, Any], str], list[TuningRecord]]:
+    """The end of a job with ``remeasure_with_tvm: N``: the ``N`` fastest traces Lorien's engine
+    measured for the workload (this run's and the store's) built and timed by TVM
+    (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure``), as new
+    records whose build says ``measured_by: tvm``. Traces TVM already measured for the workload
+    and target (in the store) are not measured again."""
+    import math
+
+    import orjson
+
+    from lorien.record import MEASURED_BY_TVM
+    from lorien.search.base import result_cost
+    from lorien.tune.loop import stored_history
+
+    def finish(measured: dict[bytes, Any], source: str) -> list[TuningRecord]:
+        from dialects.meta_schedule.tvm_measure import TvmMeasurer
+
+        done = set()
+        if store is not None:
+            done = {orjson.dumps(orjson.loads(record.config)) for record in stored_history(store, job, str(entry[0]))
+                    if record.measured_by == MEASURED_BY_TVM}
+        ranked = sorted((result_cost(result), key) for key, result in measured.items()
+                        if math.isfinite(result_cost(result)) and getattr(result, "measured_by", None) != MEASURED_BY_TVM)
+        best = [key for _, key in ranked if key not in done][:int(job.option("remeasure_with_tvm"))]
+        if not best:
+            return []
+        traces = [orjson.loads(key) for key in best]
+        return to_records(traces, TvmMeasurer(dag, job.measure, target, entry)(traces), source)
+
+    return finish
 
 
 def tune_dag(dag: ComputeDAG, job: dict[str, Any], store: Any = None, **options: Any) -> TuneProgress:
@@ -114,4 +154,9 @@ def tune_dag(dag: ComputeDAG, job: dict[str, Any], store: Any = None, **options:
     spec = {"task_name": next(t.name for t in reversed(dag.ops)), "args": [], **job, "workload_key": key,
             "dialect": DIALECT, "target": job.get("target") or "llvm"}
     parsed = TuneJob.from_spec(spec)
-    return tune_job(parsed, store, context=dag_context(dag, parsed), **options)
+    if isinstance(store, str):
+        from lorien.warehouse import open_store
+
+        with open_store(store) as opened:
+            return tune_job(parsed, opened, context=dag_context(dag, parsed, store=opened), **options)
+    return tune_job(parsed, store, context=dag_context(dag, parsed, store=store), **options)

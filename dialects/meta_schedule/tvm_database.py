@@ -116,7 +116,8 @@ def tvm_module_of(dag: Any) -> Any:
               "floordiv": tirx.floordiv, "mod": tirx.floormod, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
               "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": tirx.all, "or": tirx.any}
     calls = {"max": tirx.max, "min": tirx.min, "exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt,
-             "rsqrt": tirx.rsqrt, "tanh": tirx.tanh, "erf": tirx.erf, "sigmoid": tirx.sigmoid, "fabs": tirx.abs}
+             "rsqrt": tirx.rsqrt, "tanh": tirx.tanh, "erf": tirx.erf, "sigmoid": tirx.sigmoid, "fabs": tirx.abs,
+             "pow": tirx.pow}
     reducers = {"sum": tvm_te.sum, "max": tvm_te.max, "min": tvm_te.min}
     tensors: dict[str, Any] = {}
 

@@ -103,7 +103,8 @@ class TvmMeasurer:
     :class:`lorien.engine.measure.MeasureResult` each, whose ``extra["build"]`` is the
     record's build JSON (:func:`tvm_build_info`)."""
 
-    def __init__(self, dag: ComputeDAG, measure: dict[str, Any] | None, target: str):
+    def __init__(self, dag: ComputeDAG, measure: dict[str, Any] | None, target: str,
+                 entry: Sequence[Any] | None = None):
         from lorien.engine.measure import MeasureOption
 
         self.tvm = require_tvm("measuring with TVM")
@@ -112,6 +113,9 @@ class TvmMeasurer:
         except TypeError as exc:
             raise ConfigError(f"bad measure options {measure}: {exc}") from exc
         self.dag, self.target = dag, target
+        #: TVM's ``[shash, module]`` of the workload when it is a TVM task (``lorien extract
+        #: --dialect meta_schedule``): its module is scheduled as it is; else the DAG's.
+        self.entry = None if entry is None or isinstance(entry[1], dict) else list(entry)
         self.tvm_target = self.tvm.target.Target(tvm_target_dict(target))
         self.build = tvm_build_info(target)
         self._module: Any = None
@@ -134,7 +138,7 @@ class TvmMeasurer:
         try:
             schedule = self._schedule(trace)
             stage = ErrorNo.COMPILE_HOST
-            kernel = self._build(schedule)
+            kernel = self._build(schedule, trace)
             stage = ErrorNo.RUNTIME_DEVICE
             costs, error_no, error_msg = self._run(kernel)
         except Exception as exc:  # noqa: BLE001 - see above
@@ -148,19 +152,33 @@ class TvmMeasurer:
         from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
 
         if self._module is None:
-            self._module = tvm_module_of(self.dag)
+            if self.entry is not None:
+                import tvm.s_tir.meta_schedule as ms
+
+                self._module = ms.database.Workload.from_json(self.entry).mod
+            else:
+                self._module = tvm_module_of(self.dag)
         schedule = s_tir.Schedule(self._module)
         s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
         return schedule
 
-    def _build(self, schedule: Any) -> Any:
+    def _build(self, schedule: Any, trace: Any = None) -> Any:
+        """The scheduled module built as MetaSchedule's ``default_build`` builds it
+        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``). ``default_build`` first imports
+        TVM's tensor intrinsics (hundreds of TVMScript functions, about a minute on a small
+        machine); they are imported here only for a trace that tensorizes."""
         import warnings
 
-        from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+        from tvm.driver import build as tvm_build
+        from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+        if trace is None or _tensorizes(trace):
+            import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics Tensorize names
 
         with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
             warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
-            return default_build(schedule.mod, self.tvm_target, None)
+            return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(schedule.mod),
+                             target=self.tvm_target)
 
     def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
         from dialects.meta_schedule.compile import reference_inputs
@@ -178,7 +196,7 @@ class TvmMeasurer:
                 self._expected = self.dag.evaluate(*self._inputs)
             got = [array.numpy() for array, t in zip(arrays, self.dag.io_tensors, strict=True) if t in outputs]
             for tensor, value, want in zip(outputs, got, self._expected, strict=True):
-                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol):
+                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol, equal_nan=True):
                     error = float(np.max(np.abs(value.astype(np.float64) - want.astype(np.float64))))
                     return [], ErrorNo.WRONG_ANSWER, (f"output {tensor.name!r} differs from the NumPy reference "
                                                       f"(max abs error {error:.3g})")
@@ -186,6 +204,12 @@ class TvmMeasurer:
                                           min_repeat_ms=int(option.min_repeat_ms),
                                           f_preproc="cache_flush_cpu_non_first_arg" if option.flush_cache else "")
         return [float(cost) for cost in evaluator(*arrays).results], ErrorNo.NO_ERROR, ""
+
+
+def _tensorizes(trace: Any) -> bool:
+    """Whether a trace tensorizes (a ``Tensorize`` instruction or an ``auto_tensorize`` annotation)."""
+    text = orjson.dumps(trace)
+    return b'"Tensorize"' in text or b"auto_tensorize" in text
 
 
 def measure_traces_with_tvm(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None,

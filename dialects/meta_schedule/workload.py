@@ -81,6 +81,8 @@ class _Reader:
                 return te.Select(*args)
             if op.rsplit(".", 1)[-1] in te.INTRINSICS and len(args) == 1:
                 return te.intrinsic(op.rsplit(".", 1)[-1], args[0])
+            if op.rsplit(".", 1)[-1] in te.BINARY_INTRINSICS and len(args) == 2:
+                return te.Call(op.rsplit(".", 1)[-1], tuple(args), args[0].dtype)
             raise WorkloadError(f"call of {op!r} is not supported in a MetaSchedule workload")
         raise WorkloadError(f"expression node {node.get('type')!r} is not supported in a MetaSchedule workload")
 

@@ -176,7 +176,8 @@ def _task_run(payload: tuple) -> list[float]:
         if len(expected) != len(outputs):
             raise MeasureError(ErrorNo.WRONG_ANSWER, f"reference returned {len(expected)} outputs, kernel has {len(outputs)}")
         for spec, got, want in zip([a for a in program.args if a.is_output], outputs, expected, strict=True):
-            if not np.allclose(got, want, rtol=option.rtol, atol=option.atol):
+            # NaN where NumPy has NaN is right (a sqrt of a negative random input, e.g. a layer norm's)
+            if not np.allclose(got, want, rtol=option.rtol, atol=option.atol, equal_nan=True):
                 worst = float(np.max(np.abs(got.astype(np.float64) - np.asarray(want, np.float64))))
                 raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
                                                          f"(max abs error {worst:.3g})")

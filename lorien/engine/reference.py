@@ -21,7 +21,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
 NUMPY_CALLS = {
     "max": np.maximum, "min": np.minimum, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1 / np.sqrt(x), "tanh": np.tanh, "erf": _erf,
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "fabs": np.abs,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "fabs": np.abs, "pow": np.power,
 }
 
 

@@ -135,7 +135,7 @@ class BinOp(Expr):
 
 
 class Call(Expr):
-    """A pure elementwise function: max, min, one of :data:`INTRINSICS`, cast:<dtype>."""
+    """A pure elementwise function: max, min, one of :data:`INTRINSICS` or :data:`BINARY_INTRINSICS`, cast:<dtype>."""
 
     def __init__(self, fn: str, args: Sequence[Expr], dtype: str):
         self.fn, self.args, self.dtype = fn, tuple(args), dtype
@@ -285,6 +285,14 @@ def minimum(a: Expr, b: Expr | float) -> Call:
 
 #: Float functions of one argument (TVM's math intrinsics the fused PrimFuncs of models use).
 INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "fabs")
+#: Float functions of two arguments (``pow``: an ONNX Pow, e.g. layer norm's square, legalizes to it).
+BINARY_INTRINSICS = ("pow",)
+
+
+def power(a: Expr, b: Expr | float) -> Call:
+    """``a ** b`` elementwise on float expressions (TVM's ``tirx.pow``)."""
+    b = as_expr(b, like=a)
+    return Call("pow", (a, b), a.dtype)
 
 
 def intrinsic(fn: str, x: Expr) -> Call:
@@ -394,7 +402,7 @@ def topo_order(outputs: Sequence[Tensor]) -> list[Tensor]:
 
 
 #: Float calls that count one FLOP each (index arithmetic and casts count nothing).
-FLOP_CALLS = ("max", "min", *INTRINSICS)
+FLOP_CALLS = ("max", "min", *INTRINSICS, *BINARY_INTRINSICS)
 
 
 def _expr_flop(expr: Expr) -> int:

@@ -102,13 +102,15 @@ def tasks_yaml(entries: Sequence[dict[str, Any]], header: Sequence[str] = (),
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a file whole or not at all (a temporary file beside it, then renamed)."""
+    """Write a file whole or not at all (a temporary file beside it, then renamed); its
+    directory is made if missing (``-o tasks/model.yaml`` in a fresh checkout)."""
     import os
     import tempfile
 
     path = Path(path)
     tmp_name = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
             tmp_name = tmp.name
             tmp.write(text)

@@ -32,8 +32,12 @@ Each workload becomes one job dict (the team's job schema), checked as a
 dialect declares are accepted for that dialect only) and tuned by the one loop,
 :func:`lorien.tune.loop.tune_job`. ``weight``, ``models`` and
 ``epilogue`` are carried into the job as they are: the weight is what a task scheduler
-splits a network's budget by (``task_scheduler``, docs/auto_scheduler.md); a dialect whose
-tasks are the anchor operator alone (autotvm) tunes the same task whatever the epilogue.
+splits a network's budget by (``task_scheduler``, docs/auto_scheduler.md). An op shorthand
+with ``models`` or ``epilogue`` is a task found in models and is expanded by the dialect's
+``expand_model_task``: a dialect whose tasks are the anchor operator alone (autotvm) tunes the
+same task whatever the epilogue; the template-free ones (auto_scheduler, meta_schedule) tune
+the model's NCHW convolution with its bias/relu epilogue, and refuse, naming them, an epilogue
+they cannot fuse (a residual add, relu6) or several different ones in one task.
 """
 
 from __future__ import annotations
@@ -135,7 +139,11 @@ def _job(entry: Any, settings: dict[str, Any], where: str, base: Path | None = N
         if not isinstance(params, dict):
             raise ConfigError(f"{where}: '{op}' needs a mapping of parameters, got {params!r:.80}")
         try:
-            task_name, args = get_dialect(job["dialect"]).expand_workload(op, params)
+            dialect = get_dialect(job["dialect"])
+            if job.get("models") is not None or job.get("epilogue") is not None:  # a task found in models
+                task_name, args = dialect.expand_model_task(op, params, job.get("epilogue") or {})
+            else:
+                task_name, args = dialect.expand_workload(op, params)
         except DialectError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
     else:

@@ -62,6 +62,10 @@ class TuneContext:
     - ``schedule_of(config) -> (schedule, tensors)``: the engine schedule of a config, not
       built (program features are computed from it, so a job's ``cost_model`` can guide the
       tuner; None: this dialect's candidates cannot be guided by one).
+    - ``finish(measured, source) -> records``: run once after the last batch, given every known
+      config's result by its key (this run's MeasureResults, stored records); its records
+      (e.g. the best configs measured again another way) are committed and reported like a
+      batch's, without counting as trials. None: nothing.
     """
 
     workload_key: str
@@ -76,6 +80,7 @@ class TuneContext:
     encode_log: Callable[[TuningRecord], str] | None = None
     config_summary: Callable[[Any], Any] = lambda config: config
     schedule_of: Callable[[Any], tuple[Any, list[Any]]] | None = None
+    finish: Callable[[dict[bytes, Any], str], list[TuningRecord]] | None = None
 
 
 def stored_history(store: Any, job: TuneJob, workload_key: str) -> list[TuningRecord]:
@@ -138,6 +143,15 @@ def tune_job(job: TuneJob | dict[str, Any], store: Any = None, *, resume: Sequen
 
     tune_batches(context.tuner, context.space, progress, measured, job.batch_size, job.early_stopping, sink,
                  context.measure, to_records, on_batch, context.config_key)
+    if context.finish is not None:
+        finished = context.finish(measured, source)
+        if finished:
+            if commit and store is not None:
+                store.commit(finished, nbest=job.commit_nbest)
+                progress.committed += len(finished)
+            progress.records.extend(finished)
+            if on_batch is not None:
+                on_batch(progress, finished)
     return progress
 
 

@@ -16,6 +16,10 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
     ``best_only`` keeps one record per (workload_key, layout): the most specific target
     match first, then the fastest valid record, ordered by workload, the shape of a TopHub
     log that TVM's ``ApplyHistoryBest`` reads; otherwise every matching record is returned.
+    In the ``meta_schedule`` format, whose ``run_secs`` TVM compares with its own, a workload's
+    records measured by TVM (``measured_by`` tvm, or ingested from TVM's logs) come before
+    those Lorien's engine measured: the engine's latencies are another machine model's and do
+    not rank against TVM's (a job's ``remeasure_with_tvm`` leaves both kinds in the store).
     """
     import numpy as np
     import pyarrow as pa
@@ -40,11 +44,22 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
     if not best_only or table.num_rows == 0:
         return table_to_records(table)
     tiers = pa.array([tier_of[stored] for stored in pc.cast(table.column("target"), pa.string()).to_pylist()])
-    keys = pa.table({"workload_key": pc.cast(table.column("workload_key"), pa.string()),
-                     "layout": pc.cast(table.column("layout"), pa.string()), "tier": tiers,
-                     "cost_s": table.column("cost_s"), "record_id": table.column("record_id")})
+    columns = {"workload_key": pc.cast(table.column("workload_key"), pa.string()),
+               "layout": pc.cast(table.column("layout"), pa.string()), "tier": tiers}
+    if log_format == "meta_schedule":
+        columns["engine_measured"] = pa.array(_engine_measured(table.column("build").to_pylist()))
+    keys = pa.table({**columns, "cost_s": table.column("cost_s"), "record_id": table.column("record_id")})
     order = pc.sort_indices(keys, sort_keys=[(name, "ascending") for name in keys.column_names]).to_numpy()
     starts = group_starts(keys.take(order), ("workload_key", "layout"))
     return table_to_records(table.take(np.asarray(order[starts])))
 
 
+def _engine_measured(builds: list[str | None]) -> list[bool]:
+    """Whether each record (by its ``build`` JSON) was measured by Lorien's engine."""
+    from lorien.record import MEASURED_BY_ENGINE, measured_by_of
+
+    memo: dict[str | None, bool] = {}
+    for build in builds:
+        if build not in memo:
+            memo[build] = measured_by_of(build) == MEASURED_BY_ENGINE
+    return [memo[build] for build in builds]

@@ -26,7 +26,7 @@ ALU = {
     "and": "{0} && {1}", "or": "{0} || {1}", "not": "!{0}", "where": "({0} ? {1} : {2})",
     "fma": "fma{f}({0}, {1}, {2})", "exp": "exp{f}({0})", "sqrt": "sqrt{f}({0})",
     "log": "log{f}({0})", "fabs": "fabs{f}({0})", "rsqrt": "(1 / sqrt{f}({0}))", "tanh": "tanh{f}({0})",
-    "erf": "erf{f}({0})", "sigmoid": "(1 / (1 + exp{f}(-{0})))",
+    "erf": "erf{f}({0})", "sigmoid": "(1 / (1 + exp{f}(-{0})))", "pow": "pow{f}({0}, {1})",
 }
 
 

@@ -93,6 +93,7 @@ FLOAT_ALU = {
     "sigmoid": lambda r, x: r.b.fdiv(_one(x), r.b.fadd(_one(x), r.b.call(
         r.intrinsic("llvm.exp", x.type), [r.b.fneg(x)]))),
     "tanh": _libm("tanh"), "erf": _libm("erf"),
+    "pow": lambda r, x, y: r.b.call(r.intrinsic("llvm.pow", x.type), [x, y]),
 }
 INT_ALU = {
     "add": lambda r, x, y: r.b.add(x, y), "sub": lambda r, x, y: r.b.sub(x, y),
@@ -158,7 +159,7 @@ class LLVMRenderer:
         return ends
 
     def intrinsic(self, name: str, ty: ir.Type) -> ir.Function:
-        arity = {"llvm.fma": 3}.get(name, 1)
+        arity = {"llvm.fma": 3, "llvm.pow": 2}.get(name, 1)
         return self.extern(f"{name}.{_mangle(ty)}", ty, [ty] * arity)
 
     def extern(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:

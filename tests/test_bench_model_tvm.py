@@ -1,0 +1,60 @@
+"""benchmarks/model_tvm.py: one clear line without TVM; its models are what it says they are."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "model_tvm.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_model_tvm", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_without_tvm_the_benchmark_prints_one_line_and_exits_0(bench, monkeypatch, capsys):
+    for name in [m for m in sys.modules if m == "tvm" or m.startswith("tvm.")] + ["tvm"]:
+        monkeypatch.setitem(sys.modules, name, None)  # apache-tvm not installed
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("model_tvm: skipped: needs the tvm extra")
+
+
+def test_an_unknown_model_is_refused_by_name(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "resnet18,vgg"])
+    assert "unknown model(s) ['vgg']" in capsys.readouterr().err
+
+
+def test_the_mobilenet_block_has_depthwise_convs_clip_and_a_residual_add(bench, tmp_path):
+    from lorien.models import extract_models
+
+    path, shapes = bench.mobilenet_block_onnx(tmp_path / "block.onnx")
+    assert shapes == {}
+    tasks = {task.op: task for task in extract_models([str(path)]).tasks}
+    assert tasks["depthwise_conv2d"].params["C"] == 192 and dict(tasks["depthwise_conv2d"].epilogues) == {
+        "bias+relu6": 1}
+    conv_epilogues = {pattern for task in extract_models([str(path)]).tasks if task.op == "conv2d"
+                      for pattern in task.epilogues}
+    assert conv_epilogues == {"bias+relu6", "bias+add"}
+
+
+def test_the_bert_layer_has_random_weights_so_that_builds_can_be_compared(bench, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    path, shapes = bench.bert_layer_onnx(tmp_path / "bert.onnx")
+    assert shapes == {"hidden_states": [1, 64, 256]}
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    assert np.std(weights["attention.query.weight"]) > 0.01 and weights["attention.query.weight"].shape == (256, 256)
+    assert np.allclose(weights["ffn.norm.weight"].mean(), 1.0, atol=0.2)
