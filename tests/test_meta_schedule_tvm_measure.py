@@ -96,6 +96,13 @@ def test_export_measure_with_tvm_without_tvm_is_an_error_and_writes_nothing(tmp_
     assert not out.exists()
 
 
+def _same_order(measured_s, direct_s):
+    """Whether a latency in a record is TVM's for that trace, as far as timing allows: two
+    timings of one kernel on a busy 2-core machine differ by 2x at times, so this only catches
+    a wrong unit or a different program (an engine latency is checked apart, by value)."""
+    return direct_s / 4 <= measured_s <= direct_s * 4
+
+
 def _tvm_latency_s(dag, trace, measure):
     """The trace timed with TVM's own API, nothing of Lorien's measuring in between: the
     fastest repeat (what a busy shared machine disturbs least)."""
@@ -130,7 +137,7 @@ def test_a_job_measured_with_tvm_commits_records_with_tvm_s_latency(store_uri, c
         build = json.loads(record.build)
         assert record.measured_by == MEASURED_BY_TVM and build["tvm_version"] == tvm.__version__
         direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
-        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+        assert _same_order(min(record.costs), direct_s)
 
     best = min(records, key=lambda record: record.cost_s)
     capsys.readouterr()
@@ -162,7 +169,7 @@ def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_recor
     assert len(written) == 2
     for record in written:
         direct_s = _tvm_latency_s(dag, orjson.loads(record.config), EXPORT_MEASURE)  # as export times it
-        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+        assert _same_order(min(record.costs), direct_s)
         assert record.cost_s not in engine_s
 
 
@@ -223,7 +230,7 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     for record in timed:
         assert json.loads(record.build)["tvm_version"] == tvm.__version__ and record.error_no == 0
         direct_s = _tvm_latency_s(dag, orjson.loads(record.config), MEASURE)
-        assert min(record.costs) == pytest.approx(direct_s, rel=0.5)
+        assert _same_order(min(record.costs), direct_s)
 
     tune_dag(dag, {**job, "trials": 2, "batch_size": 2}, store_uri)  # 2 more: no trace timed by TVM twice
     with open_store(store_uri) as store:
