@@ -403,8 +403,8 @@ def measured_by_phrase(jobs: list[dict], runtime: str) -> str:
     if jobs and by_tvm == len(jobs):
         return "measured by TVM's builder and runner"
     if by_tvm:
-        return f"{by_tvm} of {len(jobs)} jobs measured by TVM, the others by Lorien's engine (runtime: {runtime})"
-    return f"measured by Lorien's engine (runtime: {runtime})"
+        return f"{by_tvm} of {len(jobs)} jobs measured by TVM, the others by Lorien's engine, runtime {runtime}"
+    return f"measured by Lorien's engine, runtime {runtime}"
 
 
 def _run_tune(args: argparse.Namespace) -> int:

@@ -122,7 +122,7 @@ def test_lorien_tune_and_export_give_a_json_database_that_replays(tmp_path, stor
     path = tmp_path / "ms.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["tune", str(path), "--store", store_uri, "--no-progress"]) == 0
-    assert "measured by Lorien's engine (runtime: " in capsys.readouterr().out
+    assert "measured by Lorien's engine, runtime " in capsys.readouterr().out
     database = tmp_path / "db"
     assert main(["export", "--all", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
                  "--store", store_uri, "-o", str(database)]) == 0
@@ -162,6 +162,6 @@ def test_the_tune_summary_names_who_measured_the_jobs():
     from lorien.cli import measured_by_phrase
 
     assert measured_by_phrase([{"measure_with": "tvm"}], "llvm") == "measured by TVM's builder and runner"
-    assert measured_by_phrase([{}, {"measure_with": "lorien"}], "llvm") == "measured by Lorien's engine (runtime: llvm)"
+    assert measured_by_phrase([{}, {"measure_with": "lorien"}], "llvm") == "measured by Lorien's engine, runtime llvm"
     mixed = measured_by_phrase([{"measure_with": "tvm"}, {}], "c")
-    assert mixed.startswith("1 of 2 jobs measured by TVM") and "runtime: c" in mixed
+    assert mixed.startswith("1 of 2 jobs measured by TVM") and "runtime c" in mixed
