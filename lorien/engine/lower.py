@@ -403,8 +403,14 @@ class _Lowering:
             fn()
             self.vec = None
             return
+        self.emit_loop(var, extent, kind, fn)
+
+    def emit_loop(self, var: te.Var, extent: int, kind: str, fn, unrolled_label: str = "serial") -> None:
+        """A LOOP .. ENDLOOP around ``fn``: parallel if asked and not inside a parallel loop
+        already; an ``unrolled`` loop kept as a loop is labelled ``unrolled_label``."""
         parallel = kind == "parallel" and not self.in_parallel
-        loop_id = self.emit("LOOP", te.INDEX_DTYPE, 1, (), (var.name, extent, "parallel" if parallel else "serial"))
+        label = "parallel" if parallel else unrolled_label if kind == "unrolled" else "serial"
+        loop_id = self.emit("LOOP", te.INDEX_DTYPE, 1, (), (var.name, extent, label))
         self.env[var] = loop_id
         self.cse.append({})
         was_parallel, self.in_parallel = self.in_parallel, self.in_parallel or parallel

@@ -73,11 +73,12 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     return s
 
 
-def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_kw: bool = True,
-                          pad_inline: bool = False, tile_oh: int = 1) -> Schedule:
-    """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_oh x tile_ow x oc_bn`` register tile (oh, ow
-    unrolled, oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over
-    (n, oc_chunk, oh blocks)."""
+def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int,
+                         pad_inline: bool) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
+    """The part the NCHW[x]c convolutions share: the padding inlined or materialized in
+    parallel, the output in ``tile_oh x tile_ow x block`` register tiles (rows and columns
+    unrolled, the channel block vectorized), parallel over (n, channel chunk, row blocks), the
+    tile computed at the column block. Returns the tile and its row, column and block axes."""
     top, tile = _output_and_tile(s, out)
     pad_name = f"{out.name}.pad"
     if any(st.name == pad_name for st in s.stages):
@@ -88,16 +89,25 @@ def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_
             n, cc, h, _, cb = pad.op.axis
             pad.parallel(pad.fuse(n, cc, h))
             pad.vectorize(cb)
-    n, oc, oh, ow, ob = top.op.axis
+    n, chunk, oh, ow, ob = top.op.axis
     oho, ohi = top.split(oh, factor=tile_oh)
     owo, owi = top.split(ow, factor=tile_ow)
-    top.reorder(n, oc, oho, owo, ohi, owi, ob)
-    top.parallel(top.fuse(n, oc, oho))
+    top.reorder(n, chunk, oho, owo, ohi, owi, ob)
+    top.parallel(top.fuse(n, chunk, oho))
     top.unroll(ohi)
     top.unroll(owi)
     top.vectorize(ob)
     tile.compute_at(top, owo)
     _, _, toh, tow, tob = tile.op.axis
+    return tile, toh, tow, tob
+
+
+def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_kw: bool = True,
+                          pad_inline: bool = False, tile_oh: int = 1) -> Schedule:
+    """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_oh x tile_ow x oc_bn`` register tile (oh, ow
+    unrolled, oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over
+    (n, oc_chunk, oh blocks)."""
+    tile, toh, tow, tob = _nchwc_register_tile(s, out, tile_oh, tile_ow, pad_inline)
     ic, kh, kw = tile.op.reduce_axis
     ic_bn = next(t for t in tile.op.input_tensors() if t.ndim == 5).shape[4]
     ico, ici = tile.split(ic, factor=ic_bn)
@@ -117,26 +127,7 @@ def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile
     """Depthwise NCHW[bn]c: a ``tile_oh x tile_ow x bn`` register tile (bn vectorized, the kernel
     window unrolled around it), parallel over (n, channel block, oh blocks); padding
     materialized in parallel unless ``pad_inline``."""
-    top, tile = _output_and_tile(s, out)
-    pad_name = f"{out.name}.pad"
-    if any(st.name == pad_name for st in s.stages):
-        pad = s[pad_name]
-        if pad_inline:
-            pad.compute_inline()
-        else:
-            n, cc, h, _, cb = pad.op.axis
-            pad.parallel(pad.fuse(n, cc, h))
-            pad.vectorize(cb)
-    n, c, oh, ow, ob = top.op.axis
-    oho, ohi = top.split(oh, factor=tile_oh)
-    owo, owi = top.split(ow, factor=tile_ow)
-    top.reorder(n, c, oho, owo, ohi, owi, ob)
-    top.parallel(top.fuse(n, c, oho))
-    top.unroll(ohi)
-    top.unroll(owi)
-    top.vectorize(ob)
-    tile.compute_at(top, owo)
-    _, _, toh, tow, tob = tile.op.axis
+    tile, toh, tow, tob = _nchwc_register_tile(s, out, tile_oh, tile_ow, pad_inline)
     ry, rx = tile.op.reduce_axis
     tile.reorder(ry, rx, toh, tow, tob)
     tile.unroll(rx)

@@ -76,17 +76,7 @@ class _Structural(_Lowering):
         if extent == 1 or (kind == "vectorized" and vectorizable and self.vec is None):
             super().loop(var, extent, kind, fn, vectorizable)
             return
-        parallel = kind == "parallel" and not self.in_parallel
-        label = "parallel" if parallel else "unrolled" if kind == "unrolled" else "serial"
-        loop_id = self.emit("LOOP", te.INDEX_DTYPE, 1, (), (var.name, extent, label))
-        self.env[var] = loop_id
-        self.cse.append({})
-        was_parallel, self.in_parallel = self.in_parallel, self.in_parallel or parallel
-        fn()
-        self.in_parallel = was_parallel
-        self.cse.pop()
-        self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
-        self.env.pop(var, None)
+        self.emit_loop(var, extent, kind, fn, unrolled_label="unrolled")
 
 
 def structure(schedule: Any, args: Sequence[Any], name: str = "kernel") -> Program:
