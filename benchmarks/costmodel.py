@@ -678,8 +678,8 @@ def retimed_curve(records: list, latency_s: dict[str, float]) -> list[float]:
 
 def retime_configs(dialect: str, records: list, rounds: int) -> dict[str, float]:
     """Re-time records' configs side by side in this process with the tuner's timing method
-    (``MeasureOption`` defaults: one run per repeat, 3 repeats, a config's cost the mean of its
-    repeats, as ``TuningRecord.cost_s``): each config is built once, then all take turns for
+    (``MeasureOption`` defaults: an untimed run, then 3 repeats of one run, a config's cost the
+    mean of its repeats, as ``TuningRecord.cost_s``): each config is built once, then all take turns for
     ``rounds`` rounds (order rotated every round), so every config of both runs sees the same
     load; a config's latency is the median of its rounds. Configs that fail to build or run are
     left out."""
@@ -703,7 +703,7 @@ def retime_configs(dialect: str, records: list, rounds: int) -> dict[str, float]
     for r in range(rounds if kernels else 0):
         shift = r % len(kernels)
         for config, kernel, arrays in kernels[shift:] + kernels[:shift]:
-            time.sleep(0.005)  # let idle threads of the previous kernel park
+            kernel(*arrays)  # the untimed run before the timed repeats, as the tuner's measurement
             costs = kernel.time(*arrays, number=option.number, repeat=option.repeat,
                                 min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
             times[config].append(float(np.mean(costs)))
