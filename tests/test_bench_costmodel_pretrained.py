@@ -91,3 +91,11 @@ def test_retime_configs_times_every_dialects_records_with_the_engine(bench, dial
     # fastest first repeat, and within two orders of magnitude of it
     for record in valid:
         assert min(record.costs) / 20 < latency[record.config] < 100 * min(record.costs)
+
+
+def test_ndcg(bench):
+    gains = [1.0, 0.5, 0.25, 0.1]
+    assert bench.ndcg_at([4, 3, 2, 1], gains, 2) == pytest.approx(1.0)  # the ideal order
+    worst = bench.ndcg_at([1, 2, 3, 4], gains, 2)  # the two worst first
+    assert worst == pytest.approx((0.1 + 0.25 / math.log2(3)) / (1.0 + 0.5 / math.log2(3)))
+    assert bench.ndcg_at([0, 1, 0, 0], gains, 1) == pytest.approx(0.5)

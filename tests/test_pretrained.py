@@ -167,3 +167,35 @@ def test_lorien_tune_cost_model_flag(tmp_path, program_model, capsys):
     assert f"cost_model {tmp_path / 'nope'}: no cost model there" in capsys.readouterr().err
     assert main(["tune", str(config), "--store", store, "--cost-model", program_model, "--no-progress"]) != 0
     assert "guides the xgb tuner" in capsys.readouterr().err
+
+
+class _LinearModel:
+    """A stand-in scorer for ProgramGuide.choose: the score is the first feature."""
+
+    def score(self, vectors):
+        return np.asarray(vectors, dtype=float)[:, 0]
+
+
+def _guide_with(rows):
+    from lorien.costmodel.pretrained import ProgramGuide
+
+    guide = ProgramGuide(_LinearModel(), space=None, schedule_of=None)
+    guide.cache = {i: (None if row is None else np.asarray(row, dtype=float)) for i, row in enumerate(rows)}
+    return guide
+
+
+def test_the_guides_picks_are_spread_out(monkeypatch):
+    """Ten near-copies the model likes best, ten distinct points it likes less: a plan of four
+    takes one of the copies, then the best distinct ones; without diversity it takes four copies."""
+    import lorien.costmodel.pretrained as pretrained
+
+    rng = np.random.default_rng(0)
+    cluster = [[10.0 + 0.001 * i, 5.0, 5.0, 5.0] for i in range(10)]
+    spread = [[float(9 - i), *rng.uniform(-20, 20, size=3)] for i in range(10)]
+    guide = _guide_with([*cluster, *spread, None])
+    picks = guide.choose(range(21), 4)
+    assert picks[0] == 9  # the model's best comes first
+    assert sum(p < 10 for p in picks) == 1 and picks[1:] == [10, 11, 12]
+    assert guide.choose(range(21), 21)[-1] == 20  # the point that does not lower comes last
+    monkeypatch.setattr(pretrained, "DIVERSITY", 0.0)
+    assert guide.choose(range(21), 4) == [9, 8, 7, 6]
