@@ -199,3 +199,26 @@ def test_the_guides_picks_are_spread_out(monkeypatch):
     assert guide.choose(range(21), 21)[-1] == 20  # the point that does not lower comes last
     monkeypatch.setattr(pretrained, "DIVERSITY", 0.0)
     assert guide.choose(range(21), 4) == [9, 8, 7, 6]
+
+
+@pytest.mark.parametrize("dialect", ["autotvm", "meta_schedule"])
+def test_the_benchmarks_held_out_ranking_check_runs_on_tuned_records(dialect, program_model):
+    """benchmarks/costmodel.py ranking_quality: NDCG@8 of the model's order of a run's configs,
+    beside the chance level of random orders of the same configs."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from lorien.tune.loop import tune_job
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "costmodel.py"
+    spec = importlib.util.spec_from_file_location("bench_costmodel_ranking", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_costmodel_ranking"] = bench
+    spec.loader.exec_module(bench)
+    records = []
+    tune_job(_job(dialect, None, trials=12, batch_size=12), None, on_batch=lambda state, batch: records.extend(batch))
+    quality = bench.ranking_quality(program_model, dialect, records, k=4, permutations=50)
+    distinct = len({r.config for r in records if r.is_valid})
+    assert quality["configs"] == distinct >= 2
+    assert 0 < quality["ndcg"] <= 1 and 0 < quality["ndcg_random"] < 1 and 0 < quality["top1"] <= 1
