@@ -38,25 +38,34 @@ model of this host's k% alone on held-out host workloads (5 folds; TenSet top-1 
 pairwise accuracy); transfer10_top5 and own10_top5 are the mean top-5 over the three
 templates at 10%.
 
-Pre-trained models in tuning (issue 22; --skip-pretrained leaves it out): a spread of 12
+Pre-trained models in tuning (issue 22; --skip-pretrained leaves it out): a spread of 24
 conv2d / depthwise / dense / batch_matmul workloads that are no layer of any extracted
-network (checked; --quick: 6) is tuned in each of the three dialects with the random tuner
-(48 trials; --quick: 12), featurized with program features (`--features program`) and one
-XGBoost ranking model is trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
+network (checked) is tuned in each of the three dialects with the random tuner (48 trials;
+--quick and --pretrained-layers three: 16), workload after workload until a time budget is
+spent (--pretrained-train-s; 240 s with --quick, 600 s with three, none in the full run),
+featurized with program features (`--features program`) and one XGBoost ranking model is
+trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
 the BERT-base layer are then tuned twice per dialect with the xgb tuner, the same seed and
 budget (300 trials; --quick: 48; --pretrained-trials): from scratch, and guided by the model
-(`cost_model`). For each run: the trials the scratch run needed to reach 95 % of its own best
-throughput, and the trials the guided run needed to reach the same latency (budget + 1 when
-it never did, marked '>'). pretrained_trials_speedup_<dialect> is the geomean of their ratio
-over the dialect's layers; pretrained_final_vs_scratch the geomean of scratch best / guided
+(`cost_model`). Then the candidate best configs of both runs (each config a run's curve stepped
+at, and each run's 16 fastest by first measurement) are re-timed together in this process, the
+tuner's timing method (1 run x 3 repeats, mean) in 5 rotated rounds, median round; the target
+is 95 % of the throughput of the scratch run's re-timed best, and a run's trial count is the
+first trial by which it had measured a config whose re-timed latency meets the target (budget
++ 1 when it never did, marked '>'), so one lucky noisy first measurement counts for nothing.
+The counts on the first measurements are printed beside them and kept as raw_* in the JSON.
+pretrained_trials_speedup_<dialect> is the geomean of their ratio over the dialect's layers; pretrained_final_vs_scratch the geomean of scratch best / guided
 best at equal trials. The layers: --quick one per dialect (autotvm: resnet50/layer3.1.conv2,
 auto_scheduler: mobilenet_v2/features.8.conv.0.0, meta_schedule: bert_base_layer/attention.query);
 the full run the 8 layers of PRETRAINED_FULL in every dialect (--pretrained-layers all: every
-layer; --pretrained-layers three: the three quick layers in every dialect, trained on the
-12-workload spread with 16 trials each, about 20 minutes). Zero-shot top-1 (the model's first pick against the scratch best) is printed per
+layer; --pretrained-layers three: the three quick layers in every dialect). Zero-shot top-1
+(the model's first pick, re-timed, against the scratch run's re-timed best) is printed per
 layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
 and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
 writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
+The model's ranking quality on each held-out layer is printed too: NDCG@8 of its order of
+the scratch run's configs (as trained, before any online update; gain = throughput / best,
+from each config's fastest first-measurement repeat) beside the chance level of random orders.
 
 The zero-shot ratios come from a final re-measurement: the tuned best config, the 5 proposals
 and the 5 random configs are built once and timed in interleaved rounds (15; order rotated
@@ -551,6 +560,19 @@ PRETRAINED_SPREAD = [
     ("depthwise_conv2d", {"C": 240, "H": 14, "W": 14, "kernel": 3, "padding": 1, "stride": 2}),
     ("conv2d", {"C": 80, "H": 42, "W": 42, "K": 48, "kernel": 1}),
     ("dense", {"M": 16, "N": 1536, "K": 384}),
+    # more of other shapes, reached when the training time budget allows (--pretrained-train-s)
+    ("conv2d", {"C": 24, "H": 32, "W": 32, "K": 40, "kernel": 3, "padding": 1}),
+    ("dense", {"M": 8, "N": 768, "K": 512}),
+    ("batch_matmul", {"B": 12, "M": 32, "N": 128, "K": 64}),
+    ("depthwise_conv2d", {"C": 144, "H": 20, "W": 20, "kernel": 3, "padding": 1}),
+    ("conv2d", {"C": 64, "H": 16, "W": 16, "K": 96, "kernel": 3, "padding": 1, "stride": 2}),
+    ("dense", {"M": 48, "N": 256, "K": 1024}),
+    ("conv2d", {"C": 120, "H": 10, "W": 10, "K": 200, "kernel": 1}),
+    ("batch_matmul", {"B": 6, "M": 128, "N": 48, "K": 80}),
+    ("depthwise_conv2d", {"C": 320, "H": 10, "W": 10, "kernel": 3, "padding": 1}),
+    ("conv2d", {"C": 40, "H": 24, "W": 24, "K": 120, "kernel": 1}),
+    ("dense", {"M": 128, "N": 192, "K": 320}),
+    ("conv2d", {"C": 56, "H": 12, "W": 12, "K": 72, "kernel": 3, "padding": 1}),
 ]
 OPS = ("conv2d", "depthwise_conv2d", "dense", "batch_matmul")
 
@@ -596,9 +618,11 @@ def _job(dialect: str, op: str, params: dict, tuner: str, trials: int, seed: int
     return job
 
 
-def train_program_model(work: Path, spread: list, trials: int) -> tuple[str, dict]:
+def train_program_model(work: Path, spread: list, trials: int, budget_s: float | None = None) -> tuple[str, dict]:
     """Tune the spread in every dialect (random tuner) into a store, featurize its program
-    features, train an XGBoost ranking model; returns (model path, facts)."""
+    features, train an XGBoost ranking model; returns (model path, facts). With ``budget_s``,
+    workloads are measured in spread order (every dialect of one, then the next) until the
+    budget is spent, the whole spread at most; without it, the whole spread."""
     from lorien.costmodel import train_cost_model
     from lorien.features import featurize
     from lorien.tune.loop import tune_job
@@ -606,17 +630,21 @@ def train_program_model(work: Path, spread: list, trials: int) -> tuple[str, dic
 
     uri = f"parquet:{work / 'program-train-store'}"
     start = time.perf_counter()
+    done = 0
     with open_store(uri) as store:
-        for dialect in PRETRAINED_DIALECTS:
-            for i, (op, params) in enumerate(spread):
+        for i, (op, params) in enumerate(spread):
+            if budget_s is not None and done and time.perf_counter() - start >= budget_s:
+                break
+            for dialect in PRETRAINED_DIALECTS:
                 tune_job(_job(dialect, op, params, "random", trials, seed=100 + i), store)
+            done += 1
     measured_s = time.perf_counter() - start
     start = time.perf_counter()
     report = featurize(work / "program-features", store=uri, extractor="program", jobs=1, progress=False)
     featurize_s = time.perf_counter() - start
     train_cost_model(work / "program-features", work / "program-model", kind="xgb-rank", templates=["program"],
                      folds=3, baseline=None, plots=False, progress=False, name="warehouse-program")
-    facts = {"records": report.records_featurized, "workloads": len(spread) * len(PRETRAINED_DIALECTS),
+    facts = {"records": report.records_featurized, "workloads": done * len(PRETRAINED_DIALECTS),
              "measure_s": round(measured_s, 1), "featurize_s": round(featurize_s, 2),
              "featurize_rps": round(report.records_featurized / featurize_s, 1) if featurize_s else math.nan}
     log(f"pre-trained model: {facts['records']} records of {facts['workloads']} (dialect, workload) pairs measured "
@@ -643,8 +671,121 @@ def trials_to_reach(curve: list[float], threshold_s: float) -> int | None:
     return None
 
 
+def retime_candidates(runs: dict[str, list], top: int) -> list[str]:
+    """Configs to re-time for a layer: in every run, each config that was the run's best so far
+    when measured (the points its curve steps at, lucky noisy ones included) and its ``top``
+    fastest by first measurement; each config once (by its config string), in first-seen order."""
+    chosen: dict[str, None] = {}
+    for records in runs.values():
+        valid = [r for r in records if r.is_valid and r.cost_s is not None]
+        best = math.inf
+        for record in valid:
+            if record.cost_s < best:
+                best = record.cost_s
+                chosen.setdefault(record.config, None)
+        for record in sorted(valid, key=lambda r: r.cost_s)[:top]:
+            chosen.setdefault(record.config, None)
+    return list(chosen)
+
+
+def retimed_curve(records: list, latency_s: dict[str, float]) -> list[float]:
+    """Best re-timed latency so far after each trial: the fastest re-timed latency of the configs
+    the run had measured by then (configs not re-timed, or failed, do not count; inf before the first)."""
+    best, curve = math.inf, []
+    for record in records:
+        cost = latency_s.get(record.config) if record.is_valid else None
+        if cost is not None and cost < best:
+            best = cost
+        curve.append(best)
+    return curve
+
+
+def retime_configs(dialect: str, records: list, rounds: int) -> dict[str, float]:
+    """Re-time records' configs side by side in this process with the tuner's timing method
+    (``MeasureOption`` defaults: an untimed run, then 3 repeats of one run, a config's cost the
+    mean of its repeats, as ``TuningRecord.cost_s``): each config is built once, then all take turns for
+    ``rounds`` rounds (order rotated every round), so every config of both runs sees the same
+    load; a config's latency is the median of its rounds. Configs that fail to build or run are
+    left out."""
+    from lorien.dialect import get_dialect
+    from lorien.engine.arrays import argument_arrays
+    from lorien.engine.measure import MeasureOption
+
+    option = MeasureOption()
+    owner = get_dialect(dialect)
+    kernels: list[tuple[str, object, list]] = []
+    for record in records:
+        try:
+            kernel = owner.compile_record(record)
+            arrays = argument_arrays(kernel.args, option.seed)
+            kernel(*arrays)  # warm: first touch of the output, code paged in
+        except Exception as err:  # noqa: BLE001 - a config that failed to build drops out of the re-timing
+            log(f"    re-timing: {dialect} config left out ({type(err).__name__}: {err})")
+            continue
+        kernels.append((record.config, kernel, arrays))
+    times: dict[str, list[float]] = {config: [] for config, _, _ in kernels}
+    for r in range(rounds if kernels else 0):
+        shift = r % len(kernels)
+        for config, kernel, arrays in kernels[shift:] + kernels[:shift]:
+            kernel(*arrays)  # the untimed run before the timed repeats, as the tuner's measurement
+            costs = kernel.time(*arrays, number=option.number, repeat=option.repeat,
+                                min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
+            times[config].append(float(np.mean(costs)))
+    return {config: float(np.median(t)) for config, t in times.items() if t}
+
+
+def ndcg_at(scores: np.ndarray, gains: np.ndarray, k: int) -> float:
+    """NDCG@k of ranking items by ``scores`` (higher first) when item i is worth ``gains[i]``."""
+    scores, gains = np.asarray(scores, dtype=float), np.asarray(gains, dtype=float)
+    k = min(k, len(gains))
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    ideal = float(np.sort(gains)[::-1][:k] @ discount)
+    got = float(gains[np.argsort(-scores, kind="stable")[:k]] @ discount)
+    return got / ideal if ideal > 0 else math.nan
+
+
+def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, permutations: int = 200) -> dict:
+    """How the pre-trained model, as trained (before any online update), ranks a held-out
+    layer's measured configs: NDCG@k with gain = throughput / the best throughput (each
+    config's fastest first-measurement repeat, which the first-repeat wake-up does not touch),
+    beside the mean NDCG@k of random orders of the same configs (the chance level), and the
+    throughput of the model's top pick / the best."""
+    from lorien.costmodel.pretrained import ProgramModel
+    from lorien.dialect import get_dialect
+    from lorien.features.program import schedule_features
+    from lorien.target import host_target
+
+    owner = get_dialect(dialect)
+    rows, fastest, seen = [], [], set()
+    for record in records:
+        if not record.is_valid or record.config in seen:
+            continue
+        seen.add(record.config)
+        rows.append(schedule_features(*owner.schedule_record(record)))
+        fastest.append(min(record.costs))
+    if len(rows) < 2:
+        return {"ndcg": math.nan, "ndcg_random": math.nan, "top1": math.nan, "configs": len(rows)}
+    gains = (1.0 / np.asarray(fastest)) / (1.0 / min(fastest))
+    scores = ProgramModel(model_path, host_target().canonical).score(np.vstack(rows))
+    rng = np.random.default_rng(0)
+    chance = float(np.mean([ndcg_at(rng.permutation(len(gains)).astype(float), gains, k)
+                            for _ in range(permutations)]))
+    return {"ndcg": ndcg_at(scores, gains, k), "ndcg_random": chance,
+            "top1": float(gains[int(np.argmax(scores))]), "configs": len(rows)}
+
+
+#: Re-timing of the pre-trained section: rounds per config, and each run's fastest configs (by
+#: first measurement) re-timed beside the configs its curve stepped at.
+RETIME_ROUNDS = 5
+RETIME_TOP = 16
+
+
 def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str) -> dict:
-    """Tune one held-out layer from scratch and with the model, the same budget and seed."""
+    """Tune one held-out layer from scratch and with the model, the same budget and seed; then
+    re-time both runs' candidate best configs together (:func:`retime_configs`) and count trials
+    on the re-timed latencies: the target is 95 % of the throughput of the scratch run's re-timed
+    best, and a run's count is the first trial by which it had measured a config whose re-timed
+    latency is within it. The first measurements' figures are kept beside them (``raw_*``)."""
     from lorien.tune.loop import tune_job
 
     runs = {}
@@ -653,27 +794,51 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
         start = time.perf_counter()
         tune_job(_job(dialect, op, params, "xgb", trials, seed=0, cost_model=cost_model), None,
                  on_batch=lambda state, batch, records=records: records.extend(batch))
-        runs[label] = {"curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
+        runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
+    candidates = retime_candidates({k: v["records"] for k, v in runs.items()}, RETIME_TOP)
+    by_config = {}
+    for run in runs.values():
+        for record in run["records"]:
+            by_config.setdefault(record.config, record)
+    start = time.perf_counter()
+    latency = retime_configs(dialect, [by_config[c] for c in candidates], RETIME_ROUNDS)
+    retime_s = time.perf_counter() - start
+    for run in runs.values():
+        run["curve"] = retimed_curve(run["records"], latency)
     scratch, guided = runs["scratch"]["curve"], runs["pretrained"]["curve"]
     best = scratch[-1]
-    threshold = best / 0.95  # 95 % of the best throughput the scratch run found
+    threshold = best / 0.95  # 95 % of the throughput of the scratch run's re-timed best
     without = trials_to_reach(scratch, threshold)
     with_model = trials_to_reach(guided, threshold)
     censored = with_model is None
     with_count = with_model if with_model is not None else trials + 1
+    raw_best = runs["scratch"]["raw_curve"][-1]
+    raw_without = trials_to_reach(runs["scratch"]["raw_curve"], raw_best / 0.95)
+    raw_with = trials_to_reach(runs["pretrained"]["raw_curve"], raw_best / 0.95)
+    quality = ranking_quality(model, dialect, runs["scratch"]["records"])
     first = runs["pretrained"]["records"][0]
+    first_latency = latency.get(first.config) if first.is_valid else None
     random_costs = sorted(r.cost_s for r in runs["scratch"]["records"][:8] if r.is_valid)  # the scratch run's random first batch
     spread = random_costs[-1] / random_costs[0] if len(random_costs) > 1 else math.nan
     entry = {"dialect": dialect, "layer": name, "trials": trials, "scratch_best_ms": best * 1e3,
              "pretrained_best_ms": guided[-1] * 1e3, "trials_scratch": without, "trials_pretrained": with_count,
              "censored": censored, "speedup": without / with_count, "final_vs_scratch": best / guided[-1],
-             "zeroshot_top1": best / first.cost_s if first.is_valid else 0.0, "random_spread": spread,
+             "zeroshot_top1": best / first_latency if first_latency else 0.0, "random_spread": spread,
+             "retimed_configs": len(latency), "retime_rounds": RETIME_ROUNDS,
+             "ndcg8": quality["ndcg"], "ndcg8_random": quality["ndcg_random"], "model_top1": quality["top1"],
+             "raw_scratch_best_ms": raw_best * 1e3, "raw_trials_scratch": raw_without,
+             "raw_trials_pretrained": raw_with if raw_with is not None else trials + 1,
              "curve_scratch_ms": [c * 1e3 for c in scratch], "curve_pretrained_ms": [c * 1e3 for c in guided],
-             "seconds": {k: round(v["seconds"], 1) for k, v in runs.items()}}
-    log(f"  {dialect:15s} {name:40s} 95% of {best * 1e3:.4f} ms: {without} trials from scratch, "
-        f"{'>' if censored else ''}{with_count if not censored else trials} with the model "
-        f"(x{entry['speedup']:.2f}); final {entry['final_vs_scratch']:.3f}; zero-shot top-1 "
-        f"{entry['zeroshot_top1']:.3f} (random configs span x{spread:.2f})")
+             "raw_curve_scratch_ms": [c * 1e3 for c in runs["scratch"]["raw_curve"]],
+             "raw_curve_pretrained_ms": [c * 1e3 for c in runs["pretrained"]["raw_curve"]],
+             "seconds": {**{k: round(v["seconds"], 1) for k, v in runs.items()}, "retime": round(retime_s, 1)}}
+    log(f"  {dialect:15s} {name:40s} 95% of {best * 1e3:.4f} ms (re-timed, {len(latency)} configs): {without} trials "
+        f"from scratch, {'>' if censored else ''}{with_count if not censored else trials} with the model "
+        f"(x{entry['speedup']:.2f}; first measurements: {raw_without} vs "
+        f"{'>' + str(trials) if raw_with is None else raw_with} of {raw_best * 1e3:.4f} ms); final "
+        f"{entry['final_vs_scratch']:.3f}; zero-shot top-1 {entry['zeroshot_top1']:.3f} "
+        f"(random configs span x{spread:.2f}); the model on the scratch run's {quality['configs']} configs: "
+        f"NDCG@8 {quality['ndcg']:.3f} (random orders {quality['ndcg_random']:.3f}), top-1 {quality['top1']:.3f}")
     return entry
 
 
@@ -682,15 +847,18 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
-def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some") -> dict:
+def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
+                         train_s: float | None = None) -> dict:
     """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
     ``one`` (--quick: one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three
     layers in every dialect; the 12-workload spread, 16 trials each), ``some``
     (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks)."""
-    spread = PRETRAINED_SPREAD[:6] if layer_set == "one" else PRETRAINED_SPREAD
+    spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
-    spread_trials = 12 if layer_set == "one" else 16 if layer_set == "three" else 48
-    model, facts = train_program_model(work, spread, trials=spread_trials)
+    spread_trials = 16 if layer_set in ("one", "three") else 48
+    if train_s is None:
+        train_s = 240.0 if layer_set == "one" else 600.0 if layer_set == "three" else None
+    model, facts = train_program_model(work, spread, trials=spread_trials, budget_s=train_s)
     layers = network_layers()
     entries = []
     for dialect in PRETRAINED_DIALECTS:
@@ -707,6 +875,10 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
         result[f"pretrained_trials_speedup_{dialect}"] = geomean([e["speedup"] for e in entries
                                                                    if e["dialect"] == dialect])
     result["pretrained_final_vs_scratch"] = geomean([e["final_vs_scratch"] for e in entries])
+    result["ndcg8_heldout"] = float(np.mean([e["ndcg8"] for e in entries]))
+    result["ndcg8_random"] = float(np.mean([e["ndcg8_random"] for e in entries]))
+    log(f"held-out ranking: NDCG@8 of the model on the scratch runs' configs {result['ndcg8_heldout']:.3f} "
+        f"(mean of {len(entries)} layers; random orders {result['ndcg8_random']:.3f})")
     discriminating = [e for e in entries if e["random_spread"] >= 1.2]
     result["zeroshot_top1_discriminating"] = geomean([e["zeroshot_top1"] for e in discriminating])
     log(f"zero-shot top-1 (the model's first pick / the scratch best) on the {len(discriminating)} layers whose "
@@ -741,6 +913,9 @@ def main() -> int:
                         help="pre-trained section: one layer per dialect (--quick's default), the three quick layers "
                              "in every dialect, the 8 layers of PRETRAINED_FULL in every dialect (the full default), "
                              "or all 60 layers of the networks")
+    parser.add_argument("--pretrained-train-s", type=float, metavar="SECONDS",
+                        help="time budget for measuring the pre-trained model's training spread (default: 240 "
+                             "with --pretrained-layers one / --quick, 600 with three, the whole spread otherwise)")
     parser.add_argument("--curves", metavar="JSON",
                         help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
@@ -802,7 +977,7 @@ def main() -> int:
             pretrained_trials = args.pretrained_trials or (48 if args.quick else 300)
             log(f"pre-trained models: {pretrained_trials} trials per run ...")
             layer_set = args.pretrained_layers or ("one" if args.quick else "some")
-            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set)
+            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))

@@ -167,3 +167,58 @@ def test_lorien_tune_cost_model_flag(tmp_path, program_model, capsys):
     assert f"cost_model {tmp_path / 'nope'}: no cost model there" in capsys.readouterr().err
     assert main(["tune", str(config), "--store", store, "--cost-model", program_model, "--no-progress"]) != 0
     assert "guides the xgb tuner" in capsys.readouterr().err
+
+
+class _LinearModel:
+    """A stand-in scorer for ProgramGuide.choose: the score is the first feature."""
+
+    def score(self, vectors):
+        return np.asarray(vectors, dtype=float)[:, 0]
+
+
+def _guide_with(rows):
+    from lorien.costmodel.pretrained import ProgramGuide
+
+    guide = ProgramGuide(_LinearModel(), space=None, schedule_of=None)
+    guide.cache = {i: (None if row is None else np.asarray(row, dtype=float)) for i, row in enumerate(rows)}
+    return guide
+
+
+def test_the_guides_picks_are_spread_out(monkeypatch):
+    """Ten near-copies the model likes best, ten distinct points it likes less: a plan of four
+    takes one of the copies, then the best distinct ones; without diversity it takes four copies."""
+    import lorien.costmodel.pretrained as pretrained
+
+    rng = np.random.default_rng(0)
+    cluster = [[10.0 + 0.001 * i, 5.0, 5.0, 5.0] for i in range(10)]
+    spread = [[float(9 - i), *rng.uniform(-20, 20, size=3)] for i in range(10)]
+    guide = _guide_with([*cluster, *spread, None])
+    picks = guide.choose(range(21), 4)
+    assert picks[0] == 9  # the model's best comes first
+    assert sum(p < 10 for p in picks) == 1 and picks[1:] == [10, 11, 12]
+    assert guide.choose(range(21), 21)[-1] == 20  # the point that does not lower comes last
+    monkeypatch.setattr(pretrained, "DIVERSITY", 0.0)
+    assert guide.choose(range(21), 4) == [9, 8, 7, 6]
+
+
+@pytest.mark.parametrize("dialect", ["autotvm", "meta_schedule"])
+def test_the_benchmarks_held_out_ranking_check_runs_on_tuned_records(dialect, program_model):
+    """benchmarks/costmodel.py ranking_quality: NDCG@8 of the model's order of a run's configs,
+    beside the chance level of random orders of the same configs."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from lorien.tune.loop import tune_job
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "costmodel.py"
+    spec = importlib.util.spec_from_file_location("bench_costmodel_ranking", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_costmodel_ranking"] = bench
+    spec.loader.exec_module(bench)
+    records = []
+    tune_job(_job(dialect, None, trials=12, batch_size=12), None, on_batch=lambda state, batch: records.extend(batch))
+    quality = bench.ranking_quality(program_model, dialect, records, k=4, permutations=50)
+    distinct = len({r.config for r in records if r.is_valid})
+    assert quality["configs"] == distinct >= 2
+    assert 0 < quality["ndcg"] <= 1 and 0 < quality["ndcg_random"] < 1 and 0 < quality["top1"] <= 1

@@ -7,7 +7,8 @@ with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tune
 
 - picks its first batch by the model: a pool of candidates from the space (random, or the
   tuner's own search once it has measured something) is lowered, featurized and ranked, the
-  best measured (:meth:`lorien.search.xgb.XGBTuner.set_guide`);
+  best measured, kept apart in feature space so one region the model likes does not take the
+  whole plan (:meth:`ProgramGuide.choose`, :meth:`lorien.search.xgb.XGBTuner.set_guide`);
 - keeps learning online: after every batch the pre-trained booster is boosted further on the
   run's own measurements (its throughput relative to the run's best), and a model of the
   run's measurements alone (same program features) is fitted beside it; a candidate's score
@@ -37,6 +38,9 @@ ONLINE_ROUNDS = 20
 PRIOR_WEIGHT = 16
 #: Measurements before the run's own model is fitted.
 MIN_LOCAL = 8
+#: A guided plan's picks keep this fraction of the candidate pool's median feature distance
+#: apart while enough candidates allow (:meth:`ProgramGuide.choose`; 0: the model's top-k as is).
+DIVERSITY = 0.25
 
 
 def check_cost_model_path(path: Any, where: str = "job") -> Path:
@@ -171,6 +175,37 @@ class ProgramGuide:
         if good:
             scores[good] = self.model.score(np.vstack([rows[j] for j in good]))
         return scores
+
+    def choose(self, indices: Sequence[int], k: int) -> list[int]:
+        """The ``k`` points of ``indices`` to measure: the best scored first, but spread out: a
+        point nearer than :data:`DIVERSITY` x the pool's median distance to one already chosen
+        (features standardized over the pool) waits until the spread-out ones run out, so a
+        batch is not spent on one region the model likes (when it is wrong there, on one bad
+        region). Points that do not lower come last."""
+        indices = [int(i) for i in indices]
+        if k <= 0 or not indices:
+            return []
+        scores = self.score(indices)
+        order = [j for j in np.argsort(-scores, kind="stable")]
+        lowered = [j for j in order if np.isfinite(scores[j])]
+        if len(lowered) > 2 and DIVERSITY > 0:
+            rows = np.vstack([self.features(indices[j]) for j in lowered]).astype(float)
+            rows = (rows - rows.mean(axis=0)) / np.where(rows.std(axis=0) > 0, rows.std(axis=0), 1.0)
+            sample = rows[: min(len(rows), 256)]
+            distances = np.sqrt(((sample[:, None, :] - sample[None, :, :]) ** 2).sum(-1))
+            radius = DIVERSITY * float(np.median(distances[np.triu_indices(len(sample), 1)]))
+            picked: list[int] = []
+            waiting: list[int] = []
+            for position in range(len(lowered)):
+                if len(picked) >= k:
+                    break
+                near = picked and np.min(np.sqrt(((rows[picked] - rows[position]) ** 2).sum(-1))) < radius
+                (waiting if near else picked).append(position)
+            ranked = [lowered[p] for p in picked + waiting]
+        else:
+            ranked = lowered
+        ranked += [j for j in order if not np.isfinite(scores[j])]
+        return [indices[j] for j in ranked[:k]]
 
     def learn(self, indices: Sequence[int], costs: Sequence[float]) -> None:
         """Record measurements and update the model on every lowered point measured so far."""

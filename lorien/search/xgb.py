@@ -243,8 +243,11 @@ class XGBTuner(Tuner):
                                   n_iter=self.sa_n_iter)
             pool = list(dict.fromkeys([*searched, *pool]))
         pool = [i for i in pool if i not in first and i not in self.visited]
-        scores = self.guide.score(pool) if pool else np.zeros(0)
-        chosen = first + [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
+        if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
+            chosen = first + (self.guide.choose(pool, max(0, wanted)) if pool else [])
+        else:
+            scores = self.guide.score(pool) if pool else np.zeros(0)
+            chosen = first + [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
