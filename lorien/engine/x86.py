@@ -20,6 +20,18 @@ def vector_lanes() -> int:
     return current().lanes
 
 
+def vectorize_by_lanes(stage: Stage, axis: te.IterVar, extent: int) -> None:
+    """Vectorize ``axis`` in native-width pieces: split it by the host's float32 lanes when
+    its ``extent`` is a multiple, unrolling the pieces; otherwise vectorize it whole."""
+    lanes = vector_lanes()
+    if extent > lanes and extent % lanes == 0:
+        outer, inner = stage.split(axis, factor=lanes)
+        stage.unroll(outer)
+        stage.vectorize(inner)
+    else:
+        stage.vectorize(axis)
+
+
 def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:
     """(output stage, stage computing the register tile) for an ops.* output: with a fused
     epilogue the tile is its ``.acc`` reduction; without one a local cache of the output."""
@@ -157,7 +169,6 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     ``top`` is the output (``red`` itself or an element-wise epilogue of it, same shape; stages
     in ``inline`` between them are inlined). K is split by ``width`` (a multiple of the vector
     lanes; a split that does not divide is guarded) and factored into ``<red>.rf``."""
-    lanes = vector_lanes()
     for stage in inline:
         stage.compute_inline()
     (k,) = red.op.reduce_axis
@@ -182,12 +193,7 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     rf.reorder(rko, *rspatial, rk)
     for axis in rspatial:
         rf.unroll(axis)
-    if width > lanes and width % lanes == 0:
-        vo, vi = rf.split(rk, factor=lanes)
-        rf.unroll(vo)
-        rf.vectorize(vi)
-    else:
-        rf.vectorize(rk)
+    vectorize_by_lanes(rf, rk, width)
     return s
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from lorien.engine import te
+from lorien.engine.x86 import vectorize_by_lanes
 from lorien.errors import WorkloadError
 from lorien.workload import out_size, pad4
 
@@ -41,20 +42,6 @@ def conv_window(args: Sequence[Any], h: int, w: int, kh: int, kw: int) -> dict[s
 def scaled(index: Any, factor: int) -> Any:
     """``index * factor`` without a multiplication by 1 (keeps the lowered indices simple)."""
     return index if factor == 1 else index * factor
-
-
-def vectorize_by_lanes(stage: Any, axis: Any, extent: int) -> None:
-    """Vectorize ``axis`` in native-width pieces: split it by the host's float32 lanes when
-    its ``extent`` is a multiple, unrolling the pieces; otherwise vectorize it whole."""
-    from lorien.engine.x86 import vector_lanes
-
-    lanes = vector_lanes()
-    if extent > lanes and extent % lanes == 0:
-        outer, inner = stage.split(axis, factor=lanes)
-        stage.unroll(outer)
-        stage.vectorize(inner)
-    else:
-        stage.vectorize(axis)
 
 
 def schedule_nchw_output(s: Any, conv: te.Tensor, data: te.Tensor, padded: te.Tensor,
