@@ -174,33 +174,6 @@ def select_tasks(tasks: list[Any], count: int | None) -> list[Any]:
     return [task for task in tasks if task.task_name in chosen]
 
 
-def in_process_builder() -> Any:
-    """A MetaSchedule builder that builds candidates in this process with ``default_build``:
-    TVM's LocalBuilder starts fresh workers for every batch, and each spends 45 to 80 s on a
-    2-core machine importing TVM's tensor intrinsics before it builds anything."""
-    import tvm
-    import tvm.s_tir.meta_schedule as ms
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
-
-    @derived_object
-    class InProcessBuilder(ms.builder.PyBuilder):
-        def build(self, build_inputs: list[Any]) -> list[Any]:
-            results = []
-            for build_input in build_inputs:
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        artifact = default_export(default_build(build_input.mod, build_input.target, None))
-                except tvm.TVMError as exc:
-                    results.append(ms.builder.BuilderResult(None, str(exc)))
-                    continue
-                results.append(ms.builder.BuilderResult(artifact, None))
-            return results
-
-    return InProcessBuilder()
-
-
 def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str, target: Any,
                   builder: str) -> float:
     """MetaSchedule tunes ``tasks`` into a JSONDatabase; every commit also goes to a Lorien store
@@ -240,6 +213,8 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
 
         def __len__(self) -> int:
             return len(json_db)
+
+    from dialects.meta_schedule.tvm_measure import in_process_builder
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as work_dir:

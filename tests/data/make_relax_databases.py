@@ -30,9 +30,9 @@ from pathlib import Path
 import tvm
 import tvm.s_tir.meta_schedule as ms
 from tvm import relax
-from tvm.ir.utils import derived_object
 from tvm.relax.frontend import nn
-from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+
+from dialects.meta_schedule.tvm_measure import in_process_builder
 
 HERE = Path(__file__).parent
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -78,23 +78,6 @@ class BertLayer(nn.Module):
         return self.norm2(x + self.ffn_out(nn.op.gelu(self.ffn_in(x))))
 
 
-@derived_object
-class InProcessBuilder(ms.builder.PyBuilder):
-    """Builds candidates in this process: TVM's LocalBuilder starts fresh workers for every
-    batch, and each spends most of a minute importing TVM on a small shared machine."""
-
-    def build(self, build_inputs: list[ms.builder.BuilderInput]) -> list[ms.builder.BuilderResult]:
-        results = []
-        for build_input in build_inputs:
-            try:
-                artifact = default_export(default_build(build_input.mod, build_input.target, None))
-            except tvm.TVMError as exc:
-                results.append(ms.builder.BuilderResult(None, str(exc)))
-                continue
-            results.append(ms.builder.BuilderResult(artifact, None))
-        return results
-
-
 MODELS = {
     "relax_convnet": (ConvNet, {"x": nn.spec.Tensor((1, 3, 8, 8), "float32")}),
     "relax_bert_layer": (BertLayer, {"x": nn.spec.Tensor((1, 16, 64), "float32")}),
@@ -125,7 +108,7 @@ def make_database(name: str, trials_per_task: int, seed: int) -> Path:
             tasks, work_dir, num_threads=1, seed=seed)
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                       max_trials_global=trials_per_task * len(contexts), max_trials_per_task=trials_per_task,
-                      num_trials_per_iter=trials_per_task, builder=InProcessBuilder(),
+                      num_trials_per_iter=trials_per_task, builder=in_process_builder(),
                       runner=ms.runner.LocalRunner(timeout_sec=120), database=database, cost_model="random")
     print(f"{name}: {len(contexts)} tasks, {len(database)} records in {out}")
     return out
