@@ -4,6 +4,8 @@ warnings that would repeat per workload said once per file."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,20 @@ def test_generate_json_lists_each_workload_with_its_key(capsys, tmp_path):
     assert workload["workload_key"].startswith("dense_")
     assert summary["store"] == store
     assert "generate: 1/1 workload" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    # `lorien warehouse workloads | head -1`: the pipe closes while Lorien is still printing.
+    (tmp_path / "store").mkdir()
+    script = (
+        "import os, sys\n"
+        "from lorien.cli import main\n"
+        "read_end, write_end = os.pipe()\n"
+        "os.close(read_end)\n"
+        "sys.stdout = os.fdopen(write_end, 'w', buffering=1)\n"
+        f"code = main(['warehouse', 'stats', '--store', 'parquet:{tmp_path / 'store'}'])\n"
+        "sys.stderr.write(f'code={code}')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert "code=141" in done.stderr
