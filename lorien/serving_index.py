@@ -10,7 +10,10 @@ every process, this one or another, then looks for another file. A stale index i
 The file (little-endian, each section 64-byte aligned) holds the serving rows, deduplicated and in
 serving order (workload_key, target, layout, cost, record_id), column by column:
 
-- a string column: int64 offsets (rows + 1) and the UTF-8 bytes;
+- a string column: a uint32 value number per row, and int64 offsets (values + 1) and the UTF-8
+  bytes of its values, where a row equal to the row before shares its value (the columns that
+  name a workload, a target or a source repeat down a group: kept once per run, they cost 4 bytes
+  a row instead of 100-200);
 - a number column: float64 (int64 for error_no) values, and a byte per row (1: not null) where
   the column may hold nulls;
 - costs: int64 offsets (rows + 1) and float64 values;
@@ -41,7 +44,7 @@ from collections.abc import Callable, Iterable, Sequence
 from lorien.record import TuningRecord, compute_record_id, mean_cost_s
 
 MAGIC = b"LORIENSI"
-VERSION = 2
+VERSION = 3
 INDEX_DIR = "_index"
 SUFFIX = ".lsi"
 TAIL = struct.Struct("<QII8s")
@@ -54,6 +57,10 @@ NULLABLE = ("cost_s", "flop")
 
 class IndexDamaged(Exception):
     """An index file that cannot be trusted (truncated, overwritten, of another version)."""
+
+
+class IndexOfOtherVersion(IndexDamaged):
+    """An index file written by a Lorien of another format version: rebuilt, not damaged."""
 
 
 def fingerprint(listed: Iterable[str]) -> str:
@@ -84,6 +91,7 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
 
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     scratch = tempfile.mkdtemp(prefix=".index-", dir=os.path.dirname(path))
     try:
@@ -96,6 +104,8 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
             return handle
 
         ends = {name: 0 for name in names}  # running end of each variable-length column's data
+        values_seen = {name: 0 for name in names}  # values (runs) of each string column so far
+        last_values: dict[str, object] = {}  # each string column's value in the previous table's last row
         for name in names:
             if COLUMN_KINDS.get(name, "string") in ("string", "floats"):
                 part(f"{name}.offsets").write(np.zeros(1, dtype=np.int64).tobytes())
@@ -120,6 +130,20 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
                 if kind in ("string", "floats"):
                     if kind == "string":
                         column = column.cast(pa.string())
+                        first_new = np.ones(1, dtype=bool) if last_values.get(name) != column[0].as_py() \
+                            else np.zeros(1, dtype=bool)
+                        last_values[name] = column[-1].as_py()
+                        changed = pc.not_equal(column[1:], column[:-1]).to_numpy(zero_copy_only=False)
+                        starts_run = np.concatenate([first_new, changed])
+                        # a first row equal to the previous table's last one is of its value
+                        numbers = np.cumsum(starts_run, dtype=np.int64) - 1 + values_seen[name]
+                        if numbers[-1] >= 1 << 32:
+                            raise ValueError(f"column {name}: over 2**32 distinct runs")
+                        part(f"{name}.numbers").write(numbers.astype(np.uint32).tobytes())
+                        column = column.filter(pa.array(starts_run))
+                        values_seen[name] += int(starts_run.sum())
+                        if not len(column):
+                            continue
                         offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
                             column.offset:column.offset + len(column) + 1].astype(np.int64)
                         data = column.buffers()[2]
@@ -201,7 +225,7 @@ class PersistedIndex:
         if magic != MAGIC or view[:len(MAGIC)] != MAGIC:
             raise IndexDamaged("no index magic (truncated or not an index file)")
         if version != VERSION:
-            raise IndexDamaged(f"format version {version}, this Lorien reads {VERSION}")
+            raise IndexOfOtherVersion(f"format version {version}, this Lorien reads {VERSION}")
         header_at = size - TAIL.size - header_len
         if header_at < len(MAGIC):
             raise IndexDamaged("header longer than the file")
@@ -232,13 +256,19 @@ class PersistedIndex:
         self.readers: list[tuple[str, str, tuple]] = []
         for name in self.names:
             kind = COLUMN_KINDS.get(name, "string")
-            if kind in ("string", "floats"):
+            if kind == "string":
+                numbers = sections[f"{name}.numbers"].cast("I")
+                offsets = sections[f"{name}.offsets"].cast("q")
+                data = sections[f"{name}.data"]
+                if len(numbers) != self.rows:
+                    raise IndexDamaged(f"column {name}: {len(numbers)} rows, header says {self.rows}")
+                self.readers.append((name, kind, (numbers, offsets, data, len(data))))
+            elif kind == "floats":
                 offsets = sections[f"{name}.offsets"].cast("q")
                 data = sections[f"{name}.data"]
                 if len(offsets) != self.rows + 1:
                     raise IndexDamaged(f"column {name}: {len(offsets) - 1} rows, header says {self.rows}")
-                self.readers.append((name, kind, (offsets, data if kind == "string" else data.cast("d"),
-                                                  len(data))))
+                self.readers.append((name, kind, (offsets, data.cast("d"), len(data))))
             else:
                 values = sections[f"{name}.values"].cast("q" if kind == "int" else "d")
                 valid = sections.get(f"{name}.valid")
@@ -254,8 +284,11 @@ class PersistedIndex:
     @staticmethod
     def _read(kind: str, parts: tuple, row: int) -> object:
         if kind == "string":
-            offsets, data, size = parts
-            start, stop = offsets[row], offsets[row + 1]
+            numbers, offsets, data, size = parts
+            number = numbers[row]
+            if number + 1 >= len(offsets):
+                raise IndexDamaged(f"row {row}: value {number} of {len(offsets) - 1}")
+            start, stop = offsets[number], offsets[number + 1]
             if not 0 <= start <= stop <= size:
                 raise IndexDamaged(f"row {row}: offsets {start}..{stop} outside {size} bytes")
             return str(data[start:stop], "utf-8")
@@ -313,23 +346,29 @@ class PersistedIndex:
              mode: str, prefix: bool, per_layout: bool, verify: bool = True) -> list[TuningRecord]:
         from lorien.target import match_tier
 
+        # Candidates are ranked on the columns ranking needs; only the rows chosen are read whole.
         candidates = []
+        value = self.value
         for start, stop in self._groups(workload_key, prefix):
             if not start < stop <= self.rows:
                 raise IndexDamaged(f"group rows {start}..{stop} outside {self.rows} rows")
-            group_key, group_layout = self.value("workload_key", start), self.value("layout", start)
+            group_key, group_layout = value("workload_key", start), value("layout", start)
             if layout is not None and group_layout != layout:
                 continue
-            tier = match_tier(target, self.value("target", start), mode)
+            tier = match_tier(target, value("target", start), mode)
             if tier is None:
                 continue
             for position in range(start, min(stop, start + k)):  # a group is in cost order
-                row = self.row(position)
-                if row["workload_key"] != group_key or row["layout"] != group_layout:
-                    raise IndexDamaged(f"row {position} is not of its group")
-                row["tier"] = tier
-                candidates.append(row)
-        chosen = rank_rows(candidates, k, per_layout)
+                candidates.append({"tier": tier, "cost_s": value("cost_s", position),
+                                   "record_id": value("record_id", position), "layout": group_layout,
+                                   "workload_key": group_key, "position": position})
+        chosen = []
+        for candidate in rank_rows(candidates, k, per_layout):
+            row = self.row(candidate["position"])
+            if row["workload_key"] != candidate["workload_key"] or row["layout"] != candidate["layout"]:
+                raise IndexDamaged(f"row {candidate['position']} is not of its group")
+            row["tier"] = candidate["tier"]
+            chosen.append(row)
         if verify:
             for row in chosen:
                 if row["record_id"] not in self.verified and not content_matches(row):

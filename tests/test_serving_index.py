@@ -131,7 +131,7 @@ def damage_rows(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "costs"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "numbers", "costs"])
 def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
     uri = f"parquet:{root}"
     fill(uri)
@@ -146,10 +146,11 @@ def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
         path.write_bytes(b"")
     elif damage == "rows":
         damage_rows(path)
-    else:  # a byte of a section: the group arrays, a string column's offsets, the costs
+    else:  # a byte of a section: the group arrays, a string column's offsets or numbers, the costs
         header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
         header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
-        section = {"arrays": "group.starts", "offsets": "config.offsets", "costs": "costs.data"}[damage]
+        section = {"arrays": "group.starts", "offsets": "config.offsets", "numbers": "config.numbers",
+                   "costs": "costs.data"}[damage]
         at, length = header["sections"][section]
         data = bytearray(data)
         for offset in range(at + 8, at + length, 64):
@@ -256,3 +257,63 @@ def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkey
     memory._files.is_local = False
     assert answers == [memory.best(target=SKYLAKE, **query) for query in queries for _ in range(2)][1::2]
     assert [len(answer) for answer in answers] == [2] * 11 + [4, 5]
+
+
+def age_serving_dirs(root: Path, seconds: float) -> None:
+    """Date the serving directories' modification times ``seconds`` back."""
+    import os
+    import time
+
+    for directory in (root / "best").iterdir():
+        os.utime(directory, ns=(time.time_ns() - int(seconds * 1e9),) * 2)
+
+
+def test_a_settled_listing_is_kept_until_its_directory_changes(root, monkeypatch):
+    uri = f"parquet:{root}"
+    fill(uri)
+    age_serving_dirs(root, 10)
+    reader = open_store(uri)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    listings = []
+    names = reader._files.names
+    monkeypatch.setattr(reader._files, "names", lambda sub: listings.append(sub) or names(sub))
+    for _ in range(3):
+        assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    assert listings == []  # the directory's mtime said nothing changed
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+    assert listings  # the commit changed the directory: listed again
+
+
+def test_a_listing_taken_just_after_a_change_is_not_kept(root, monkeypatch):
+    """A file system stamps with a coarse clock: a second change in the same tick may leave the
+    directory's mtime as it was, so a listing that recent is taken again on the next lookup."""
+    import os
+
+    from lorien.warehouse.parquet import store as parquet_store
+
+    monkeypatch.setattr(parquet_store, "LISTING_SETTLE_NS", 3600 * 10**9)  # every listing is recent
+    uri = f"parquet:{root}"
+    fill(uri)
+    reader = open_store(uri)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    directory = next((root / "best").iterdir())
+    before = os.stat(directory).st_mtime_ns
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    for changed in (root / "best").iterdir():
+        os.utime(changed, ns=(before, before))  # the commit's change, unseen in the mtime
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+
+
+def test_a_value_repeated_down_the_rows_is_stored_once(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    data = path.read_bytes()
+    header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
+    header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+    sizes = {name: length for name, (_at, length) in header["sections"].items()}
+    keys = [b"conv#a", b"conv#b", b"conv#bb"]  # fill()'s workloads: the rows of each are one run
+    assert sizes["workload_key.data"] == sum(map(len, keys))
+    assert sizes["workload_key.numbers"] == 4 * SERVING_ROWS
