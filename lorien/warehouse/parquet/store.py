@@ -200,6 +200,13 @@ class ParquetStore(Store):
     def _invalidate(self) -> None:
         self._listed.clear()
 
+    def close(self) -> None:
+        """Free the record ids and serving tables read so far (16 bytes a record for the ids);
+        a later commit or lookup reads what it needs again."""
+        self._known_ids.clear()
+        self._id_files.clear()
+        self._serving_tables.clear()
+
     # -- workload entries ---------------------------------------------------------------------
 
     def put_workloads(self, entries: Mapping[str, str]) -> int:
