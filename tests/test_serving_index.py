@@ -229,8 +229,14 @@ def test_a_one_shot_query_answers_from_the_index_without_pyarrow_or_numpy(root):
     assert newer["code"] == 0 and answer[0]["cost_us"] == pytest.approx(10.0)
 
 
-def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch):
+@pytest.mark.parametrize("slice_rows", [4096, 3, 1])
+def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch, slice_rows):
+    """Ranges of 5 rows, laid out ``slice_rows`` at a time: a group's rows after its first sit in
+    other ranges and slices than its first row (whose strings they share)."""
+    import lorien.serving_index as serving_index
     import lorien.warehouse.parquet.store as parquet_store
+
+    monkeypatch.setattr(serving_index, "WRITE_SLICE_ROWS", slice_rows)
 
     uri = f"parquet:{root}"
     writer = open_store(uri)
@@ -247,6 +253,12 @@ def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkey
     monkeypatch.setattr(parquet_store, "INDEX_BUILD_ROWS", 5)
     built = open_store(uri).build_serving_indexes()
     assert built == {"llvm_cpu": 4 * (10 * 2 + 2) + 2}  # the records stored twice are indexed once
+    (path,) = index_files(root)
+    laid_out = path.read_bytes()
+    path.unlink()
+    monkeypatch.setattr(serving_index, "WRITE_SLICE_ROWS", 4096)
+    open_store(uri).build_serving_indexes()
+    assert path.read_bytes() == laid_out  # the same file, however it was sliced
     fresh = open_store(uri)
     queries = [{"workload_key": key, "k": 2} for key in [*keys, "dense#k"]] + [
         {"workload_key": "dense#c", "k": 2, "per_layout": True}, {"workload_key": "dense#", "k": 5, "prefix": True}]
