@@ -341,3 +341,21 @@ def in_memory_store_answers(uri: str, workload_key: str) -> list:
     store = open_store(uri)
     store._files.is_local = False
     return [store.best(workload_key, SKYLAKE, k=5) for _ in range(2)][1]
+
+
+def test_an_index_of_another_format_version_is_rebuilt_without_a_warning(root, recwarn):
+    from lorien.serving_index import TAIL, VERSION
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, len(data) - TAIL.size + 12, VERSION - 1)  # as an older Lorien wrote it
+    path.write_bytes(bytes(data))
+    store = open_store(uri)
+    answers = [store.best(target=SKYLAKE, **query) for query in QUERIES for _ in range(2)][1::2]
+    assert answers == in_memory_answers(uri)
+    assert not [warning for warning in recwarn if issubclass(warning.category, ServingIndexWarning)]
+    (rebuilt,) = index_files(root)
+    assert struct.unpack_from("<I", rebuilt.read_bytes(), rebuilt.stat().st_size - TAIL.size + 12)[0] == VERSION
