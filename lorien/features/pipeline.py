@@ -50,7 +50,7 @@ SPILL_DIR = "_phase1"
 PROGRAM_TEMPLATE = "program"
 #: MiB of record columns a phase-1 batch read from a local store holds at most: at 1M synthetic
 #: records (about 600 bytes of record columns each) a worker peaked at 342 MiB with batches of
-#: 65,536 records (45 MiB), 278 MiB at 32,768 and 236 MiB at 16,384 (docs/warehouse.md).
+#: 65,536 records (38 MiB), 278 MiB at 32,768 and 236 MiB at 16,384; with this bound, 251 MiB.
 DEFAULT_BATCH_MIB = 12.0
 #: Phase-1 batches a worker process handles before it is replaced.
 WORKER_BATCHES = 8
