@@ -34,8 +34,10 @@ peak memory is its own), then:
 The last line is ``records=... ingest_rps=... best_p50_ms=... best_p99_ms=... index_build_s=...
 cold_query_s=... duckdb_p50_ms=... duckdb_cold_s=... vs_duckdb_warm=... vs_duckdb_cold=...
 pandas_p50_ms=... pandas_load_s=... pandas_index_s=... vs_pandas_indexed_warm=...
-ingest_peak_rss_mib=... ingest_rss_growth=...`` (and ``tenset_tree_vs_one_log=...`` with
-``--tenset-files``); each ``vs_*`` is the baseline's time / Lorien's (> 1: Lorien is faster).
+ingest_peak_rss_mib=... ingest_rss_growth=... best_p99_cpu_ms=... first_warm_query_s=...
+cold_vs_duckdb=... featurize_peak_mib=... index_bytes_per_record=...`` (and
+``tenset_tree_vs_one_log=...`` with ``--tenset-files``); each ``vs_*`` is the baseline's time /
+Lorien's (> 1: Lorien is faster).
 ``ingest_rss_growth`` is the ingest's peak RSS at N records over its peak RSS at
 ``--rss-reference`` records (1,000,000 by default; a second ingest in the same invocation when N
 is larger, 1.00 otherwise). With ``--tenset-files F`` a tree laid out as TenSet's measure
@@ -597,7 +599,9 @@ def main() -> int:
               + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else "")
               + f"; then the persisted serving index built in {ingest.get('index_s', 0):.2f} s")
         index_bytes = sum(path.stat().st_size for path in (store_dir / "_index").rglob("*.lsi"))
-        print(f"  persisted serving index: {index_bytes / 2**20:,.0f} MiB on disk "
+        index_bytes_per_record = index_bytes / ingest["records"]
+        print(f"  persisted serving index: {index_bytes / 2**20:,.0f} MiB on disk, {index_bytes_per_record:.0f} bytes "
+              f"per record "
               f"(serving files {sum(p.stat().st_size for p in (store_dir / 'best').rglob('*.parquet')) / 2**20:,.0f} MiB, "
               f"record files {sum(p.stat().st_size for p in (store_dir / 'records').rglob('*.parquet')) / 2**20:,.0f} MiB)")
         reference_rss = ingest["peak_rss_mib"]
@@ -653,18 +657,23 @@ def main() -> int:
             store.best(queries[0][0], target_key_query)
         warmup_s = time.perf_counter() - started
         latencies, cpu_latencies = [], []
+        import resource
+
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for workload_key, target in queries:
             cpu_started, started = time.thread_time(), time.perf_counter()
             found = store.best(workload_key, target, k=1)
             latencies.append(time.perf_counter() - started)
             cpu_latencies.append(time.thread_time() - cpu_started)
             assert found, (workload_key, target)
+        faults_per_query = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before) / len(queries)
         best_p50_ms, best_p99_ms = percentile(latencies, 0.5) * 1e3, percentile(latencies, 0.99) * 1e3
         # the thread's CPU time per query: what the lookup costs, without the time this process
         # waited for a core (on a loaded machine that wait, not the lookup, makes the wall p99)
         best_p99_cpu_ms = percentile(cpu_latencies, 0.99) * 1e3
         print(f"best() warm: p50 {best_p50_ms:.3f} ms, p99 {best_p99_ms:.3f} ms over {len(queries)} queries "
-              f"(CPU time per query: p50 {percentile(cpu_latencies, 0.5) * 1e3:.3f} ms, p99 {best_p99_cpu_ms:.3f} ms) "
+              f"(CPU time per query: p50 {percentile(cpu_latencies, 0.5) * 1e3:.3f} ms, p99 {best_p99_cpu_ms:.3f} ms; "
+              f"{faults_per_query:.2f} page faults per query) "
               f"(index open or build {warmup_s:.2f} s, {', '.join(sorted({type(i).__name__ for i in store._indexes.values()}))})")
         if not light:  # the same queries from the index held in memory (as an S3 store keeps it)
             memory = open_store(store_uri)
@@ -739,7 +748,8 @@ def main() -> int:
               + (f"tenset_tree_vs_one_log={tenset['tree_rps'] / tenset['one_log_rps']:.2f} " if tenset else "")
               + f"ingest_peak_rss_mib={ingest['peak_rss_mib']:.0f} ingest_rss_growth={rss_growth:.2f} "
               f"best_p99_cpu_ms={best_p99_cpu_ms:.3f} first_warm_query_s={first_warm_query_s:.3f} "
-              f"cold_vs_duckdb={duckdb_cold_s / cold_query_s:.2f} featurize_peak_mib={featurize_peak_mib:.0f}")
+              f"cold_vs_duckdb={duckdb_cold_s / cold_query_s:.2f} featurize_peak_mib={featurize_peak_mib:.0f} "
+              f"index_bytes_per_record={index_bytes_per_record:.0f}")
     finally:
         if not options.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -258,7 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     featurize.add_argument("--target-key", help="only records of this alternate target key (e.g. llvm_cpu)")
     featurize.add_argument("--dialect", help="only records of this dialect")
     featurize.add_argument("--jobs", type=int, help="worker processes (default: CPU count, at most 4; 1: none)")
-    featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch")
+    featurize.add_argument("--batch-size", type=int, default=65536, help="records per phase-1 batch, at most")
+    featurize.add_argument("--batch-mib", type=float, default=12.0, metavar="MIB",
+                           help="a phase-1 batch from a local store ends once its record columns hold this many "
+                                "MiB (default 12: a worker then peaks near 250 MiB; memory follows this, not the "
+                                "store's size)")
     featurize.add_argument("--extractor", default="auto", choices=["auto", "builtin", "dialect"],
                            help="auto (default; builtin: the same): each dialect's batch featurizer (column-wise "
                                 "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
@@ -847,6 +851,7 @@ def _run_featurize(args: argparse.Namespace) -> int:
         _open_for_reading(store).close()  # a mistyped store is an error, not an empty warehouse
     report = featurize(args.output, store=store, paths=args.logs, filters=filters,
                        templates=args.template, jobs=args.jobs, batch_size=args.batch_size,
+                       batch_mib=args.batch_mib,
                        extractor="program" if args.features == "program" else args.extractor,
                        progress=not args.quiet,
                        keep_spill=args.keep_spill)

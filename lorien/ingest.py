@@ -186,6 +186,7 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
         report.seconds = time.perf_counter() - started
         build = getattr(store, "build_serving_indexes", None)
         if serving_index and build is not None and report.stored:
+            store.close()  # frees the record ids the commits checked (16 bytes a record) first
             build()
             report.index_seconds = time.perf_counter() - started - report.seconds
     finally:

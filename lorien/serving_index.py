@@ -8,15 +8,20 @@ names: a commit that adds (or a merge that removes) a serving file changes the l
 every process, this one or another, then looks for another file. A stale index is never read.
 
 The file (little-endian, each section 64-byte aligned) holds the serving rows, deduplicated and in
-serving order (workload_key, target, layout, cost, record_id), column by column:
+serving order (workload_key, target, layout, cost, record_id), row by row, so that a lookup touches
+a few pages of the file, not one or two per column (on a file of gigabytes most of a lookup's
+time went to first touches of mapped pages):
 
-- a string column: int64 offsets (rows + 1) and the UTF-8 bytes;
-- a number column: float64 (int64 for error_no) values, and a byte per row (1: not null) where
-  the column may hold nulls;
-- costs: int64 offsets (rows + 1) and float64 values;
+- ``rows.offsets``: int64 (rows + 1), where each row starts in ``rows.data``;
+- ``rows.data``: each row as ``<dddd q B I`` (cost_s, all_cost, timestamp, flop, error_no, a
+  byte whose bits 1 and 2 say cost_s and flop are not null, the number of costs), a uint32 byte
+  length per string column, the costs (float64), then the UTF-8 bytes of each string column. A
+  string equal to the one of its group's first row is not kept again: its length is
+  0xFFFFFFFF (the columns that name a workload, a target or a source repeat down a group, and
+  cost 4 bytes a row instead of 100-200);
 
-then, per (workload_key, target, layout) group, uint64 arrays: the hash of its workload key, its
-first row and its end row (sorted by hash), and the first rows in row order (prefix lookups);
+then, per (workload_key, target, layout) group, uint64 arrays: the hash of its workload key (sorted),
+its (first row, end row) pairs in that order, and the first rows in row order (prefix lookups);
 then a JSON header (version, files, listing, depth, rows, sections, CRC-32 of the group arrays)
 and a tail: ``[uint64 header length][uint32 CRC-32 of the header][uint32 version][8-byte magic]``.
 
@@ -41,19 +46,28 @@ from collections.abc import Callable, Iterable, Sequence
 from lorien.record import TuningRecord, compute_record_id, mean_cost_s
 
 MAGIC = b"LORIENSI"
-VERSION = 2
+VERSION = 4
 INDEX_DIR = "_index"
 SUFFIX = ".lsi"
 TAIL = struct.Struct("<QII8s")
 GROUP_COLUMNS = ("workload_key", "target", "layout")
-#: How each column of a serving row is kept (the columns of SERVING_FILE_SCHEMA).
-COLUMN_KINDS = {"error_no": "int", "costs": "floats", "cost_s": "float", "all_cost": "float",
-                "timestamp": "float", "flop": "float"}
-NULLABLE = ("cost_s", "flop")
+#: The number columns of a serving row, in the order a row keeps them; every other column of
+#: SERVING_FILE_SCHEMA is a string, and ``costs`` a list of float64.
+NUMBER_COLUMNS = ("cost_s", "all_cost", "timestamp", "flop", "error_no")
+ROW_HEAD = "<ddddqBI"
+COST_S_VALID, FLOP_VALID = 1, 2
+#: A string length that says "as in the group's first row".
+SAME_AS_HEAD = 0xFFFFFFFF
+#: Rows laid out at a time by the writer (bounds its scratch memory).
+WRITE_SLICE_ROWS = 4096
 
 
 class IndexDamaged(Exception):
     """An index file that cannot be trusted (truncated, overwritten, of another version)."""
+
+
+class IndexOfOtherVersion(IndexDamaged):
+    """An index file written by a Lorien of another format version: rebuilt, not damaged."""
 
 
 def fingerprint(listed: Iterable[str]) -> str:
@@ -72,33 +86,112 @@ def _align(offset: int) -> int:
     return -(-offset // 64) * 64
 
 
+def string_names(names: Sequence[str]) -> list[str]:
+    """The string columns of ``names``, in the order a row keeps them."""
+    return [name for name in names if name not in NUMBER_COLUMNS and name != "costs"]
+
+
+def _copy_segments(out, dest_starts, source, source_starts, lengths) -> None:
+    """``out[dest_starts[i]:+lengths[i]] = source[source_starts[i]:+lengths[i]]`` for every i, at once."""
+    import numpy as np
+
+    total = int(lengths.sum())
+    if not total:
+        return
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[np.repeat(dest_starts, lengths) + within] = source[np.repeat(source_starts, lengths) + within]
+
+
+def _row_bytes(table, strings: list[str], head_of: object, carried: dict[str, str]):
+    """The rows of ``table`` laid out as ``rows.data`` keeps them: (bytes as uint8, each row's end).
+    ``head_of`` is each row's group head in ``table`` (-1: a group begun in an earlier table,
+    whose head's strings are ``carried``)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = table.num_rows
+    head_dtype = np.dtype([("cost_s", "<f8"), ("all_cost", "<f8"), ("timestamp", "<f8"), ("flop", "<f8"),
+                           ("error_no", "<i8"), ("flags", "u1"), ("costs", "<u4"), ("lengths", "<u4", (len(strings),))])
+    heads = np.zeros(rows, dtype=head_dtype)
+    flags = np.zeros(rows, dtype=np.uint8)
+    for name, bit in (("cost_s", COST_S_VALID), ("flop", FLOP_VALID), ("all_cost", 0), ("timestamp", 0),
+                      ("error_no", 0)):
+        column = table.column(name).combine_chunks()
+        values = column.to_numpy(zero_copy_only=False)
+        if column.null_count:
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            values = np.where(valid, values, 0)
+        else:
+            valid = np.ones(rows, dtype=bool)
+        if bit:
+            flags |= valid.astype(np.uint8) * bit
+        elif not valid.all():
+            raise ValueError(f"column {name} holds nulls")
+        heads[name] = values
+    heads["flags"] = flags
+    costs = table.column("costs").combine_chunks()
+    cost_offsets = np.frombuffer(costs.buffers()[1], dtype=np.int32)[costs.offset:costs.offset + rows + 1].astype(np.int64)
+    cost_counts = np.diff(cost_offsets)
+    cost_bytes = np.frombuffer(costs.flatten().to_numpy(zero_copy_only=False).astype("<f8").tobytes(), dtype=np.uint8)
+    heads["costs"] = cost_counts
+    own = head_of >= 0
+    continued = ~own
+    is_head = head_of == np.arange(rows)
+    parts = []  # per string column: (bytes, starts in them, lengths kept)
+    for number, name in enumerate(strings):
+        column = table.column(name).combine_chunks().cast(pa.string())
+        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
+            column.offset:column.offset + rows + 1].astype(np.int64)
+        lengths = np.diff(offsets)
+        heads_values = column.take(pa.array(np.where(own, head_of, 0)))
+        same = pc.equal(column, heads_values).to_numpy(zero_copy_only=False) & own & ~is_head
+        if continued.any() and name in carried:
+            same |= continued & pc.equal(column, pa.scalar(carried[name], pa.string())).to_numpy(zero_copy_only=False)
+        kept = np.where(same, 0, lengths)
+        heads["lengths"][:, number] = np.where(same, SAME_AS_HEAD, lengths)
+        data = column.buffers()[2]
+        parts.append((np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8),
+                      offsets[:-1], kept))
+    fixed = head_dtype.itemsize
+    sizes = fixed + 8 * cost_counts + sum(kept for _, _, kept in parts)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    out = np.empty(int(ends[-1]) if rows else 0, dtype=np.uint8)
+    _copy_segments(out, starts, heads.view(np.uint8), np.arange(rows, dtype=np.int64) * fixed,
+                   np.full(rows, fixed, dtype=np.int64))
+    at = starts + fixed
+    _copy_segments(out, at, cost_bytes, (cost_offsets[:-1] - cost_offsets[0]) * 8, 8 * cost_counts)
+    at = at + 8 * cost_counts
+    for data, source_starts, kept in parts:
+        _copy_segments(out, at, data, source_starts, kept)
+        at = at + kept
+    return out, ends
+
+
 def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[int]]]], names: Sequence[str],
                 files: Sequence[str], listed: Sequence[str], depth: int | None) -> int:
     """Write an index file at ``path`` from ``tables()``: pairs of an Arrow table of serving rows
     (columns ``names``, plain types) in serving order, deduplicated, each range of workload keys
     after the last, and the rows of that table where a (workload_key, target, layout) group
-    starts. Returns the rows written. Each column is gathered in a scratch file beside ``path``
+    starts. Returns the rows written. The rows are gathered in a scratch file beside ``path``
     first."""
     import shutil
     import tempfile
 
     import numpy as np
-    import pyarrow as pa
 
+    missing = {*NUMBER_COLUMNS, "costs", *GROUP_COLUMNS} - set(names)
+    if missing:
+        raise ValueError(f"serving rows without columns {sorted(missing)}")
+    strings = string_names(names)
     scratch = tempfile.mkdtemp(prefix=".index-", dir=os.path.dirname(path))
     try:
-        parts: dict[str, object] = {}
-
-        def part(name: str):
-            handle = parts.get(name)
-            if handle is None:
-                handle = parts[name] = open(os.path.join(scratch, name), "wb")  # noqa: SIM115
-            return handle
-
-        ends = {name: 0 for name in names}  # running end of each variable-length column's data
-        for name in names:
-            if COLUMN_KINDS.get(name, "string") in ("string", "floats"):
-                part(f"{name}.offsets").write(np.zeros(1, dtype=np.int64).tobytes())
+        offsets_part = open(os.path.join(scratch, "rows.offsets"), "wb")  # noqa: SIM115
+        data_part = open(os.path.join(scratch, "rows.data"), "wb")  # noqa: SIM115
+        offsets_part.write(np.zeros(1, dtype=np.int64).tobytes())
+        end = 0  # of the rows written so far, in rows.data
+        carried: dict[str, str] = {}  # the strings of the head of the group the last table ended in
         hashes: list[int] = []
         starts: list[int] = []
         rows = 0
@@ -114,52 +207,34 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
                 hashes.extend(key_hash(key) for key in table.column("workload_key").take(heads).to_pylist())
                 starts.extend(rows + head for head in heads)
             last_key = tuple(table.column(n)[-1].as_py() for n in GROUP_COLUMNS)
-            for name in names:
-                column = table.column(name).chunk(0) if table.column(name).num_chunks else None
-                kind = COLUMN_KINDS.get(name, "string")
-                if kind in ("string", "floats"):
-                    if kind == "string":
-                        column = column.cast(pa.string())
-                        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
-                            column.offset:column.offset + len(column) + 1].astype(np.int64)
-                        data = column.buffers()[2]
-                        payload = memoryview(data)[offsets[0]:offsets[-1]] if data is not None else b""
-                    else:
-                        flat = column.flatten()
-                        offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
-                            column.offset:column.offset + len(column) + 1].astype(np.int64)
-                        values = flat.to_numpy(zero_copy_only=False).astype(np.float64)
-                        payload = values.tobytes()
-                        offsets = offsets - offsets[0]
-                        offsets = offsets * 8 + offsets[0]
-                    offsets = offsets - offsets[0] + ends[name]
-                    part(f"{name}.offsets").write(offsets[1:].tobytes())
-                    part(f"{name}.data").write(payload)
-                    ends[name] = int(offsets[-1])
-                else:
-                    values = column.to_numpy(zero_copy_only=False)
-                    valid = np.ones(len(values), dtype=np.uint8)
-                    if column.null_count:
-                        valid = column.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8)
-                        values = np.where(valid.astype(bool), values, 0)
-                    dtype = np.int64 if kind == "int" else np.float64
-                    part(f"{name}.values").write(np.asarray(values, dtype=dtype).tobytes())
-                    if name in NULLABLE:
-                        part(f"{name}.valid").write(valid.tobytes())
+            head_array = np.asarray(heads, dtype=np.int64)
+            before = np.searchsorted(head_array, np.arange(table.num_rows), side="right") - 1
+            head_of_row = np.where(before >= 0, head_array[np.maximum(before, 0)] if len(head_array) else -1, -1)
+            for first in range(0, table.num_rows, WRITE_SLICE_ROWS):
+                part = table.slice(first, WRITE_SLICE_ROWS)
+                head_of = head_of_row[first:first + part.num_rows] - first  # negative: a head before the slice
+                head_of = np.where(head_of >= 0, head_of, -1)
+                data, ends = _row_bytes(part, strings, head_of, carried)
+                data_part.write(data.tobytes())
+                offsets_part.write((ends + end).astype(np.int64).tobytes())
+                end += int(ends[-1])
+                last_head = int(head_of[-1])
+                if last_head >= 0:
+                    carried = {name: part.column(name)[last_head].as_py() for name in strings}
             rows += table.num_rows
-        for handle in parts.values():
-            handle.close()
+        offsets_part.close()
+        data_part.close()
         row_starts = np.array(starts, dtype=np.uint64)
         stops = np.append(row_starts[1:], np.uint64(rows)).astype(np.uint64)
         key_hashes = np.array(hashes, dtype=np.uint64)
         order = np.argsort(key_hashes, kind="stable")
-        groups = {"hashes": key_hashes[order], "starts": row_starts[order], "stops": stops[order],
-                  "row_starts": row_starts}
+        spans = np.stack([row_starts[order], stops[order]], axis=1).reshape(-1)
+        groups = {"hashes": key_hashes[order], "spans": spans, "row_starts": row_starts}
         sections: dict[str, list[int]] = {}
         crc = 0
         with open(path, "wb") as out:
             out.write(MAGIC)
-            for name in sorted(parts):
+            for name in ("rows.offsets", "rows.data"):
                 out.write(b"\0" * (_align(out.tell()) - out.tell()))
                 at = out.tell()
                 with open(os.path.join(scratch, name), "rb") as handle:
@@ -201,7 +276,7 @@ class PersistedIndex:
         if magic != MAGIC or view[:len(MAGIC)] != MAGIC:
             raise IndexDamaged("no index magic (truncated or not an index file)")
         if version != VERSION:
-            raise IndexDamaged(f"format version {version}, this Lorien reads {VERSION}")
+            raise IndexOfOtherVersion(f"format version {version}, this Lorien reads {VERSION}")
         header_at = size - TAIL.size - header_len
         if header_at < len(MAGIC):
             raise IndexDamaged("header longer than the file")
@@ -221,87 +296,103 @@ class PersistedIndex:
                 raise IndexDamaged(f"section {name} outside the file")
             sections[name] = view[at:at + length]
         crc = 0
-        for name in ("hashes", "starts", "stops", "row_starts"):
+        for name in ("hashes", "spans", "row_starts"):
             crc = zlib.crc32(sections[f"group.{name}"], crc)
         if crc != header["groups_crc"]:
             raise IndexDamaged("group arrays checksum mismatch")
-        self.hashes, self.starts, self.stops, self.row_starts = (
-            sections[f"group.{name}"].cast("Q") for name in ("hashes", "starts", "stops", "row_starts"))
-        if not len(self.hashes) == len(self.starts) == len(self.stops) == len(self.row_starts) == groups:
+        self.hashes, self.spans, self.row_starts = (
+            sections[f"group.{name}"].cast("Q") for name in ("hashes", "spans", "row_starts"))
+        if not len(self.hashes) == len(self.spans) // 2 == len(self.row_starts) == groups:
             raise IndexDamaged("group arrays of different lengths")
-        self.readers: list[tuple[str, str, tuple]] = []
-        for name in self.names:
-            kind = COLUMN_KINDS.get(name, "string")
-            if kind in ("string", "floats"):
-                offsets = sections[f"{name}.offsets"].cast("q")
-                data = sections[f"{name}.data"]
-                if len(offsets) != self.rows + 1:
-                    raise IndexDamaged(f"column {name}: {len(offsets) - 1} rows, header says {self.rows}")
-                self.readers.append((name, kind, (offsets, data if kind == "string" else data.cast("d"),
-                                                  len(data))))
-            else:
-                values = sections[f"{name}.values"].cast("q" if kind == "int" else "d")
-                valid = sections.get(f"{name}.valid")
-                if len(values) != self.rows or (valid is not None and len(valid) != self.rows):
-                    raise IndexDamaged(f"column {name}: {len(values)} rows, header says {self.rows}")
-                self.readers.append((name, kind, (values, valid)))
-        self._reader = {name: (kind, parts) for name, kind, parts in self.readers}
+        self.offsets = sections["rows.offsets"].cast("q")
+        self.data = sections["rows.data"]
+        if len(self.offsets) != self.rows + 1:
+            raise IndexDamaged(f"{len(self.offsets) - 1} row offsets, header says {self.rows} rows")
+        self.strings = string_names(self.names)
+        self._head = struct.Struct(f"{ROW_HEAD}{len(self.strings)}I")
+        self._workload_key = self.strings.index("workload_key")
 
     def close(self) -> None:
-        self.readers = []
-        self._reader = {}
+        self.offsets = self.data = None
 
-    @staticmethod
-    def _read(kind: str, parts: tuple, row: int) -> object:
-        if kind == "string":
-            offsets, data, size = parts
-            start, stop = offsets[row], offsets[row + 1]
-            if not 0 <= start <= stop <= size:
-                raise IndexDamaged(f"row {row}: offsets {start}..{stop} outside {size} bytes")
-            return str(data[start:stop], "utf-8")
-        if kind == "floats":
-            offsets, values, size = parts
-            start, stop = offsets[row], offsets[row + 1]
-            if not 0 <= start <= stop <= size or start % 8 or stop % 8:
-                raise IndexDamaged(f"row {row}: offsets {start}..{stop} outside {size} bytes")
-            return values[start // 8:stop // 8].tolist()
-        values, valid = parts
-        if valid is not None and not valid[row]:
-            return None
-        return values[row]
+    def _fields(self, row: int) -> tuple[int, int, tuple]:
+        """(where its costs start, where the row ends, its fixed fields) of a row."""
+        start, stop = self.offsets[row], self.offsets[row + 1]
+        if not 0 <= start <= stop - self._head.size or stop > len(self.data):
+            raise IndexDamaged(f"row {row}: bytes {start}..{stop} outside {len(self.data)}")
+        return start + self._head.size, stop, self._head.unpack_from(self.data, start)
 
-    def value(self, name: str, row: int) -> object:
-        kind, parts = self._reader[name]
-        return self._read(kind, parts, row)
-
-    def row(self, row: int) -> dict[str, object]:
-        values: dict[str, object] = {"target_key": self.target_key}
-        read = self._read
-        for name, kind, parts in self.readers:
-            values[name] = read(kind, parts, row)
+    def row(self, row: int, head: int | None = None) -> dict[str, object]:
+        """Every column of a row; ``head`` is the first row of its group (strings it shares)."""
+        try:
+            at, stop, fields = self._fields(row)
+            cost_s, all_cost, timestamp, flop, error_no, flags, count = fields[:7]
+            values: dict[str, object] = {"target_key": self.target_key}
+            values["costs"] = list(struct.unpack_from(f"<{count}d", self.data, at))
+            at += 8 * count
+            shared = None
+            for name, length in zip(self.strings, fields[7:], strict=True):
+                if length == SAME_AS_HEAD:
+                    if head is None or head == row:
+                        raise IndexDamaged(f"row {row}: column {name} refers to its group's first row")
+                    shared = shared or self.row(head)
+                    values[name] = shared[name]
+                else:
+                    values[name] = str(self.data[at:at + length], "utf-8")
+                    at += length
+            if at != stop:
+                raise IndexDamaged(f"row {row}: {stop - at} bytes left over")
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise IndexDamaged(f"row {row}: {exc}") from exc
+        values["cost_s"] = cost_s if flags & COST_S_VALID else None
+        values["flop"] = flop if flags & FLOP_VALID else None
+        values["all_cost"], values["timestamp"], values["error_no"] = all_cost, timestamp, error_no
         return values
+
+    def workload_key(self, head: int) -> str:
+        """The workload key of a group's first row (no other string read)."""
+        try:
+            at, _stop, fields = self._fields(head)
+            lengths = fields[7:]
+            at += 8 * fields[6] + sum(lengths[:self._workload_key])
+            length = lengths[self._workload_key]
+            if SAME_AS_HEAD in lengths[:self._workload_key + 1]:
+                raise IndexDamaged(f"row {head}, a group's first row, refers to another")
+            return str(self.data[at:at + length], "utf-8")
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise IndexDamaged(f"row {head}: {exc}") from exc
 
     def _groups(self, workload_key: str, prefix: bool) -> list[tuple[int, int]]:
         """(first row, end row) of each group of ``workload_key`` (or of every key it prefixes)."""
         try:
             if not prefix:
                 wanted = key_hash(workload_key)
-                first = bisect.bisect_left(self.hashes, wanted)
-                last = bisect.bisect_right(self.hashes, wanted, first)
-                spans = [(self.starts[g], self.stops[g]) for g in range(first, last)]
-                return [(start, stop) for start, stop in spans if self.value("workload_key", start) == workload_key]
+                hashes = self.hashes
+                # hashes are uniform: start looking where this one would be, a page or two wide
+                guess = wanted * len(hashes) >> 64
+                low, high = max(guess - 256, 0), min(guess + 256, len(hashes))
+                if low > 0 and hashes[low] >= wanted:
+                    low = 0
+                if high < len(hashes) and hashes[high - 1] <= wanted:
+                    high = len(hashes)
+                first = bisect.bisect_left(hashes, wanted, low, high)
+                spans = []
+                while first < len(hashes) and hashes[first] == wanted:
+                    spans.append((self.spans[2 * first], self.spans[2 * first + 1]))
+                    first += 1
+                return [(start, stop) for start, stop in spans if self.workload_key(start) == workload_key]
             starts = self.row_starts
             low, high = 0, len(starts)
             while low < high:  # the first group whose key is >= the prefix (groups are in key order)
                 middle = (low + high) // 2
-                if self.value("workload_key", starts[middle]) < workload_key:
+                if self.workload_key(starts[middle]) < workload_key:
                     low = middle + 1
                 else:
                     high = middle
             spans = []
             while low < len(starts):
                 start = starts[low]
-                if not self.value("workload_key", start).startswith(workload_key):
+                if not self.workload_key(start).startswith(workload_key):
                     break
                 spans.append((start, starts[low + 1] if low + 1 < len(starts) else self.rows))
                 low += 1
@@ -317,15 +408,15 @@ class PersistedIndex:
         for start, stop in self._groups(workload_key, prefix):
             if not start < stop <= self.rows:
                 raise IndexDamaged(f"group rows {start}..{stop} outside {self.rows} rows")
-            group_key, group_layout = self.value("workload_key", start), self.value("layout", start)
-            if layout is not None and group_layout != layout:
+            head = self.row(start)
+            if layout is not None and head["layout"] != layout:
                 continue
-            tier = match_tier(target, self.value("target", start), mode)
+            tier = match_tier(target, head["target"], mode)
             if tier is None:
                 continue
             for position in range(start, min(stop, start + k)):  # a group is in cost order
-                row = self.row(position)
-                if row["workload_key"] != group_key or row["layout"] != group_layout:
+                row = head if position == start else self.row(position, start)
+                if row["workload_key"] != head["workload_key"] or row["layout"] != head["layout"]:
                     raise IndexDamaged(f"row {position} is not of its group")
                 row["tier"] = tier
                 candidates.append(row)

@@ -304,3 +304,34 @@ def test_records_stored_twice_by_racing_writers_are_featurized_once(tmp_path, ll
     shutil.copy(original, original.with_name("part-copy-of-a-racing-writer.parquet"))
     report = featurize(tmp_path / "out", store=store_uri, jobs=1, progress=False)
     assert report.records_read == 35 and report.source["duplicates_dropped"] > 0
+
+
+def test_seen_prefixes_tell_fresh_ids_from_repeats_as_a_set_does():
+    import numpy as np
+
+    from lorien.features.sources import SeenPrefixes
+
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 2**64, size=5000, dtype=np.uint64, endpoint=False)
+    pool[:3] = [0, 2**64 - 1, 2**56]  # the ends of the first and last partitions, and a border
+    seen, model = SeenPrefixes(), set()
+    for _ in range(40):
+        batch = rng.choice(pool, size=300)  # repeats within a batch and across batches
+        fresh = seen.add(batch)
+        expected = []
+        for value in batch.tolist():
+            expected.append(value not in model)
+            model.add(value)
+        assert fresh.tolist() == expected
+    assert len(seen) == len(model)
+
+
+def test_a_store_batch_ends_at_its_byte_bound_before_its_row_bound():
+    import pyarrow as pa
+
+    from lorien.features.sources import _rebatch
+
+    small = pa.RecordBatch.from_arrays([pa.array(["x" * 1000] * 10)], names=["config"])  # about 10 kB
+    tables = list(_rebatch(iter([small] * 10), batch_size=1000, batch_bytes=3 * small.nbytes))
+    assert [table.num_rows for table in tables] == [30, 30, 30, 10]
+    assert [table.num_rows for table in _rebatch(iter([small] * 10), batch_size=1000)] == [100]

@@ -185,3 +185,21 @@ def test_a_blank_line_before_the_first_run_of_a_workload_is_skipped_not_an_error
     rows, errors = tables_and_errors(path)
     assert not errors
     assert [row["costs"] for row in rows] == [record["result"][0], [0.5]]
+
+
+def test_a_decoder_that_starts_over_between_blocks_gives_the_same_tables(shared_data, tmp_path, monkeypatch):
+    """A decoder forgets its workloads once it holds MAX_DECODER_WORKLOADS (so a log of many
+    workloads decodes in bounded memory); the blocks decoded after that are unchanged."""
+    log = tmp_path / "many-workloads.log"
+    log.write_bytes(b"".join(path.read_bytes() for path in sorted((shared_data / "tophub").glob("*.log"))))
+    expected = [table for tables, _ in autotvm._decode_in_process(log, 16 << 10) for table in tables]
+    monkeypatch.setattr(autotvm, "MAX_DECODER_WORKLOADS", 8)
+    started_over = []
+    decoder_class = autotvm.Decoder
+    monkeypatch.setattr(autotvm, "Decoder", lambda source: started_over.append(source) or decoder_class(source))
+    in_process = [table for tables, _ in autotvm._decode_in_process(log, 16 << 10) for table in tables]
+    in_workers = [table for tables, _ in autotvm._decode_in_workers(str(log), 2, 16 << 10) for table in tables]
+    assert len(started_over) > 2  # the blocks hold far more than 8 workloads
+    as_rows = [row for table in expected for row in table.to_pylist()]
+    assert [row for table in in_process for row in table.to_pylist()] == as_rows
+    assert [row for table in in_workers for row in table.to_pylist()] == as_rows

@@ -583,3 +583,15 @@ def test_tables_with_dictionary_encoded_columns_are_stored_as_plain_columns(shar
     assert rows(encoded_store) == rows(plain_store)
     for workload_key, target in {(r["workload_key"], r["target"]) for r in rows(plain_store)}:
         assert encoded_store.best(workload_key, target, k=3) == plain_store.best(workload_key, target, k=3)
+
+
+def test_close_frees_the_record_ids_and_a_later_commit_reads_them_again(tmp_path):
+    store = open_store(f"parquet:{tmp_path / 'warehouse'}")
+    records = workload_records("conv#a", 6)
+    assert store.commit(records).stored == 6
+    assert len(store._known_ids) == 6
+    store.close()
+    assert len(store._known_ids) == 0  # what an ingest frees before building the serving index
+    result = store.commit(records)
+    assert (result.stored, result.duplicates) == (0, 6)
+    assert store.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)

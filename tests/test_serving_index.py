@@ -131,7 +131,7 @@ def damage_rows(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "costs"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "rows", "arrays", "offsets", "data"])
 def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
     uri = f"parquet:{root}"
     fill(uri)
@@ -146,10 +146,10 @@ def test_a_damaged_index_is_rebuilt_with_a_warning_never_believed(root, damage):
         path.write_bytes(b"")
     elif damage == "rows":
         damage_rows(path)
-    else:  # a byte of a section: the group arrays, a string column's offsets, the costs
+    else:  # a byte in every 64 of a section: the groups' rows, where rows start, the rows
         header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
         header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
-        section = {"arrays": "group.starts", "offsets": "config.offsets", "costs": "costs.data"}[damage]
+        section = {"arrays": "group.spans", "offsets": "rows.offsets", "data": "rows.data"}[damage]
         at, length = header["sections"][section]
         data = bytearray(data)
         for offset in range(at + 8, at + length, 64):
@@ -229,8 +229,14 @@ def test_a_one_shot_query_answers_from_the_index_without_pyarrow_or_numpy(root):
     assert newer["code"] == 0 and answer[0]["cost_us"] == pytest.approx(10.0)
 
 
-def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch):
+@pytest.mark.parametrize("slice_rows", [4096, 3, 1])
+def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkeypatch, slice_rows):
+    """Ranges of 5 rows, laid out ``slice_rows`` at a time: a group's rows after its first sit in
+    other ranges and slices than its first row (whose strings they share)."""
+    import lorien.serving_index as serving_index
     import lorien.warehouse.parquet.store as parquet_store
+
+    monkeypatch.setattr(serving_index, "WRITE_SLICE_ROWS", slice_rows)
 
     uri = f"parquet:{root}"
     writer = open_store(uri)
@@ -247,6 +253,12 @@ def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkey
     monkeypatch.setattr(parquet_store, "INDEX_BUILD_ROWS", 5)
     built = open_store(uri).build_serving_indexes()
     assert built == {"llvm_cpu": 4 * (10 * 2 + 2) + 2}  # the records stored twice are indexed once
+    (path,) = index_files(root)
+    laid_out = path.read_bytes()
+    path.unlink()
+    monkeypatch.setattr(serving_index, "WRITE_SLICE_ROWS", 4096)
+    open_store(uri).build_serving_indexes()
+    assert path.read_bytes() == laid_out  # the same file, however it was sliced
     fresh = open_store(uri)
     queries = [{"workload_key": key, "k": 2} for key in [*keys, "dense#k"]] + [
         {"workload_key": "dense#c", "k": 2, "per_layout": True}, {"workload_key": "dense#", "k": 5, "prefix": True}]
@@ -256,3 +268,94 @@ def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkey
     memory._files.is_local = False
     assert answers == [memory.best(target=SKYLAKE, **query) for query in queries for _ in range(2)][1::2]
     assert [len(answer) for answer in answers] == [2] * 11 + [4, 5]
+
+
+def age_serving_dirs(root: Path, seconds: float) -> None:
+    """Date the serving directories' modification times ``seconds`` back."""
+    import os
+    import time
+
+    for directory in (root / "best").iterdir():
+        os.utime(directory, ns=(time.time_ns() - int(seconds * 1e9),) * 2)
+
+
+def test_a_settled_listing_is_kept_until_its_directory_changes(root, monkeypatch):
+    uri = f"parquet:{root}"
+    fill(uri)
+    age_serving_dirs(root, 10)
+    reader = open_store(uri)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    listings = []
+    names = reader._files.names
+    monkeypatch.setattr(reader._files, "names", lambda sub: listings.append(sub) or names(sub))
+    for _ in range(3):
+        assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    assert listings == []  # the directory's mtime said nothing changed
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+    assert listings  # the commit changed the directory: listed again
+
+
+def test_a_listing_taken_just_after_a_change_is_not_kept(root, monkeypatch):
+    """A file system stamps with a coarse clock: a second change in the same tick may leave the
+    directory's mtime as it was, so a listing that recent is taken again on the next lookup."""
+    import os
+
+    from lorien.warehouse.parquet import store as parquet_store
+
+    monkeypatch.setattr(parquet_store, "LISTING_SETTLE_NS", 3600 * 10**9)  # every listing is recent
+    uri = f"parquet:{root}"
+    fill(uri)
+    reader = open_store(uri)
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-3)
+    directory = next((root / "best").iterdir())
+    before = os.stat(directory).st_mtime_ns
+    subprocess.run([sys.executable, "-c", COMMIT_FASTER, uri], check=True)
+    for changed in (root / "best").iterdir():
+        os.utime(changed, ns=(before, before))  # the commit's change, unseen in the mtime
+    assert reader.best("conv#a", SKYLAKE)[0].cost_s == pytest.approx(1e-5)
+
+
+def test_a_string_repeated_down_a_group_is_stored_once(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    data = path.read_bytes()
+    header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
+    header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+    at, length = header["sections"]["rows.data"]
+    rows = data[at:at + length]
+    index = PersistedIndex(str(path), "llvm_cpu")
+    groups = [index.workload_key(start) for start in index.row_starts]
+    assert groups.count("conv#bb") == 1 and index.rows == SERVING_ROWS
+    assert rows.count(b'"conv#bb"') == 0 and rows.count(b"conv#bb") == 1  # 5 rows, one group
+    assert store_answers(uri, "conv#bb") == in_memory_store_answers(uri, "conv#bb")
+
+
+def store_answers(uri: str, workload_key: str) -> list:
+    return open_store(uri).best(workload_key, SKYLAKE, k=5)
+
+
+def in_memory_store_answers(uri: str, workload_key: str) -> list:
+    store = open_store(uri)
+    store._files.is_local = False
+    return [store.best(workload_key, SKYLAKE, k=5) for _ in range(2)][1]
+
+
+def test_an_index_of_another_format_version_is_rebuilt_without_a_warning(root, recwarn):
+    from lorien.serving_index import TAIL, VERSION
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, len(data) - TAIL.size + 12, VERSION - 1)  # as an older Lorien wrote it
+    path.write_bytes(bytes(data))
+    store = open_store(uri)
+    answers = [store.best(target=SKYLAKE, **query) for query in QUERIES for _ in range(2)][1::2]
+    assert answers == in_memory_answers(uri)
+    assert not [warning for warning in recwarn if issubclass(warning.category, ServingIndexWarning)]
+    (rebuilt,) = index_files(root)
+    assert struct.unpack_from("<I", rebuilt.read_bytes(), rebuilt.stat().st_size - TAIL.size + 12)[0] == VERSION

@@ -48,6 +48,10 @@ from lorien.record import TuningRecord
 SPILL_DIR = "_phase1"
 #: The one template program features (``extractor="program"``) are written under.
 PROGRAM_TEMPLATE = "program"
+#: MiB of record columns a phase-1 batch read from a local store holds at most: at 1M synthetic
+#: records (about 600 bytes of record columns each) a worker peaked at 342 MiB with batches of
+#: 65,536 records (38 MiB), 278 MiB at 32,768 and 236 MiB at 16,384; with this bound, 251 MiB.
+DEFAULT_BATCH_MIB = 12.0
 #: Phase-1 batches a worker process handles before it is replaced.
 WORKER_BATCHES = 8
 MANIFEST = "manifest.json"
@@ -470,13 +474,16 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str | Path] = (),
               filters: dict[str, Any] | None = None, templates: Sequence[str] | None = None,
               jobs: int | None = None, batch_size: int = 65536, extractor: str = "auto",
-              progress: bool = True, keep_spill: bool = False) -> FeaturizeReport:
+              progress: bool = True, keep_spill: bool = False,
+              batch_mib: float | None = DEFAULT_BATCH_MIB) -> FeaturizeReport:
     """Featurize the records of a store URI or of log files into ``out_dir``.
 
     ``filters`` select records (column -> value or values: dialect, target, target_key,
     task_name, workload_key, layout); ``templates`` limits output to some templates (a name
     that matches no record is an error). ``jobs`` bounds the worker processes (1 runs
-    everything in this process).
+    everything in this process). A phase-1 batch holds at most ``batch_size`` records and,
+    read from a local store, ends once its record columns hold ``batch_mib`` MiB (None: no
+    such bound), so that memory follows the batch, not the records' count or size.
     """
     if (store is None) == (not paths):
         raise LorienError("featurize needs exactly one source: a store URI or log paths")
@@ -499,7 +506,9 @@ def featurize(out_dir: str | Path, store: str | None = None, paths: Sequence[str
         from lorien.features.sources import NEEDED_COLUMNS
 
         columns = [*NEEDED_COLUMNS, "extra"] if extractor == "program" else NEEDED_COLUMNS
-        batches: Iterator[pa.Table] = iter_store_batches(store, all_filters, batch_size, info, columns)
+        batches: Iterator[pa.Table] = iter_store_batches(
+            store, all_filters, batch_size, info, columns,
+            batch_bytes=None if batch_mib is None else int(batch_mib * 2**20))
     else:
         batches = iter_log_batches(paths, all_filters, batch_size, info)
 

@@ -91,13 +91,15 @@ def iter_log_batches(paths: Sequence[str | Path], filters: dict[str, Any] | None
 
 
 def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_size: int,
-                       info: SourceInfo, columns: Sequence[str] = tuple(NEEDED_COLUMNS)) -> Iterator[pa.Table]:
+                       info: SourceInfo, columns: Sequence[str] = tuple(NEEDED_COLUMNS),
+                       batch_bytes: int | None = None) -> Iterator[pa.Table]:
     """Arrow batches of a store's records matching ``filters``, with a snapshot description.
 
     A local parquet store is streamed file by file from its Hive layout (memory follows the
     batch size; duplicates left by racing writers are dropped by ``record_id``). Other stores
     are scanned one target-key partition at a time. ``columns``: the record columns read
     (program features also need ``extra``, where a MetaSchedule record carries its workload).
+    From a local store a batch also ends once it holds ``batch_bytes`` of Arrow data.
     """
     columns = list(columns)
     from lorien.warehouse import open_store
@@ -108,7 +110,7 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
         if store.uri.startswith("parquet:") and isinstance(location, str) and "://" not in location:
             visible = [rel for rel in sorted(store.visible_record_files()) if rel.startswith("records/")]
             yield from _iter_parquet_files(Path(location.removeprefix("file:")), visible, filters, batch_size,
-                                           info, store.uri, columns)
+                                           info, store.uri, columns, batch_bytes)
             return
         stats = store.stats()
         info.kind = "store"
@@ -128,7 +130,8 @@ def iter_store_batches(store_uri: str, filters: dict[str, Any] | None, batch_siz
 
 
 def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] | None, batch_size: int,
-                        info: SourceInfo, uri: str, columns: list[str] = NEEDED_COLUMNS) -> Iterator[pa.Table]:
+                        info: SourceInfo, uri: str, columns: list[str] = NEEDED_COLUMNS,
+                        batch_bytes: int | None = None) -> Iterator[pa.Table]:
     """Stream the store's visible record files (``visible``: paths relative to ``root``, of
     complete commits only, so a killed writer's half-published commit is never featurized)."""
     records_dir = root / "records"
@@ -163,29 +166,59 @@ def _iter_parquet_files(root: Path, visible: list[str], filters: dict[str, Any] 
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     row_filters = {k: v for k, v in filters.items() if k not in PARTITION_COLUMNS}
-    seen = np.zeros(0, dtype=np.uint64)  # sorted 64-bit prefixes of record ids read so far
+    seen = SeenPrefixes()
     duplicates = 0
-    for table in _rebatch(batches(), batch_size):
+    for table in _rebatch(batches(), batch_size, batch_bytes):
         table = apply_filters(table, row_filters)
         if table.num_rows == 0:
             continue
         ids = np.fromiter((int(rid[:16], 16) for rid in table["record_id"].to_pylist()), dtype=np.uint64,
                           count=table.num_rows)
+        fresh = seen.add(ids)
+        if not fresh.all():
+            duplicates += int((~fresh).sum())
+            table = table.filter(pa.array(fresh))
+        yield table.select(columns)
+    info.description["duplicates_dropped"] = duplicates
+
+
+class SeenPrefixes:
+    """The 64-bit record-id prefixes read so far: 8 bytes each, in 256 partitions (by their top
+    byte) of sorted runs, each run at most half the one before it. Adding a batch copies at most
+    a partition's runs, never every prefix (a sorted array grown by ``np.insert`` held all of
+    them twice on every batch)."""
+
+    def __init__(self) -> None:
+        self._parts: list[list[np.ndarray]] = [[] for _ in range(256)]
+
+    def __len__(self) -> int:
+        return sum(len(run) for runs in self._parts for run in runs)
+
+    def add(self, ids: np.ndarray) -> np.ndarray:
+        """Add ``ids``; True for each that is the first of its value here and was not seen before."""
         order = np.argsort(ids, kind="stable")
         ordered = ids[order]
         first_of_value = np.ones(ids.size, dtype=bool)
         first_of_value[1:] = ordered[1:] != ordered[:-1]
         fresh = np.zeros(ids.size, dtype=bool)
         fresh[order[first_of_value]] = True
-        if seen.size:
-            fresh &= seen[np.minimum(np.searchsorted(seen, ids), seen.size - 1)] != ids
-        new_ids = np.sort(ids[fresh])
-        seen = np.insert(seen, np.searchsorted(seen, new_ids), new_ids)
-        if not fresh.all():
-            duplicates += int((~fresh).sum())
-            table = table.filter(pa.array(fresh))
-        yield table.select(columns)
-    info.description["duplicates_dropped"] = duplicates
+        bounds = np.searchsorted(ordered >> np.uint64(56), np.arange(257, dtype=np.uint64))
+        for number in np.flatnonzero(np.diff(bounds)).tolist():
+            rows = order[bounds[number]:bounds[number + 1]]
+            values = ids[rows]
+            for run in self._parts[number]:
+                fresh[rows] &= run[np.minimum(np.searchsorted(run, values), run.size - 1)] != values
+            new = np.sort(values[fresh[rows]])
+            if new.size:
+                self._add_run(number, new)
+        return fresh
+
+    def _add_run(self, number: int, run: np.ndarray) -> None:
+        runs = self._parts[number]
+        runs.append(run)
+        while len(runs) > 1 and runs[-2].size <= 2 * runs[-1].size:
+            newer, older = runs.pop(), runs.pop()
+            runs.append(np.sort(np.concatenate([older, newer]), kind="mergesort"))
 
 
 PARTITION_COLUMNS = ("target_key", "layout")
@@ -207,18 +240,21 @@ def _hive_partition(relative: Path) -> dict[str, str]:
     return values
 
 
-def _rebatch(batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[pa.Table]:
-    """Tables of about ``batch_size`` rows from a stream of (often small) record batches."""
+def _rebatch(batches: Iterator[pa.RecordBatch], batch_size: int, batch_bytes: int | None = None
+             ) -> Iterator[pa.Table]:
+    """Tables of about ``batch_size`` rows (or fewer, once they hold ``batch_bytes``) from a
+    stream of (often small) record batches."""
     pending: list[pa.RecordBatch] = []
-    rows = 0
+    rows = size = 0
     for batch in batches:
         if batch.num_rows == 0:
             continue
         pending.append(batch)
         rows += batch.num_rows
-        if rows >= batch_size:
+        size += batch.nbytes
+        if rows >= batch_size or (batch_bytes is not None and size >= batch_bytes):
             yield pa.Table.from_batches(pending).combine_chunks()
-            pending, rows = [], 0
+            pending, rows, size = [], 0, 0
     if pending:
         yield pa.Table.from_batches(pending).combine_chunks()
 

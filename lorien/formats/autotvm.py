@@ -76,6 +76,10 @@ _UNSEEN = object()
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 #: Skeletons a decoder remembers before it starts over (bounds memory on logs of many shapes).
 MAX_SKELETONS = 1 << 16
+#: Workloads a decoder remembers before the code reading a log starts a fresh one (between
+#: blocks, whose tables hold their own values): about 3 KiB each, so a decoding process stays
+#: near 100 MiB on a log of any number of workloads (a 20M-record synthetic log has 400,000).
+MAX_DECODER_WORKLOADS = 1 << 15
 
 
 class Decoder:
@@ -178,6 +182,11 @@ class Decoder:
             built = fresh if built is None else pa.concat_arrays([built, fresh])
             self._workload_columns[name] = built
         return built
+
+    @property
+    def full(self) -> bool:
+        """Whether it remembers :data:`MAX_DECODER_WORKLOADS` workloads (time to start over)."""
+        return len(self.workloads) >= MAX_DECODER_WORKLOADS
 
     def variant(self, workload_index: int, extra_index: int) -> int:
         """Index of the (workload, extra) pair, added on first use."""
@@ -324,6 +333,8 @@ def decode_line(line: str | bytes, path: str | None = None, lineno: int | None =
             if len(_DECODERS) > 64:
                 _DECODERS.clear()
             decoder = _DECODERS[source] = Decoder(source)
+        elif decoder.full:
+            decoder = _DECODERS[source] = Decoder(source)
         try:
             return record_from_fields(decoder, decoder.decode(raw.strip()))
         except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
@@ -334,6 +345,8 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
     """Every record (or the error of every bad line) of an AutoTVM log, in file order."""
     decoder = Decoder(str(path))
     for lineno, line in iter_lines(path):
+        if decoder.full:
+            decoder = Decoder(str(path))
         try:
             yield record_from_fields(decoder, decoder.decode(line))
         except (RecordParseError, orjson.JSONDecodeError, ValueError, TypeError) as exc:
@@ -376,6 +389,8 @@ def _decode_in_process(path: str | Path, chunk_bytes: int) -> Iterator[tuple[lis
     decoder = Decoder(str(path))
     first_lineno = 1
     for start, end in _block_bounds(path, chunk_bytes):
+        if decoder.full:
+            decoder = Decoder(str(path))
         with _mapped(path, start, end) as data:
             tables, errors, n_lines = _decode_block(decoder, data, first_lineno)
         yield tables, errors
@@ -600,7 +615,7 @@ _WORKER_DECODERS: dict[str, Decoder] = {}
 def _decode_chunk(path: str, start: int, end: int) -> tuple[list[pa.Table], list[tuple[int, str]], int]:
     """Worker task: (tables, (line within chunk, message) of each bad line, lines in chunk)."""
     decoder = _WORKER_DECODERS.get(path)
-    if decoder is None:
+    if decoder is None or decoder.full:
         _WORKER_DECODERS.clear()
         decoder = _WORKER_DECODERS[path] = Decoder(path)
     with _mapped(path, start, end) as data:

@@ -59,6 +59,14 @@ class LocalFiles:
                     found[f"{rel}/{entry.name}"] = entry.stat().st_size if sizes else 0
         return found
 
+    def stamp(self, sub: str) -> int | None:
+        """The modification time (ns) of the directory ``sub``, which any file added to it,
+        renamed into it or removed from it changes; None when there is no such directory."""
+        try:
+            return os.stat(f"{self.root}/{sub}").st_mtime_ns
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def names(self, sub: str) -> list[str]:
         """Published parquet files directly in ``sub`` (one listing, no stat per file)."""
         try:
@@ -190,6 +198,10 @@ class S3Files:
 
     def names(self, sub: str) -> list[str]:
         return list(self.list(sub))
+
+    def stamp(self, sub: str) -> None:
+        """Prefixes have no modification time: listings are refreshed by age instead."""
+        return None
 
     def open(self, rel: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
         """A file to read; ``read_dictionary`` names columns to keep dictionary-encoded."""

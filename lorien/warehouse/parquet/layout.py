@@ -37,7 +37,8 @@ SERVING_FILE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name != "target_ke
 #: Rows per row group of serving files; small so a single lookup reads little.
 SERVING_ROW_GROUP = 2048
 COMPACT_ROW_GROUP = 65536
-#: How often an S3 store re-lists its serving files (a local store re-lists on every query).
+#: How often an S3 store re-lists its serving files (a local store lists them again when the
+#: directory's mtime changes; see ParquetStore._serving_files).
 S3_REFRESH_INTERVAL_S = 1.0
 #: A target key's serving files are merged when a commit leaves more than this many.
 SERVING_MERGE_FILES = 32

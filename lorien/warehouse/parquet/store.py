@@ -18,6 +18,7 @@ from lorien.record import ARROW_SCHEMA, TuningRecord
 from lorien.serving_index import (
     GROUP_COLUMNS,
     IndexDamaged,
+    IndexOfOtherVersion,
     PersistedIndex,
     SuspectRow,
     index_rel,
@@ -77,6 +78,12 @@ class ServingIndexWarning(UserWarning):
     """A persisted serving index could not be trusted and is rebuilt."""
 
 
+#: A local directory's listing is kept while its mtime stays the same, once that mtime is this
+#: much older than the listing (file systems stamp with a coarse clock: a change in the same
+#: tick as an earlier one can leave the mtime as it was).
+LISTING_SETTLE_NS = 1_000_000_000
+
+
 @dataclass
 class Listing:
     """A target key's serving files as last listed, and which of them are visible."""
@@ -86,6 +93,9 @@ class Listing:
     files: tuple[str, ...]
     depth: int | None
     pending: bool  # some file belongs to a commit not (yet) complete: decide again next time
+    #: A local directory's modification time (ns) taken before it was listed, when the listing
+    #: may be kept while it stays the same (see ParquetStore._serving_files); else None.
+    stamp: int | None = None
 
 
 class ParquetStore(Store):
@@ -104,6 +114,7 @@ class ParquetStore(Store):
         self._indexes: dict[str, ServingIndex] = {}
         self._serving_tables: dict[str, pa.Table] = {}
         self._listed: dict[str, Listing] = {}
+        self._serving_dirs: dict[str, str] = {}  # target key -> its serving directory
         self._complete: set[str] = set()
         self._lookups: dict[str, int] = {}
         self._targets: dict[str, tuple[str, str]] = {}
@@ -188,6 +199,13 @@ class ParquetStore(Store):
 
     def _invalidate(self) -> None:
         self._listed.clear()
+
+    def close(self) -> None:
+        """Free the record ids and serving tables read so far (16 bytes a record for the ids);
+        a later commit or lookup reads what it needs again."""
+        self._known_ids.clear()
+        self._id_files.clear()
+        self._serving_tables.clear()
 
     # -- workload entries ---------------------------------------------------------------------
 
@@ -342,7 +360,13 @@ class ParquetStore(Store):
         cached = self._listed.get(target_key)
         if cached is not None and not self._files.is_local and now - cached.at < S3_REFRESH_INTERVAL_S:
             return cached.files, cached.depth
-        listed = tuple(sorted(self._files.names(serving_dir(target_key))))
+        directory = self._serving_dirs.get(target_key)
+        if directory is None:
+            directory = self._serving_dirs[target_key] = serving_dir(target_key)
+        stamp = self._files.stamp(directory)
+        if cached is not None and stamp is not None and cached.stamp == stamp and not cached.pending:
+            return cached.files, cached.depth
+        listed = tuple(sorted(self._files.names(directory)))
         if cached is not None and cached.listed == listed and not cached.pending:
             files, depth, pending = cached.files, cached.depth, False
         else:
@@ -359,7 +383,10 @@ class ParquetStore(Store):
             else:
                 files, pending = self._visible_serving(listed)
                 depth = min((serving_depth(rel) for rel in files), default=None)
-        self._listed[target_key] = Listing(now, listed, files, depth, pending)
+        # A directory changed within the file system's timestamp resolution of this listing
+        # may change again without a new mtime: such a listing is not kept.
+        settled = stamp is not None and stamp < time.time_ns() - LISTING_SETTLE_NS
+        self._listed[target_key] = Listing(now, listed, files, depth, pending, stamp if settled else None)
         return files, depth
 
     def _visible_serving(self, listed: Iterable[str]) -> tuple[tuple[str, ...], bool]:
@@ -435,6 +462,12 @@ class ParquetStore(Store):
             return PersistedIndex(path, target_key)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             return None  # none built for this listing (or none can be read here)
+        except IndexOfOtherVersion:
+            try:
+                os.remove(path)  # written by another Lorien: the next warm lookup builds this one's
+            except OSError:
+                pass
+            return None
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is not trusted
             self._drop_persisted(path, exc)
             return None
