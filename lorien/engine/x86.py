@@ -6,6 +6,7 @@ tuners search the same knobs (tile sizes, unroll) through their own templates.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 
 from lorien.engine import te
@@ -18,6 +19,39 @@ def vector_lanes() -> int:
     from lorien.engine.cpu import current
 
     return current().lanes
+
+
+def vector_registers() -> int:
+    """Vector registers of the CPU schedules are built for: 32 with AVX-512 (zmm0-31), 16 with
+    AVX/AVX2 or SSE on x86-64, 32 on AArch64 (v0-v31)."""
+    from lorien.engine.cpu import current
+
+    target = current()
+    if target.lanes == 16 or platform.machine() in ("aarch64", "arm64"):
+        return 32
+    return 16
+
+
+def dense_register_tiles(m: int, n: int, lanes: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
+    """Register tiles ``(mr, nr)`` for a dense of M rows and N columns, widest first: ``nr`` is
+    1-4 vectors of ``lanes`` floats (default: the CPU's vector width; pass a width measured to
+    run at full rate, :mod:`lorien.engine.peak`) dividing N, and ``mr`` the most rows whose
+    ``mr x nr / lanes`` accumulators, ``nr / lanes`` weight vectors and one broadcast fit
+    ``registers`` (default: :func:`vector_registers`); then the largest ``mr`` dividing M (so
+    the data can be packed in ``mr``-row blocks) and its half. ``mr`` is at most M."""
+    lanes = lanes or vector_lanes()
+    registers = registers or vector_registers()
+    tiles = []
+    for vectors in (1, 2, 3, 4):
+        nr = vectors * lanes
+        if n % nr:
+            continue
+        most = min(m, (registers - vectors - 1) // vectors)
+        if most < 1:
+            continue
+        dividing = max(rows for rows in range(1, most + 1) if m % rows == 0)
+        tiles += [(most, nr), (dividing, nr), (max(1, dividing // 2), nr)]
+    return list(dict.fromkeys(tiles))
 
 
 def vectorize_by_lanes(stage: Stage, axis: te.IterVar, extent: int) -> None:
@@ -49,7 +83,9 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
 
     ``pack_inner`` (with ``order="nm"``): each ``nr``-wide panel of the weight is packed inside
     the parallel N loop, just before all M rows use it, instead of the whole weight up front:
-    the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M)."""
+    the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M).
+    With ``ops.dense(..., pack_mr=mr)`` each ``mr``-row block of the data is packed in the
+    parallel M loop (``order="mn"``) just before the tiles of that block use it."""
     lanes = min(vector_lanes(), nr)
     top, tile = _output_and_tile(s, out)
     i, j = top.op.axis
@@ -82,6 +118,15 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
         else:
             pack.parallel(po)
         pack.vectorize(pi)
+    data_pack = f"{out.name}.data_pack"
+    if any(st.name == data_pack for st in s.stages):
+        pack = s[data_pack]
+        po, _, pi = pack.op.axis
+        if order == "mn":
+            pack.compute_at(top, mo)
+        else:
+            pack.parallel(po)
+        pack.unroll(pi)
     return s
 
 
@@ -208,12 +253,14 @@ def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int =
     return s, [data, weight, out]
 
 
-def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False):
-    """(schedule, args) of a register-tiled dense; a picklable builder for ``MeasureInput``."""
+def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False,
+                    pack_data: bool = False):
+    """(schedule, args) of a register-tiled dense (``pack_data``: the data packed in ``mr``-row
+    blocks too, see ``ops.dense``); a picklable builder for ``MeasureInput``."""
     from lorien.engine import ops
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
-    out = ops.dense(data, weight, pack_nr=nr)
+    out = ops.dense(data, weight, pack_nr=nr, pack_mr=mr if pack_data else None)
     s = create_schedule(out)
     schedule_dense(s, out, mr, nr, order, pack_inner)
     return s, [data, weight, out]
