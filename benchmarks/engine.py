@@ -188,11 +188,15 @@ def template_candidates(task_name: str, m: int, n: int, k: int, count: int) -> l
 
 def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, object]]:
     """The engine's schedules for few rows: the GEMV (rfactor over K, ``rows`` weight rows at
-    once) and, from M = 4, the register tile with each weight panel packed just before use."""
-    lanes = vector_lanes()
-    gemv = ((4, 1), (8, 1)) if quick else ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2))
-    out = [(f"gemv rows={rows} k_vectors={kv}", functools.partial(dense_gemv_candidate, m, n, k, rows, kv))
-           for rows, kv in gemv if m * rows * kv <= 32]
+    once, ``k_vectors`` vectors of K per row; parallel over blocks of rows, or over one slice of
+    the weight per thread, ``parts``) and, from M = 4, the register tile with each weight panel
+    packed just before use."""
+    lanes, threads = vector_lanes(), runtime.num_threads()
+    gemv = ((2, 1), (4, 1)) if quick else ((1, 2), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (4, 2))
+    out = [(f"gemv rows={rows} k_vectors={kv} parts={parts or 'rows'}",
+            functools.partial(dense_gemv_candidate, m, n, k, rows, kv, True, parts))
+           for rows, kv in gemv if m * rows * kv <= 32 for parts in (None, threads if threads > 1 else None)]
+    out = list(dict((label, make) for label, make in out).items())
     if m >= 4:
         for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 4), 4 * lanes), (min(m, 8), lanes)):
             if n % nr == 0:

@@ -195,25 +195,32 @@ def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile
 
 
 def schedule_dense_gemv(s: Schedule, out: te.Tensor, rows: int = 4, k_vectors: int = 1,
-                        unroll_sum: bool = True) -> Schedule:
+                        unroll_sum: bool = True, parts: int | None = None) -> Schedule:
     """Dense at M = 1 (and a few rows) on the weight as it is, ``[N, K]`` (``ops.dense`` without
     ``pack_nr``): the reduction is split by ``k_vectors`` vectors of K and factored
     (``rfactor``) so that each output accumulates that many vectors over K, with one horizontal
     sum at the end; ``rows`` weight rows (times all M data rows) are accumulated at once, so each
-    data vector is loaded once for them; parallel over blocks of ``rows`` outputs."""
+    data vector is loaded once for them; parallel over blocks of ``rows`` outputs, or over ``parts`` slices of them
+    (:func:`schedule_gemv_stages`)."""
     acc_name = f"{out.name}.acc"
     if any(st.name == f"{out.name}.weight_pack" for st in s.stages):
         raise ValueError("schedule_dense_gemv: build ops.dense without pack_nr (the GEMV reads the weight as it is)")
     red = s[acc_name] if any(st.name == acc_name for st in s.stages) else s[out]
-    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum)
+    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum, parts=parts)
 
 
 def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: int, unroll_sum: bool = True,
-                         inline: Sequence[Stage] = ()) -> Schedule:
+                         inline: Sequence[Stage] = (), parts: int | None = None) -> Schedule:
     """The GEMV schedule on explicit stages: ``red`` reduces ``[.., M, N]`` over one K axis,
     ``top`` is the output (``red`` itself or an element-wise epilogue of it, same shape; stages
     in ``inline`` between them are inlined). K is split by ``width`` (a multiple of the vector
-    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``."""
+    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``.
+
+    ``parts`` (2-d outputs only): the parallel loop has that many iterations, one contiguous
+    slice of the weight each, instead of one per block of ``rows`` outputs. With one part per
+    thread the runtime's threads mostly take the same slice at every call (the caller claims the
+    first part), so a slice that fits a core's L2 stays there between calls, as with OpenBLAS's
+    static split."""
     for stage in inline:
         stage.compute_inline()
     (k,) = red.op.reduce_axis
@@ -221,8 +228,13 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     rf = s[s.rfactor(red.tensor, ki, factor_axis=len(red.op.axis))]
     *outer, m, n = top.op.axis
     no, ni = top.split(n, factor=rows)
-    top.reorder(*outer, no, m, ni)
-    top.parallel(top.fuse(*outer, no) if outer else no)
+    if parts and not outer:
+        po, no = top.split(no, nparts=parts)
+        top.reorder(po, no, m, ni)
+        top.parallel(po)
+    else:
+        top.reorder(*outer, no, m, ni)
+        top.parallel(top.fuse(*outer, no) if outer else no)
     top.unroll(ni)
     if red is not top:
         red.compute_at(top, no if not outer else top.leaf[0])
@@ -232,7 +244,7 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
         target = top
     if unroll_sum:
         target.unroll(target.op.reduce_axis[0])
-    rf.compute_at(top, top.leaf[0])
+    rf.compute_at(top, no if parts and not outer else top.leaf[0])
     *rspatial, rk = rf.op.axis
     (rko,) = rf.op.reduce_axis
     rf.reorder(rko, *rspatial, rk)
@@ -242,14 +254,15 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     return s
 
 
-def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int = 1, unroll_sum: bool = True):
+def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int = 1, unroll_sum: bool = True,
+                         parts: int | None = None):
     """(schedule, args) of :func:`schedule_dense_gemv`; a picklable builder for ``MeasureInput``."""
     from lorien.engine import ops
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
     out = ops.dense(data, weight)
     s = create_schedule(out)
-    schedule_dense_gemv(s, out, rows, k_vectors, unroll_sum)
+    schedule_dense_gemv(s, out, rows, k_vectors, unroll_sum, parts)
     return s, [data, weight, out]
 
 
