@@ -8,9 +8,12 @@ vector width the CPU has (4, 8, 16 float32 lanes), with enough independent FMA c
 cover the FMA latency of any of them, and the widest width that runs at the best rate is the
 one kernels should use.
 
-Both microkernels are timed by the thread's CPU time (``time.thread_time``), fastest of many
-short runs, so that a core shared with other processes (a loaded machine) does not lower the
-figures: time the thread was descheduled is not counted.
+Both microkernels are timed by the thread's CPU time (``time.thread_time``) over many short
+rounds, so that a core shared with other processes (a loaded machine) does not lower the
+figures: time the thread was descheduled is not counted. FLOP per cycle is the median over
+rounds of each round's FMA FLOP over the cycles its clock run counted, so that a clock that
+moves between rounds cancels out (the fastest runs of each kernel alone, taken at different
+moments, once gave 34 FLOP/cycle for two 8-lane FMA pipes that can do 32).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 import platform
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -86,31 +90,26 @@ class HostPeak:
                 f"{self.clock_hz / 1e9:.2f} GHz x {self.core_flop_per_cycle:.1f} FLOP/cycle = {self.flops / 1e9:.0f} GFLOPS")
 
 
-def _fastest_cpu_s(call, runs: int) -> float:
-    """Fastest of ``runs`` calls by this thread's CPU time (after one untimed call)."""
+def _cpu_s(call) -> float:
+    """This thread's CPU time of one ``call``."""
+    start = time.thread_time()
     call()
-    best = math.inf
-    for _ in range(runs):
-        start = time.thread_time()
-        call()
-        best = min(best, time.thread_time() - start)
-    return best
+    return time.thread_time() - start
 
 
-def measure_clock_hz(iterations: int = 5000, runs: int = 101) -> float:
-    """The core clock while busy: a chain of dependent integer adds (one cycle each), fastest of
-    ``runs`` runs; nan on an architecture without an entry in the add table."""
+def _clock_kernel():
+    """The clock microkernel, ``chain(n)``: ``n`` x :data:`CLOCK_ADDS` dependent adds; None on an
+    architecture without an entry in the add table."""
     import llvmlite.binding as llvm
 
     from lorien.engine.codegen import llvm as llvm_codegen
 
     add = _CLOCK_ADD.get(platform.machine())
     if add is None:
-        return math.nan
+        return None
     llvm.initialize_native_asmparser()
     ir_text = _CLOCK_IR.replace("ADDS", str(CLOCK_ADDS)).replace("ADD", add)
-    chain = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(llvm_codegen.compile_ir(ir_text, "lorien_peak_clock"))
-    return CLOCK_ADDS * iterations / _fastest_cpu_s(lambda: chain(iterations), runs)
+    return ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(llvm_codegen.compile_ir(ir_text, "lorien_peak_clock"))
 
 
 def fma_ir(lanes: int, chains: int = FMA_CHAINS) -> str:
@@ -131,14 +130,11 @@ def fma_ir(lanes: int, chains: int = FMA_CHAINS) -> str:
     return "\n".join(lines)
 
 
-def measure_fma_flop_per_s(lanes: int, iterations: int = 100000, runs: int = 51) -> float:
-    """float32 FLOP/s of one core issuing independent ``lanes``-wide FMAs (:data:`FMA_CHAINS`
-    chains), fastest of ``runs`` runs."""
+def _fma_kernel(lanes: int):
     from lorien.engine.codegen import llvm as llvm_codegen
 
     address = llvm_codegen.compile_ir(fma_ir(lanes), f"lorien_peak_fma_{lanes}")
-    fma = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float)(address)
-    return FMA_CHAINS * lanes * 2 * iterations / _fastest_cpu_s(lambda: fma(iterations, 0.5), runs)
+    return ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float)(address)
 
 
 def vector_widths() -> tuple[int, ...]:
@@ -151,11 +147,32 @@ def vector_widths() -> tuple[int, ...]:
 
 def measure_host_peak(cores: int | None = None, quick: bool = False) -> HostPeak:
     """Measure this host's clock and per-core FMA throughput at every vector width; ``cores``
-    (default: the engine's threads) scales the peak. ``quick``: fewer runs (tests)."""
+    (default: the engine's threads) scales the peak. ``quick``: fewer runs (tests).
+
+    FLOP per cycle is measured in cycles, not seconds: each round runs the clock kernel and then
+    every FMA kernel, and a width's FLOP/cycle is the median over rounds of its FLOP over the
+    cycles the clock kernel counted in that round, so a clock that moves between rounds (boost,
+    a neighbour's load on a shared host) cancels out. The clock is the fastest round's."""
     from lorien.engine import runtime
 
-    runs = 11 if quick else None
-    clock = measure_clock_hz(runs=runs or 101)
-    rates = {lanes: measure_fma_flop_per_s(lanes, runs=runs or 51) / clock for lanes in vector_widths()}
+    rounds = 11 if quick else 61
+    clock_iterations, fma_iterations = 5000, 50000
+    chain = _clock_kernel()
+    if chain is None:
+        return HostPeak(math.nan, {lanes: math.nan for lanes in vector_widths()}, cores or runtime.num_threads())
+    kernels = {lanes: _fma_kernel(lanes) for lanes in vector_widths()}
+    chain(clock_iterations)
+    for fma in kernels.values():
+        fma(fma_iterations, 0.5)
+    clock_runs: list[float] = []
+    per_cycle: dict[int, list[float]] = {lanes: [] for lanes in kernels}
+    for _ in range(rounds):
+        clock_s = _cpu_s(lambda: chain(clock_iterations))
+        clock_runs.append(clock_s)
+        hz = CLOCK_ADDS * clock_iterations / clock_s
+        for lanes, fma in kernels.items():
+            fma_s = _cpu_s(lambda fma=fma: fma(fma_iterations, 0.5))
+            per_cycle[lanes].append(FMA_CHAINS * lanes * 2 * fma_iterations / (fma_s * hz))
+    clock = CLOCK_ADDS * clock_iterations / min(clock_runs)
+    rates = {lanes: statistics.median(values) for lanes, values in per_cycle.items()}
     return HostPeak(clock, rates, cores or runtime.num_threads())
-
