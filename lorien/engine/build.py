@@ -44,11 +44,8 @@ def flush_cpu_cache(nbytes: int = 96 << 20) -> None:
     buf.fill(1.0)
 
 
-def _dead() -> None:
-    """A weak reference's answer for an object that is gone: no array is it."""
-
-
-_DEAD = _dead
+def _no_array() -> None:
+    """Stands for a dead weak reference before a kernel's first call: no array is it."""
 
 
 class Kernel:
@@ -65,7 +62,7 @@ class Kernel:
         self._pointer_array = ctypes.c_void_p * len(self.args)
         # the arrays of the last call (weak references) and their pointers: a kernel called again
         # on the same arrays (inference, timing loops) skips ``ndarray.ctypes``, about 1 us each
-        self._last_arrays: list = [_DEAD] * len(self.args)
+        self._last_arrays: list = [_no_array] * len(self.args)
         self._last_pointers: ctypes.Array | None = None
 
     def _pointers(self, arrays) -> ctypes.Array:
