@@ -30,11 +30,14 @@ get the same number of samples; the ratio is of medians, and minimums are printe
   stored transposed). ``layers_vs_torch_geomean``: geomean of the six class geomeans
   (dense M=1, dense small M, conv3x3 kernel, conv1x1, depthwise, bmm).
 - ``dense1024_peak_fraction``: dense 1024³'s median FLOP/s over the host's peak, cores x
-  measured clock x FMA lanes x 2 FLOP x 2 FMA units; the clock is measured with a chain of
-  dependent integer adds (one cycle each; the fastest of 301 runs of ~1 ms), the FMA lanes come
-  from the CPU flags (avx512f: 16, avx2+fma: 8). ``dense1024_fma_peak_fraction``: over the FMA
-  throughput measured on one core (12 independent FMA chains) x cores, which is half the
-  formula where 512-bit FMAs issue as two 256-bit halves (znver4).
+  measured clock x FLOP per cycle of a core at its widest full-rate FMA width, all measured by
+  ``lorien.engine.peak`` (JIT-compiled microkernels: a chain of dependent integer adds for the
+  clock, 12 independent FMA chains at 4, 8 and 16 lanes for the throughput; thread CPU time,
+  fastest of many short runs); ``numpy1024_peak_fraction``: OpenBLAS's, same run.
+  ``dense1024_core_peak_fraction`` / ``numpy1024_core_peak_fraction``: each on one thread,
+  fastest call by process CPU time over one core's peak (what a loaded machine's preemptions
+  cannot lower). ``clock_ghz``, ``fma_flop_per_cycle`` (per core) and ``fma_lanes`` (the width
+  the register tiles are sized for) say what was measured.
 - ``trials_per_s_dense`` / ``trials_per_s_conv``: candidates per second through the autotvm
   tuner end to end (propose, build, check against NumPy, time, commit to a store) on dense
   256³ and a ResNet-18 conv2d_NCHWc layer; ``trials_per_s_vs_tvm``: the same count of trials
@@ -67,16 +70,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from lorien.engine import build, reference, runtime, te
 from lorien.engine.arrays import aligned_copy, aligned_zeros
+from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
     conv2d_NCHWc_candidate,
     dense_candidate,
     dense_gemv_candidate,
+    dense_register_tiles,
     depthwise_NCHWc_candidate,
     vector_lanes,
 )
@@ -155,20 +161,19 @@ def pin_blas_threads(threads: int):
 
 # ---- dense ----------------------------------------------------------------------------------
 
-def dense_grid(quick: bool, m: int = 512, n: int = 512) -> list[tuple[int, int, str]]:
-    """Register tiles (mr rows x nr columns) that fit the vector registers: 32 zmm with AVX-512,
-    16 ymm with AVX2 (accumulators mr * nr / lanes, plus broadcasts and B vectors). nr must
-    divide N (B is packed in nr-wide panels); mr is at most M."""
-    tiles = ((4, 64), (6, 64), (8, 32), (12, 32), (14, 32)) if vector_lanes() == 16 else \
-        ((6, 16), (4, 16), (3, 32), (2, 32), (8, 16))
-    fitting = [(min(mr, m), nr) for mr, nr in tiles if n % nr == 0]
-    if not fitting:  # panels as wide as N allows: the widest multiple of 8 up to 64 dividing it
+def dense_grid(quick: bool, m: int = 512, n: int = 512, lanes: int | None = None) -> list[tuple[int, int, str, bool]]:
+    """(mr, nr, order, pack_data) register tiles for an M x N dense: ``x86.dense_register_tiles``
+    (sized from the vector width, ``lanes`` if measured, and the vector register count), in
+    both loop orders; the data is packed in ``mr``-row blocks when ``mr`` divides M. When no
+    vector multiple divides N: panels as wide as N allows (the widest multiple of 8 up to 64)."""
+    tiles = dense_register_tiles(m, n, lanes)
+    if not tiles:
         nr = max(width for width in range(8, 65, 8) if n % width == 0)
-        fitting = [(min(mr, m), nr) for mr in (1, 4, 8, 14)]
-    fitting = list(dict.fromkeys(fitting))
-    if quick:
-        return [(mr, nr, "mn") for mr, nr in fitting[:2]]
-    return [(mr, nr, order) for mr, nr in fitting for order in ("mn", "nm")]
+        tiles = list(dict.fromkeys((min(mr, m), nr) for mr in (1, 4, 8, 14)))
+    grid = [(mr, nr, order, m % mr == 0 and mr > 1) for mr, nr in tiles for order in ("mn", "nm")]
+    if quick:  # the packed-data tiles first: they are the fastest at large M
+        return sorted(grid, key=lambda tile: (not tile[3], tile[2]))[:3]
+    return grid
 
 
 def template_candidates(task_name: str, m: int, n: int, k: int, count: int) -> list[tuple[str, object]]:
@@ -183,11 +188,15 @@ def template_candidates(task_name: str, m: int, n: int, k: int, count: int) -> l
 
 def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, object]]:
     """The engine's schedules for few rows: the GEMV (rfactor over K, ``rows`` weight rows at
-    once) and, from M = 4, the register tile with each weight panel packed just before use."""
-    lanes = vector_lanes()
-    gemv = ((4, 1), (8, 1)) if quick else ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2))
-    out = [(f"gemv rows={rows} k_vectors={kv}", functools.partial(dense_gemv_candidate, m, n, k, rows, kv))
-           for rows, kv in gemv if m * rows * kv <= 32]
+    once, ``k_vectors`` vectors of K per row; parallel over blocks of rows, or over one slice of
+    the weight per thread, ``parts``) and, from M = 4, the register tile with each weight panel
+    packed just before use."""
+    lanes, threads = vector_lanes(), runtime.num_threads()
+    gemv = ((2, 1), (4, 1)) if quick else ((1, 2), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (4, 2))
+    out = [(f"gemv rows={rows} k_vectors={kv} parts={parts or 'rows'}",
+            functools.partial(dense_gemv_candidate, m, n, k, rows, kv, True, parts))
+           for rows, kv in gemv if m * rows * kv <= 32 for parts in (None, threads if threads > 1 else None)]
+    out = list(dict((label, make) for label, make in out).items())
     if m >= 4:
         for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 4), 4 * lanes), (min(m, 8), lanes)):
             if n % nr == 0:
@@ -208,10 +217,11 @@ def torch_dense_calls(data: np.ndarray, weight: np.ndarray) -> dict[str, Callabl
             "torch matmul Bt": functools.partial(torch.matmul, t_data, t_weight_t, out=out)}
 
 
-def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str]], samples: int,
-                template_configs: int = 0, with_torch: bool = False, extra: list | None = None) -> dict[str, float]:
+def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str, bool]], samples: int,
+                template_configs: int = 0, with_torch: bool = False, extra: list | None = None) -> dict[str, Any]:
     """Ratios for C = A Bᵀ (M x N x K): ``numpy`` (median NumPy time / median Lorien time), with
-    ``with_torch`` also ``torch`` (PyTorch's faster layout), and ``gflops`` (Lorien's median).
+    ``with_torch`` also ``torch`` (PyTorch's faster layout), ``gflops`` and ``numpy_gflops``
+    (medians) and ``choice``, the (label, schedule builder) of Lorien's kernel.
     Lorien's kernel is the best of the hand-written register tiles (``grid``), ``extra``
     (label, builder) candidates and, with ``template_configs``, as many random configs of each
     autotvm dense template (dense_pack.x86, dense_nopack.x86)."""
@@ -220,8 +230,9 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str]], sample
     weight = aligned_copy(rng.uniform(-1, 1, (n, k)).astype("float32"))
     expected = reference.dense(data, weight)
     flop = 2.0 * m * n * k
-    candidates = [((mr, nr, order), functools.partial(dense_candidate, m, n, k, mr, nr, order))
-                  for mr, nr, order in grid]
+    candidates = [((mr, nr, order, "packed data" if pack_data else "data as is"),
+                   functools.partial(dense_candidate, m, n, k, mr, nr, order, False, pack_data))
+                  for mr, nr, order, pack_data in grid]
     candidates += list(extra or [])
     for task_name in ("dense_pack.x86", "dense_nopack.x86") if template_configs else ():
         candidates += template_candidates(task_name, m, n, k, template_configs)
@@ -232,8 +243,8 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str]], sample
         out = aligned_zeros((m, n), "float32")
         kernel(data, weight, out)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
-        screened.append((native_best_s(kernel, [data, weight, out]), label, kernel))
-    _, config, kernel = min(screened, key=lambda item: item[0])
+        screened.append((native_best_s(kernel, [data, weight, out]), label, kernel, make))
+    _, config, kernel, make = min(screened, key=lambda item: item[0])
     ours, theirs = aligned_zeros((m, n), "float32"), aligned_zeros((m, n), "float32")
     calls = {"lorien": functools.partial(kernel, data, weight, ours),
              "numpy": functools.partial(np.matmul, data, weight.T, out=theirs)}
@@ -242,7 +253,8 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str]], sample
     times = paired_samples(calls, samples)
     np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-3)
     lorien_s = statistics.median(times["lorien"])
-    result = {"numpy": statistics.median(times["numpy"]) / lorien_s, "gflops": flop / lorien_s / 1e9}
+    result = {"numpy": statistics.median(times["numpy"]) / lorien_s, "gflops": flop / lorien_s / 1e9,
+              "numpy_gflops": flop / statistics.median(times["numpy"]) / 1e9, "choice": (config, make)}
     line = (f"dense {m}x{n}x{k}: {describe('lorien', times['lorien'], flop)} {config}; "
             f"{describe('numpy', times['numpy'], flop)}; ratio {result['numpy']:.2f} "
             f"(min ratio {min(times['numpy']) / min(times['lorien']):.2f})")
@@ -492,100 +504,6 @@ def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> flo
 
 # ---- the host's peak ------------------------------------------------------------------------
 
-CLOCK_IR = r"""
-define i64 @lorien_bench_clock(i64 %n) {
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
-  %x = phi i64 [ 0, %entry ], [ %y, %loop ]
-  %y = call i64 asm sideeffect ".rept 200\0AADD\0A.endr", "=r,0"(i64 %x)
-  %next = add i64 %i, 1
-  %more = icmp slt i64 %next, %n
-  br i1 %more, label %loop, label %exit
-exit:
-  ret i64 %y
-}
-"""
-#: One dependent integer add (1 cycle of latency on every x86-64 and AArch64 core).
-CLOCK_ADD = {"x86_64": "addq $$1, $0", "AMD64": "addq $$1, $0", "aarch64": "add $0, $0, #1"}
-
-
-def measure_clock_hz() -> float:
-    """The core clock while busy: the fastest of many short runs (~1 ms) of a chain of dependent
-    integer adds, one cycle each; short runs so that one of them fits between the scheduler's
-    preemptions on a shared machine. nan on an architecture not in CLOCK_ADD."""
-    import platform
-
-    import llvmlite.binding as llvm
-
-    from lorien.engine.codegen import llvm as llvm_codegen
-
-    add = CLOCK_ADD.get(platform.machine())
-    if add is None:
-        return NAN
-    llvm.initialize_native_asmparser()
-    address = llvm_codegen.compile_ir(CLOCK_IR.replace("ADD", add), "lorien_bench_clock")
-    chain = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(address)
-    iterations = 5000
-    chain(iterations)
-    best = math.inf
-    for _ in range(301):
-        start = time.perf_counter()
-        chain(iterations)
-        best = min(best, time.perf_counter() - start)
-    return 200 * iterations / best
-
-
-def fma_ir(lanes: int, chains: int = 12) -> str:
-    vec = f"<{lanes} x float>"
-    lines = [f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})",
-             "define float @lorien_bench_fma(i64 %n, float %s) {", "entry:",
-             f"  %one = insertelement {vec} undef, float %s, i32 0",
-             f"  %b = shufflevector {vec} %one, {vec} undef, <{lanes} x i32> zeroinitializer",
-             "  br label %loop", "loop:", "  %i = phi i64 [ 0, %entry ], [ %next, %loop ]"]
-    lines += [f"  %a{c} = phi {vec} [ %b, %entry ], [ %f{c}, %loop ]" for c in range(chains)]
-    lines += [f"  %f{c} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{c}, {vec} %b, {vec} %b)" for c in range(chains)]
-    lines += ["  %next = add i64 %i, 1", "  %more = icmp slt i64 %next, %n",
-              "  br i1 %more, label %loop, label %exit", "exit:", f"  %s0 = fadd {vec} %f0, %f1"]
-    lines += [f"  %s{c - 1} = fadd {vec} %s{c - 2}, %f{c}" for c in range(2, chains)]
-    lines += [f"  %r = extractelement {vec} %s{chains - 2}, i32 0", "  ret float %r", "}"]
-    return "\n".join(lines)
-
-
-def measure_fma_flops(lanes: int) -> float:
-    """FLOP/s of one core issuing independent ``lanes``-wide FMAs (12 chains, enough to cover
-    the FMA latency), fastest of many short runs."""
-    from lorien.engine.codegen import llvm as llvm_codegen
-
-    address = llvm_codegen.compile_ir(fma_ir(lanes), "lorien_bench_fma")
-    fma = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float)(address)
-    iterations = 200000
-    fma(1000, 0.5)
-    best = math.inf
-    for _ in range(101):
-        start = time.perf_counter()
-        fma(iterations, 0.5)
-        best = min(best, time.perf_counter() - start)
-    return 12 * lanes * 2 * iterations / best
-
-
-def fma_lanes_from_flags() -> tuple[int, str]:
-    """float32 lanes of the widest FMA the CPU flags announce (/proc/cpuinfo): 16 with
-    avx512f, 8 with fma (+avx2), 4 otherwise (SSE or AArch64 NEON)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return 4, "no /proc/cpuinfo"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith(("flags", "Features"))), [])
-    if "avx512f" in flags:
-        return 16, "avx512f"
-    if "fma" in flags and "avx2" in flags:
-        return 8, "avx2+fma"
-    return 4, "no avx2/avx512f"
-
-
 def cpu_model_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
@@ -598,20 +516,47 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def host_peak(threads: int) -> dict[str, float]:
-    """The host's peak float32 FLOP/s: ``threads`` cores x measured clock x FMA lanes (from the
-    flags) x 2 FLOP per FMA x 2 FMA units; and the FMA throughput actually measured on one core
-    (x ``threads``), which is lower where wide FMAs issue over narrower units (znver4 runs a
-    512-bit FMA as two 256-bit halves)."""
-    clock = measure_clock_hz()
-    lanes, why = fma_lanes_from_flags()
-    formula = threads * clock * lanes * 2 * 2
-    measured = threads * measure_fma_flops(lanes)
-    print(f"peak: {cpu_model_name()}, clock {clock / 1e9:.2f} GHz (measured: dependent adds), FMA {lanes} lanes "
-          f"({why}); {threads} cores x clock x {lanes} lanes x 2 FLOP x 2 FMA units = {formula / 1e9:.0f} GFLOPS; "
-          f"measured FMA throughput {measured / 1e9:.0f} GFLOPS ({measured / threads / clock / lanes / 2:.2f} "
-          f"{lanes}-lane FMAs per cycle per core)")
-    return {"clock_hz": clock, "formula": formula, "measured": measured}
+def host_peak(threads: int) -> HostPeak:
+    """The host's peak as ``lorien.engine.peak`` measures it (clock and per-core FMA throughput at
+    every vector width, by JIT-compiled microkernels), for ``threads`` cores."""
+    peak = measure_host_peak(threads)
+    print(f"peak: {cpu_model_name()}: {peak.describe()}")
+    return peak
+
+
+def core_peak_fraction(call: Callable[[], object], flop: float, peak: HostPeak, calls: int = 12) -> float:
+    """One core's fraction of its peak: ``call`` run on one thread (the caller sets the threads),
+    its fastest of ``calls`` runs by the process's CPU time, which a loaded machine's preemptions
+    do not lengthen (the wall-clock medians do), over clock x FLOP per cycle of a core."""
+    call()
+    best = math.inf
+    for _ in range(calls):
+        start = time.process_time()
+        call()
+        best = min(best, time.process_time() - start)
+    return flop / best / (peak.clock_hz * peak.core_flop_per_cycle)
+
+
+def dense_core_fractions(shape: tuple[int, int, int], kernel_config: tuple, peak: HostPeak) -> dict[str, float]:
+    """Lorien's chosen dense kernel and NumPy/OpenBLAS, each on one thread: their fractions of a
+    core's measured peak (:func:`core_peak_fraction`)."""
+    from threadpoolctl import threadpool_limits
+
+    m, n, k = shape
+    rng = np.random.default_rng(1)
+    data = aligned_copy(rng.uniform(-1, 1, (m, k)).astype("float32"))
+    weight = aligned_copy(rng.uniform(-1, 1, (n, k)).astype("float32"))
+    ours, theirs = aligned_zeros((m, n), "float32"), aligned_zeros((m, n), "float32")
+    flop = 2.0 * m * n * k
+    with runtime.threads(1), threadpool_limits(limits=1, user_api="blas"):
+        s, args = kernel_config[1]()
+        kernel = build(s, args)
+        result = {"lorien": core_peak_fraction(functools.partial(kernel, data, weight, ours), flop, peak),
+                  "numpy": core_peak_fraction(functools.partial(np.matmul, data, weight.T, out=theirs), flop, peak)}
+    np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-3)
+    print(f"dense {m}x{n}x{k} on one core, fastest by CPU time: lorien {result['lorien']:.2f} of the core's peak "
+          f"({kernel_config[0]}), numpy {result['numpy']:.2f}")
+    return result
 
 
 # ---- tuning throughput ----------------------------------------------------------------------
@@ -830,16 +775,18 @@ def main() -> None:
     launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40)
     omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40)
     dense_samples = 30 if quick else 150
-    dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), dense_samples,
+    lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
+    dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), dense_samples,
                                 template_configs=8 if quick else 32,
                                 extra=dense_skinny_candidates(*shape, quick) if shape[0] < 64 else None)
              for shape in DENSE_SHAPES}
     layer_samples = 20 if quick else 40
-    m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
+    core = dense_core_fractions((1024, 1024, 1024), dense[(1024, 1024, 1024)]["choice"], peak)
+    m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                       template_configs=8 if quick else 24, with_torch=have_torch,
                       extra=dense_skinny_candidates(*shape, quick))
           for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)]
-    small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1]), layer_samples,
+    small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                            template_configs=8 if quick else 24, with_torch=have_torch,
                            extra=dense_skinny_candidates(*shape, quick))
                for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)]
@@ -889,9 +836,11 @@ def main() -> None:
           f" conv3x3_kernel_vs_torch_min={min(kernel_ratios):.2f}"
           f" conv3x3_e2e_vs_torch_geomean={geomean(e2e_ratios):.2f}"
           f" layers_vs_torch_geomean={geomean(list(classes.values())):.2f}"
-          f" dense1024_peak_fraction={dense[(1024, 1024, 1024)]['gflops'] * 1e9 / peak['formula']:.2f}"
-          f" dense1024_fma_peak_fraction={dense[(1024, 1024, 1024)]['gflops'] * 1e9 / peak['measured']:.2f}"
-          f" clock_ghz={peak['clock_hz'] / 1e9:.2f}"
+          f" dense1024_peak_fraction={dense[(1024, 1024, 1024)]['gflops'] * 1e9 / peak.flops:.2f}"
+          f" numpy1024_peak_fraction={dense[(1024, 1024, 1024)]['numpy_gflops'] * 1e9 / peak.flops:.2f}"
+          f" dense1024_core_peak_fraction={core['lorien']:.2f} numpy1024_core_peak_fraction={core['numpy']:.2f}"
+          f" clock_ghz={peak.clock_hz / 1e9:.2f} fma_flop_per_cycle={peak.core_flop_per_cycle:.1f}"
+          f" fma_lanes={peak.lanes}"
           f" trials_per_s_dense={dense_rate:.2f} trials_per_s_conv={conv_rate:.2f}"
           f" trials_per_s_vs_tvm={vs_tvm:.1f}"
           f" launch_warm_us={launch_warm:.2f} launch_warm_vs_omp={omp_warm / max(launch_warm, 1e-3):.2f}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -543,3 +544,52 @@ def test_storage_align_is_recorded_and_replayed_and_changes_nothing_on_the_cpu()
     assert str(lower(replayed, [a, b, out])) == plain
     with pytest.raises(ScheduleError, match="factor must be >= 1"):
         s[b_tile].storage_align("ax1", 0, 0)
+
+
+def test_a_kernel_called_again_writes_to_the_arrays_of_each_call():
+    data, weight, out = _dense(m=4, n=8, k=5)
+    kernel = build(create_schedule(out), [data, weight, out])
+    a, b = RNG.standard_normal((4, 5)).astype("float32"), RNG.standard_normal((8, 5)).astype("float32")
+    first, second = np.zeros((4, 8), "float32"), np.zeros((4, 8), "float32")
+    kernel(a, b, first)
+    kernel(a, b, first)  # the same arrays: their pointers are reused
+    kernel(a, b, second)
+    np.testing.assert_allclose(second, reference.dense(a, b), rtol=1e-5, atol=1e-5)
+    del first  # a new array, possibly at the address of the dead one
+    third = np.zeros((4, 8), "float32")
+    kernel(a, 2 * b, third)
+    np.testing.assert_allclose(third, reference.dense(a, 2 * b), rtol=1e-5, atol=1e-5)
+    third.flags.writeable = False
+    with pytest.raises(LorienError, match="writeable"):
+        kernel(a, 2 * b, third)
+
+
+def test_threads_calling_one_kernel_on_their_own_arrays_each_get_their_own_result():
+    import threading
+
+    data, weight, out = _dense(m=4, n=8, k=5)
+    kernel = build(create_schedule(out), [data, weight, out])
+    failures = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        a, b = rng.standard_normal((4, 5)).astype("float32"), rng.standard_normal((8, 5)).astype("float32")
+        expected, result = reference.dense(a, b), np.zeros((4, 8), "float32")
+        for _ in range(2000):
+            result.fill(0)
+            kernel(a, b, result)
+            if not np.allclose(result, expected, rtol=1e-5, atol=1e-5):
+                failures.append(seed)
+                return
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch every few bytecodes, inside a call's pointer lookup too
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures

@@ -1,14 +1,15 @@
 """The engine's schedules for the layer classes the benchmark measures beyond 3x3 convolutions:
-depthwise NCHW[x]c (op, reference, schedule) and 1x1 convolutions in NCHW[x]c; outputs checked
-against NumPy."""
+depthwise NCHW[x]c (op, reference, schedule), 1x1 convolutions in NCHW[x]c and the dense
+register tile over data packed in row blocks; outputs checked against NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lorien.engine import build, reference
-from lorien.engine.x86 import conv2d_NCHWc_candidate, depthwise_NCHWc_candidate
+from lorien.engine import build, ops, reference, te
+from lorien.engine.x86 import conv2d_NCHWc_candidate, dense_candidate, depthwise_NCHWc_candidate
+from lorien.errors import WorkloadError
 
 
 @pytest.mark.parametrize("channels, size, stride, bn, tile_ow, tile_oh, pad_inline", [
@@ -43,3 +44,22 @@ def test_1x1_conv_nchwc_matches_numpy(channels, size, out_channels, stride, tile
     build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(weight, 16, 16), out)
     np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, weight, stride, 0),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, n, k, mr, nr, order", [(16, 32, 24, 8, 16, "mn"), (12, 32, 9, 4, 32, "nm"),
+                                                   (16, 16, 5, 16, 16, "mn")])
+def test_dense_with_the_data_packed_in_row_blocks_matches_numpy(m, n, k, mr, nr, order):
+    rng = np.random.default_rng(2)
+    data = rng.uniform(-1, 1, (m, k)).astype("float32")
+    weight = rng.uniform(-1, 1, (n, k)).astype("float32")
+    s, args = dense_candidate(m, n, k, mr, nr, order, pack_data=True)
+    assert any(stage.name == "dense.data_pack" for stage in s.stages)
+    out = np.zeros((m, n), "float32")
+    build(s, args)(data, weight, out)
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_data_packing_refuses_rows_that_do_not_divide_m():
+    data, weight = te.placeholder((10, 8), name="data"), te.placeholder((16, 8), name="weight")
+    with pytest.raises(WorkloadError, match="pack_mr=4"):
+        ops.dense(data, weight, pack_nr=16, pack_mr=4)

@@ -15,7 +15,7 @@ from dialects.meta_schedule.compile import check_kernel
 from dialects.meta_schedule.space import RULES, TraceSpace
 from dialects.meta_schedule.trace import replay_trace
 from lorien import workload_registry
-from lorien.engine import build, ops, reference, te
+from lorien.engine import build, ops, reference, runtime, te
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import dense_candidate, dense_gemv_candidate, schedule_dense_gemv
 from lorien.tune.loop import tune_job
@@ -36,6 +36,18 @@ def test_engine_gemv_matches_numpy(m, n, k, rows, k_vectors):
     assert any(step["kind"] == "rfactor" for step in s.steps)
     out = np.zeros((m, n), "float32")
     build(s, args)(data, weight, out)
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, n, k, rows, parts", [(1, 40, 64, 2, 2), (1, 1000, 48, 3, 2), (2, 37, 80, 4, 3)])
+def test_engine_gemv_in_one_weight_slice_per_thread_matches_numpy(m, n, k, rows, parts):
+    rng = np.random.default_rng(3)
+    data, weight = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (n, k)).astype("float32")
+    s, args = dense_gemv_candidate(m, n, k, rows, 1, parts=parts)
+    assert any(step["kind"] == "split" and step.get("nparts") == parts for step in s.steps)
+    out = np.zeros((m, n), "float32")
+    with runtime.threads(2):
+        build(s, args)(data, weight, out)
     np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
 
 

@@ -6,6 +6,7 @@ import ctypes
 import functools
 import hashlib
 import math
+import weakref
 
 import numpy as np
 
@@ -43,6 +44,10 @@ def flush_cpu_cache(nbytes: int = 96 << 20) -> None:
     buf.fill(1.0)
 
 
+def _no_array() -> None:
+    """Stands for a dead weak reference before a kernel's first call: no array is it."""
+
+
 class Kernel:
     """A compiled kernel. ``kernel(*arrays)`` runs in place (outputs are written) without the GIL."""
 
@@ -55,19 +60,31 @@ class Kernel:
         # what a call checks, computed once: (shape, dtype, output) per argument
         self._expected = [(tuple(spec.shape), np.dtype(spec.dtype), bool(spec.is_output)) for spec in self.args]
         self._pointer_array = ctypes.c_void_p * len(self.args)
+        # the arrays of the last call (weak references) and their pointers: a kernel called again
+        # on the same arrays (inference, timing loops) skips ``ndarray.ctypes``, about 1 us each.
+        # One attribute holds both, read once per call: threads calling the same kernel on
+        # different arrays never pair one call's arrays with another's pointers.
+        self._last_call: tuple[list, ctypes.Array | None] = ([_no_array] * len(self.args), None)
 
     def _pointers(self, arrays) -> ctypes.Array:
         # The common case checked in one pass (a call's overhead is a few microseconds, which
         # small kernels feel); anything unusual takes the checks below, which name the problem.
-        if len(arrays) == len(self._expected):
-            for (shape, dtype, output), arr in zip(self._expected, arrays, strict=True):
+        last, last_pointers = self._last_call
+        if len(arrays) == len(self._expected) == len(last):
+            same = True
+            for (shape, dtype, output), arr, ref in zip(self._expected, arrays, last, strict=True):
                 if type(arr) is not np.ndarray or arr.shape != shape or arr.dtype != dtype:
                     break
                 flags = arr.flags
                 if not flags.c_contiguous or (output and not flags.writeable):
                     break
+                same = same and ref() is arr
             else:
-                return self._pointer_array(*[a.ctypes.data for a in arrays])
+                if same:
+                    return last_pointers
+                pointers = self._pointer_array(*[a.ctypes.data for a in arrays])
+                self._last_call = ([weakref.ref(a) for a in arrays], pointers)
+                return pointers
         return self._checked_pointers(arrays)
 
     def _checked_pointers(self, arrays) -> ctypes.Array:

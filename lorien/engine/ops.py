@@ -84,27 +84,42 @@ def _acc_name(name: str, fused: bool) -> str:
 
 
 def dense(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None, relu: bool = False,
-          residual: te.Tensor | None = None, pack_nr: int | None = None, name: str = "dense") -> te.Tensor:
+          residual: te.Tensor | None = None, pack_nr: int | None = None, name: str = "dense",
+          pack_mr: int | None = None) -> te.Tensor:
     """``out[i, j] = sum_k data[i, k] * weight[j, k]`` (+bias[j], +residual, relu).
 
     ``pack_nr`` packs the weight into panels ``[N/nr, K, nr]`` (stage ``<name>.weight_pack``)
-    so a register tile reads contiguous vectors.
+    so a register tile reads contiguous vectors. ``pack_mr`` (with ``pack_nr``) packs the data
+    into row blocks ``[M/mr, K, mr]`` (stage ``<name>.data_pack``): the ``mr`` values a tile
+    broadcasts at one k are adjacent, instead of ``mr`` rows K floats apart (with K a multiple of
+    1024 those rows fall in one L1 set and evict each other).
     """
     (m, k_dim), (n, k2) = data.shape, weight.shape
     if k_dim != k2:
         raise WorkloadError(f"dense: data {data.shape} and weight {weight.shape} disagree on K")
+    if pack_nr and n % pack_nr:
+        raise WorkloadError(f"dense: N={n} is not a multiple of pack_nr={pack_nr}")
+    if pack_mr and not pack_nr:
+        raise WorkloadError("dense: pack_mr needs pack_nr (the packed data feeds the register tile)")
+    if pack_mr and m % pack_mr:
+        raise WorkloadError(f"dense: M={m} is not a multiple of pack_mr={pack_mr}")
     fused = bias is not None or relu or residual is not None
     k = te.reduce_axis(k_dim, name="k")
     if pack_nr:
-        if n % pack_nr:
-            raise WorkloadError(f"dense: N={n} is not a multiple of pack_nr={pack_nr}")
         packed = te.compute((n // pack_nr, k_dim, pack_nr), lambda jo, kk, ji: weight[jo * pack_nr + ji, kk],
                             name=f"{name}.weight_pack", tag="layout_pack")
-        acc = te.compute((m, n), lambda i, j: te.sum(data[i, k] * packed[j // pack_nr, k, j % pack_nr], axis=k),
-                         name=_acc_name(name, fused), tag="dense")
-    else:
-        acc = te.compute((m, n), lambda i, j: te.sum(data[i, k] * weight[j, k], axis=k),
-                         name=_acc_name(name, fused), tag="dense")
+    if pack_mr:
+        rows = te.compute((m // pack_mr, k_dim, pack_mr), lambda io, kk, ii: data[io * pack_mr + ii, kk],
+                          name=f"{name}.data_pack", tag="layout_pack")
+
+    def data_at(i, kk):
+        return rows[i // pack_mr, kk, i % pack_mr] if pack_mr else data[i, kk]
+
+    def weight_at(j, kk):
+        return packed[j // pack_nr, kk, j % pack_nr] if pack_nr else weight[j, kk]
+
+    acc = te.compute((m, n), lambda i, j: te.sum(data_at(i, k) * weight_at(j, k), axis=k),
+                     name=_acc_name(name, fused), tag="dense")
     return _epilogue(acc, name, bias, (1,), relu, residual)
 
 

@@ -6,6 +6,7 @@ tuners search the same knobs (tile sizes, unroll) through their own templates.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 
 from lorien.engine import te
@@ -18,6 +19,39 @@ def vector_lanes() -> int:
     from lorien.engine.cpu import current
 
     return current().lanes
+
+
+def vector_registers() -> int:
+    """Vector registers of the CPU schedules are built for: 32 with AVX-512 (zmm0-31), 16 with
+    AVX/AVX2 or SSE on x86-64, 32 on AArch64 (v0-v31)."""
+    from lorien.engine.cpu import current
+
+    target = current()
+    if target.lanes == 16 or platform.machine() in ("aarch64", "arm64"):
+        return 32
+    return 16
+
+
+def dense_register_tiles(m: int, n: int, lanes: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
+    """Register tiles ``(mr, nr)`` for a dense of M rows and N columns, widest first: ``nr`` is
+    1-4 vectors of ``lanes`` floats (default: the CPU's vector width; pass a width measured to
+    run at full rate, :mod:`lorien.engine.peak`) dividing N, and ``mr`` the most rows whose
+    ``mr x nr / lanes`` accumulators, ``nr / lanes`` weight vectors and one broadcast fit
+    ``registers`` (default: :func:`vector_registers`); then the largest ``mr`` dividing M (so
+    the data can be packed in ``mr``-row blocks) and its half. ``mr`` is at most M."""
+    lanes = lanes or vector_lanes()
+    registers = registers or vector_registers()
+    tiles = []
+    for vectors in (1, 2, 3, 4):
+        nr = vectors * lanes
+        if n % nr:
+            continue
+        most = min(m, (registers - vectors - 1) // vectors)
+        if most < 1:
+            continue
+        dividing = max(rows for rows in range(1, most + 1) if m % rows == 0)
+        tiles += [(most, nr), (dividing, nr), (max(1, dividing // 2), nr)]
+    return list(dict.fromkeys(tiles))
 
 
 def vectorize_by_lanes(stage: Stage, axis: te.IterVar, extent: int) -> None:
@@ -49,7 +83,9 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
 
     ``pack_inner`` (with ``order="nm"``): each ``nr``-wide panel of the weight is packed inside
     the parallel N loop, just before all M rows use it, instead of the whole weight up front:
-    the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M)."""
+    the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M).
+    With ``ops.dense(..., pack_mr=mr)`` each ``mr``-row block of the data is packed in the
+    parallel M loop (``order="mn"``) just before the tiles of that block use it."""
     lanes = min(vector_lanes(), nr)
     top, tile = _output_and_tile(s, out)
     i, j = top.op.axis
@@ -82,6 +118,15 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
         else:
             pack.parallel(po)
         pack.vectorize(pi)
+    data_pack = f"{out.name}.data_pack"
+    if any(st.name == data_pack for st in s.stages):
+        pack = s[data_pack]
+        po, _, pi = pack.op.axis
+        if order == "mn":
+            pack.compute_at(top, mo)
+        else:
+            pack.parallel(po)
+        pack.unroll(pi)
     return s
 
 
@@ -150,25 +195,32 @@ def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile
 
 
 def schedule_dense_gemv(s: Schedule, out: te.Tensor, rows: int = 4, k_vectors: int = 1,
-                        unroll_sum: bool = True) -> Schedule:
+                        unroll_sum: bool = True, parts: int | None = None) -> Schedule:
     """Dense at M = 1 (and a few rows) on the weight as it is, ``[N, K]`` (``ops.dense`` without
     ``pack_nr``): the reduction is split by ``k_vectors`` vectors of K and factored
     (``rfactor``) so that each output accumulates that many vectors over K, with one horizontal
     sum at the end; ``rows`` weight rows (times all M data rows) are accumulated at once, so each
-    data vector is loaded once for them; parallel over blocks of ``rows`` outputs."""
+    data vector is loaded once for them; parallel over blocks of ``rows`` outputs, or over ``parts`` slices of them
+    (:func:`schedule_gemv_stages`)."""
     acc_name = f"{out.name}.acc"
     if any(st.name == f"{out.name}.weight_pack" for st in s.stages):
         raise ValueError("schedule_dense_gemv: build ops.dense without pack_nr (the GEMV reads the weight as it is)")
     red = s[acc_name] if any(st.name == acc_name for st in s.stages) else s[out]
-    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum)
+    return schedule_gemv_stages(s, s[out], red, rows, vector_lanes() * k_vectors, unroll_sum, parts=parts)
 
 
 def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: int, unroll_sum: bool = True,
-                         inline: Sequence[Stage] = ()) -> Schedule:
+                         inline: Sequence[Stage] = (), parts: int | None = None) -> Schedule:
     """The GEMV schedule on explicit stages: ``red`` reduces ``[.., M, N]`` over one K axis,
     ``top`` is the output (``red`` itself or an element-wise epilogue of it, same shape; stages
     in ``inline`` between them are inlined). K is split by ``width`` (a multiple of the vector
-    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``."""
+    lanes; a split that does not divide is guarded) and factored into ``<red>.rf``.
+
+    ``parts`` (2-d outputs only): the parallel loop has that many iterations, one contiguous
+    slice of the weight each, instead of one per block of ``rows`` outputs. With one part per
+    thread the runtime's threads mostly take the same slice at every call (the caller claims the
+    first part), so a slice that fits a core's L2 stays there between calls, as with OpenBLAS's
+    static split."""
     for stage in inline:
         stage.compute_inline()
     (k,) = red.op.reduce_axis
@@ -176,8 +228,13 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     rf = s[s.rfactor(red.tensor, ki, factor_axis=len(red.op.axis))]
     *outer, m, n = top.op.axis
     no, ni = top.split(n, factor=rows)
-    top.reorder(*outer, no, m, ni)
-    top.parallel(top.fuse(*outer, no) if outer else no)
+    if parts and not outer:
+        po, no = top.split(no, nparts=parts)
+        top.reorder(po, no, m, ni)
+        top.parallel(po)
+    else:
+        top.reorder(*outer, no, m, ni)
+        top.parallel(top.fuse(*outer, no) if outer else no)
     top.unroll(ni)
     if red is not top:
         red.compute_at(top, no if not outer else top.leaf[0])
@@ -187,7 +244,7 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
         target = top
     if unroll_sum:
         target.unroll(target.op.reduce_axis[0])
-    rf.compute_at(top, top.leaf[0])
+    rf.compute_at(top, no if parts and not outer else top.leaf[0])
     *rspatial, rk = rf.op.axis
     (rko,) = rf.op.reduce_axis
     rf.reorder(rko, *rspatial, rk)
@@ -197,23 +254,26 @@ def schedule_gemv_stages(s: Schedule, top: Stage, red: Stage, rows: int, width: 
     return s
 
 
-def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int = 1, unroll_sum: bool = True):
+def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int = 1, unroll_sum: bool = True,
+                         parts: int | None = None):
     """(schedule, args) of :func:`schedule_dense_gemv`; a picklable builder for ``MeasureInput``."""
     from lorien.engine import ops
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
     out = ops.dense(data, weight)
     s = create_schedule(out)
-    schedule_dense_gemv(s, out, rows, k_vectors, unroll_sum)
+    schedule_dense_gemv(s, out, rows, k_vectors, unroll_sum, parts)
     return s, [data, weight, out]
 
 
-def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False):
-    """(schedule, args) of a register-tiled dense; a picklable builder for ``MeasureInput``."""
+def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False,
+                    pack_data: bool = False):
+    """(schedule, args) of a register-tiled dense (``pack_data``: the data packed in ``mr``-row
+    blocks too, see ``ops.dense``); a picklable builder for ``MeasureInput``."""
     from lorien.engine import ops
 
     data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
-    out = ops.dense(data, weight, pack_nr=nr)
+    out = ops.dense(data, weight, pack_nr=nr, pack_mr=mr if pack_data else None)
     s = create_schedule(out)
     schedule_dense(s, out, mr, nr, order, pack_inner)
     return s, [data, weight, out]
