@@ -452,6 +452,10 @@ def _run_tune(args: argparse.Namespace) -> int:
 
         archived = [archive_log(summary.log_path, args.commit_log_to) for summary in summaries
                     if summary.log_path and Path(summary.log_path).is_file()]
+    if any(summary.committed for summary in summaries):
+        from lorien.warehouse.base import build_serving_indexes
+
+        build_serving_indexes(store_uri)  # queries of new processes read it (no index written on a read)
     print(show(summaries, archived) if args.json else show(summaries))
     if not args.json:
         from lorien.engine.runtime import chosen_runtime
@@ -511,6 +515,9 @@ def _run_tune_network(args: argparse.Namespace, config) -> int:
             print(show(exc.summary))
         print(f"interrupted: the rounds finished so far are in {store_uri}", file=sys.stderr)
         raise
+    from lorien.warehouse.base import build_serving_indexes
+
+    build_serving_indexes(store_uri)
     print(show(summary))
     return 1 if summary.failures else 0
 

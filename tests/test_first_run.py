@@ -41,6 +41,10 @@ def test_readme_first_command_lands_every_trial_in_the_default_store(tmp_path, n
     summary = json.loads(tuned.stdout)
     assert summary["store"] == f"parquet:{tmp_path / 'lorien-warehouse'}"
     assert summary["trials"] > 0 and summary["committed"] == summary["trials"]
+    store_dir = tmp_path / "lorien-warehouse"
+    # the serving index is built by the run that committed, not by the first query that reads
+    assert list(store_dir.glob("_index/best/*/*.lsi")), sorted(p.name for p in store_dir.rglob("*"))
+    files_after_tune = sorted(p for p in store_dir.rglob("*") if p.is_file())
 
     stats = lorien(tmp_path, new_user_env, "warehouse", "stats", "--json")
     assert stats.returncode == 0, stats.stderr
@@ -55,6 +59,7 @@ def test_readme_first_command_lands_every_trial_in_the_default_store(tmp_path, n
         (best,) = json.loads(found.stdout)
         assert best["cost_us"] == pytest.approx(workload["best_cost_s"] * 1e6, rel=1e-3)
         assert "matched stored target" in found.stderr
+    assert sorted(p for p in store_dir.rglob("*") if p.is_file()) == files_after_tune  # queries wrote nothing
 
 
 def test_a_store_named_by_the_environment_is_used_when_no_flag_names_one(tmp_path, new_user_env):

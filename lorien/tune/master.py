@@ -305,5 +305,8 @@ def tune_command(args: Any) -> int:
     summary = run_jobs(config.jobs, manager=args.manager or "local", trace_file=args.trace_file,
                        store_uri=store_uri, max_retries=args.max_retries,
                        progress=not args.no_progress, **options)
+    from lorien.warehouse.base import build_serving_indexes
+
+    build_serving_indexes(store_uri)  # once, after every worker committed
     print(summary_json(summary, store_uri) if args.json else format_summary(summary))
     return 1 if summary.failed else 0

@@ -134,3 +134,23 @@ def open_store(uri: str | None = None) -> Store:
         known = ", ".join(f"{name}:" for name in sorted(_REGISTRY))
         raise StoreError(f"unknown store URI {uri!r} (known schemes: {known})")
     return _REGISTRY[scheme](rest)
+
+
+def build_serving_indexes(uri: str) -> dict[str, int]:
+    """After a run that committed records (``lorien tune``): build the store's persisted serving
+    indexes, so that the first warm query of a new process reads them instead of writing them.
+    A store without such indexes (DynamoDB, S3) or one this process may only read returns {}:
+    the index is a speed-up, and the records are committed whatever happens here."""
+    try:
+        store = open_store(uri)
+    except (StoreError, OSError):
+        return {}
+    build = getattr(store, "build_serving_indexes", None)
+    try:
+        return build() if build is not None else {}
+    except OSError:
+        return {}
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
