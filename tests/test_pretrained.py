@@ -222,3 +222,36 @@ def test_the_benchmarks_held_out_ranking_check_runs_on_tuned_records(dialect, pr
     distinct = len({r.config for r in records if r.is_valid})
     assert quality["configs"] == distinct >= 2
     assert 0 < quality["ndcg"] <= 1 and 0 < quality["ndcg_random"] < 1 and 0 < quality["top1"] <= 1
+
+
+def test_a_guided_plan_is_ranked_again_after_every_batch():
+    """The guide learns from the first batch; the second batch of the same plan is its new
+    choice, not the rest of the ranking it made before it had measured anything."""
+    from types import SimpleNamespace
+
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Line(MixedRadixSpace):
+        dims = [64]
+
+    class FlippingGuide:
+        """Likes high indices until it has measured something, then low ones."""
+
+        def __init__(self):
+            self.learned = 0
+
+        def score(self, indices):
+            indices = np.asarray(indices, dtype=float)
+            return -indices if self.learned else indices
+
+        def learn(self, indices, costs):
+            self.learned += len(indices)
+
+    tuner = XGBTuner(Line(), seed=0, plan_size=16)
+    tuner.set_guide(FlippingGuide(), pool=4)
+    first = tuner.next_batch(4)
+    assert min(first) >= 48  # the guide's choice before learning: the highest of the pool
+    tuner.update(first, [SimpleNamespace(costs=[1e-3], error_no=0) for _ in first])
+    second = tuner.next_batch(4)
+    assert max(second) < 16  # ranked again after learning: the lowest, within the same 16-point plan

@@ -126,15 +126,20 @@ class XGBTuner(Tuner):
         self.guide = None
         #: Candidates the guide ranks for a plan, per point of the plan.
         self.guide_pool = 8
+        #: The last guided plan's pool: its unmeasured points are ranked again by the next plan.
+        self._guide_candidates: list[int] = []
 
     def set_guide(self, guide, pool: int = 8) -> None:
         """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
         ``learn(indices, costs)``) that ranks every plan's candidates, from the first plan on:
         ``pool`` x plan size candidates (random ones, plus the search's own once this tuner's
-        model is trained) are scored and the best taken; it learns from every measured batch."""
+        model is trained) are scored and the best taken; it learns from every measured batch,
+        and the plan is ranked again after every batch (not only every ``plan_size`` points),
+        so what the first batch taught reaches the second."""
         self.guide = guide
         self.guide_pool = max(1, int(pool))
         self._plan = []
+        self._guide_candidates = []
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
         """Transfer: prior (features in the layout of the space's knob tables, normalized
@@ -178,6 +183,8 @@ class XGBTuner(Tuner):
         if self._since_fit >= self.plan_size:
             self._fit()
             self._plan = []
+        elif self.guide is not None:
+            self._plan = []  # the guide learned from this batch: rank what is left again
 
     def add_seeds(self, indices: Sequence[int]) -> None:
         """Seeds: points expected to be good (e.g. the best programs of similar workloads,
@@ -229,7 +236,8 @@ class XGBTuner(Tuner):
         first = seeds[: self.seed_quota]
         n_random = int(math.ceil(self.epsilon * self.plan_size)) if self.booster_ is not None else 0
         wanted = self.plan_size - n_random - len(first)
-        pool = [i for i in sample_unvisited(self, self.guide_pool * self.plan_size) if i not in first]
+        pool = [i for i in self._guide_candidates if i not in self.visited and i not in first]
+        pool += [i for i in sample_unvisited(self, self.guide_pool * self.plan_size - len(pool)) if i not in first]
         if self.booster_ is not None and wanted > 0:
             starts = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                             key=self.measured.__getitem__)[:16] + seeds[self.seed_quota:]
@@ -242,7 +250,8 @@ class XGBTuner(Tuner):
                                   exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
                                   n_iter=self.sa_n_iter)
             pool = list(dict.fromkeys([*searched, *pool]))
-        pool = [i for i in pool if i not in first and i not in self.visited]
+        pool = [i for i in dict.fromkeys(pool) if i not in first and i not in self.visited]
+        self._guide_candidates = pool
         if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
             chosen = first + (self.guide.choose(pool, max(0, wanted)) if pool else [])
         else:
