@@ -25,7 +25,7 @@ level of every tiled block, the location of every block placed by a random compu
 location, the unroll step, the parallel jobs per core. A point renders to a full trace:
 the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
 postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
-into one parallel loop up to the parallel extent, innermost spatial loops vectorized
+into one parallel loop until it passes the parallel extent, innermost spatial loops vectorized
 when their extent is at most the vector width ``VECTOR_EXTENT``,
 ``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
 replays every instruction on the engine, which verifies the trace.
@@ -392,10 +392,13 @@ class TraceSpace(MixedRadixSpace):
 
     @staticmethod
     def _parallel_prefix(state: TraceState, loops: list[Loop], max_parallel: int) -> int:
-        """How many outer loops to fuse into the parallel loop: spatial loops of the root
-        stage, not annotated, while their extents multiply to at most ``max_parallel``
-        (at least one); none when the outer loop is already parallel (made so for a block
-        before this one in the same nest)."""
+        """How many outer loops to fuse into the parallel loop, as TVM's
+        ``RewriteParallelVectorizeUnroll`` counts them: spatial loops of the root stage, not
+        annotated, each taken in until their extents multiply to more than ``max_parallel`` or
+        one holds more than one statement (a block computed at it); none when the outer loop
+        is already parallel (made so for a block before this one in the same nest). The loop
+        that passes ``max_parallel`` is fused too: a batch-1 nest (1 x 192 x ...) is parallel
+        over its channels, not over its unit batch loop alone, one thread."""
         if not loops:
             return 0
         host = state.schedule[loops[0].stage]
@@ -408,9 +411,9 @@ class TraceSpace(MixedRadixSpace):
         for loop in loops:
             if loop.stage != host.name or host.axes[loop.leaf].kind != "spatial" or loop.leaf in host.annotations:
                 break
-            if count and product * extents[loop.leaf] > max_parallel:
-                break
             product *= extents[loop.leaf]
             count += 1
+            if product > max_parallel or any(s.attach == (host.name, loop.leaf) for s in state.schedule.stages):
+                break
         return count
 
