@@ -63,6 +63,9 @@ class _Tiled:
     stage: str
     loops: list[tuple[str, int, int]]  # (root axis, extent, levels), spatial first
     epilogue: str | None
+    #: Element-wise stages between the block and its epilogue (bias add, then clip's max),
+    #: inlined before the block is tiled so that the epilogue reads the block.
+    chain: list[str] = field(default_factory=list)
     tile_knobs: list[int] = field(default_factory=list)
     cache_knob: int = -1
     #: The rfactor (GEMV) rule, for blocks with few rows (see :func:`gemv_like`): a knob
@@ -137,6 +140,29 @@ def _has_condition(stage: Any) -> bool:
     return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
 
 
+def _epilogue(stages: Sequence[Any], stage: Any, outputs: set[str]) -> tuple[str | None, list[str]]:
+    """The element-wise output consumer of a tiled stage that runs inside its tile (the
+    cache's place), and the element-wise stages between the two, each the one consumer of the
+    one before and inlined first (conv -> add bias -> max 0 -> min 6: ``min`` is the epilogue,
+    ``add`` and ``max`` the chain), as TVM's multi-level tiling fuses a relax task's epilogue;
+    ``(None, [])`` when there is none."""
+    chain: list[str] = []
+    current = stage
+    while True:
+        consumers = [s for s in stages if _reads(s, current.name)]
+        if len(consumers) != 1:
+            return None, []
+        consumer = consumers[0]
+        if consumer.op.reduce_axis or consumer.tensor.shape != stage.tensor.shape:
+            return None, []
+        if consumer.name in outputs:
+            return consumer.name, chain
+        if _has_condition(consumer):
+            return None, []
+        chain.append(consumer.name)
+        current = consumer
+
+
 class TraceSpace(MixedRadixSpace):
     """Every trace the rules give a workload, as an indexed space."""
 
@@ -155,15 +181,12 @@ class TraceSpace(MixedRadixSpace):
         for stage in schedule.stages:
             if not needs_multi_level_tiling(stage.op):
                 continue
-            consumers = [s for s in schedule.stages if _reads(s, stage.name)]
-            epilogue = None
-            if len(consumers) == 1 and consumers[0].name in outputs and not consumers[0].op.reduce_axis \
-                    and consumers[0].tensor.shape == stage.tensor.shape:
-                epilogue = consumers[0].name
-                epilogues.add(epilogue)
+            epilogue, chain = _epilogue(schedule.stages, stage, outputs)
+            if epilogue is not None:
+                epilogues.update([epilogue, *chain])
             loops = [(iv.name, int(iv.extent), SPATIAL_LEVELS) for iv in stage.op.axis]
             loops += [(iv.name, int(iv.extent), REDUCE_LEVELS) for iv in stage.op.reduce_axis]
-            tiled = _Tiled(stage.name, loops, epilogue)
+            tiled = _Tiled(stage.name, loops, epilogue, chain)
             for _, extent, levels in loops:
                 tiled.tile_knobs.append(len(self.dims))
                 entities = tuple(factorizations(extent, levels, max_innermost))
@@ -271,6 +294,8 @@ class TraceSpace(MixedRadixSpace):
         knob = 0
         gemv = 0
         for tiled in self.tiled:
+            for name in tiled.chain:
+                writer.emit("ComputeInline", [blocks[name]], [], [])
             if tiled.rule_knob >= 0 and RULES[positions[tiled.rule_knob]] == "rfactor":
                 self._rfactor(writer, blocks, tiled, positions, gemv)
                 knob += len(tiled.tile_knobs)
