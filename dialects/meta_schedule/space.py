@@ -8,7 +8,8 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   loop split in four by ``SamplePerfectTile``, each reduce loop in two, reordered
   S0 S1 R0 S2 R1 S3; the result is written through a cache (``CacheWrite`` +
   ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
-  consumer (bias, relu) takes the cache's place: it runs inside the tile.
+  consumer (bias, relu) takes the cache's place: it runs inside the tile, also through
+  element-wise stages between the two (add bias, max 0, min 6), which are inlined first.
 - **auto-inline**: other element-wise blocks without a condition are inlined.
 - **random compute location**: a block with a condition (padding) is computed where
   ``SampleComputeLocation`` says: one of the outer two spatial tile levels of its consumer
