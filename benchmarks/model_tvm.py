@@ -10,9 +10,10 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
    - **TVM**: MetaSchedule ``tune_tasks`` into a JSONDatabase (TVM's LocalBuilder, timeout
      120 s, and LocalRunner, measuring as Lorien does: number 1, repeat 3, min_repeat_ms 10);
      every record TVM commits also goes through Lorien's adapter into a warehouse
-     (``warehouse_database``: the adapter row). TVM builds candidates in the benchmark's process
-     by default (``--tvm-builder local``: its LocalBuilder, whose fresh workers spend 45 to 80 s
-     per batch importing TVM here, which would only add to TVM's tuning time);
+     (``warehouse_database``: the adapter row). TVM builds candidates in forked copies of the
+     benchmark's process by default (``in_process_builder``: no import, 30 s per build, as
+     LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
+     spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
      the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
      are built and timed by TVM and committed as TVM-measured records; ``lorien export
@@ -398,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-with-tvm", action="store_true",
                         help="also tune with measure_with: tvm (every candidate timed by TVM; slow)")
     parser.add_argument("--tvm-builder", choices=["in-process", "local"], default="in-process",
-                        help="TVM's builder: in-process (default: this process, as Lorien's TVM re-measuring "
-                             "builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
+                        help="TVM's builder: in-process (default: forked copies of this process, 30 s per "
+                             "candidate, as Lorien's TVM re-measuring builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
     args = parser.parse_args(argv)
     quick = args.quick

@@ -66,6 +66,50 @@ def test_a_rendered_trace_is_tvm_s_instruction_form_with_its_decisions():
     assert all(len(inst) == 4 for inst in instructions)
 
 
+def test_a_batch_1_nest_is_parallel_over_the_loop_after_its_unit_batch_loop_as_in_tvm():
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    x = te.placeholder((1, 64, 8, 8), "float32", "x")
+    y = te.compute((1, 64, 8, 8), lambda n, c, h, w: x[n, c, h, w] * 2.0, name="y")
+    dag = ComputeDAG([x, y])
+    space = TraceSpace(dag, cores=2)
+    for index in range(len(space)):
+        instructions, _ = space.get(index)
+        post = instructions[[inst[0] for inst in instructions].index("EnterPostproc"):]
+        fused = next(inst for inst in post if inst[0] == "Fuse")
+        # 1 x 64 passes every parallel extent (8, 32, 128 jobs on 2 cores): TVM fuses the unit
+        # batch loop with the channels and stops, it does not leave one thread a parallel loop of 1
+        assert len(fused[1]) >= 2, fused
+        replay = replay_trace(dag, space.get(index))
+        assert check_kernel(build(replay.schedule, replay.args), dag) < 1e-3
+
+
+def test_an_epilogue_behind_element_wise_stages_runs_inside_the_tile_after_they_are_inlined():
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a, b = te.placeholder((16, 32), "float32", "A"), te.placeholder((32, 24), "float32", "B")
+    bias = te.placeholder((24,), "float32", "bias")
+    k = te.reduce_axis(32, "k")
+    c = te.compute((16, 24), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    added = te.compute((16, 24), lambda i, j: c[i, j] + bias[j], name="added")
+    low = te.compute((16, 24), lambda i, j: te.maximum(added[i, j], 0.0), name="low")
+    clipped = te.compute((16, 24), lambda i, j: te.minimum(low[i, j], 6.0), name="clipped")
+    dag = ComputeDAG([a, b, bias, clipped])
+    space = TraceSpace(dag, cores=2)
+    (tiled,) = space.tiled
+    assert (tiled.epilogue, tiled.chain) == ("clipped", ["added", "low"])  # relax's conv + bias + Clip(0, 6)
+    assert not {"added", "low"} & set(space.inlined)
+    rng = np.random.default_rng(0)
+    for index in [int(i) for i in rng.integers(len(space), size=6)]:
+        instructions, _ = space.get(index)
+        names = [inst[0] for inst in instructions]
+        assert names.index("ComputeInline") < names.index("SamplePerfectTile")
+        replay = replay_trace(dag, space.get(index))
+        assert check_kernel(build(replay.schedule, replay.args), dag) < 1e-3
+
+
 def test_mutation_moves_one_prime_factor_between_tile_levels():
     space = TraceSpace(_dag("dense"), cores=2)
     rng = np.random.default_rng(1)

@@ -247,3 +247,72 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     best_tvm = min(timed, key=lambda r: r.cost_s)
     assert orjson.loads(written.config) == orjson.loads(best_tvm.config)
     assert written.costs == pytest.approx(best_tvm.costs)
+
+
+def test_a_build_in_a_forked_worker_returns_its_artifact_and_raises_its_error():
+    from dialects.meta_schedule.tvm_measure import build_in_fork
+
+    assert build_in_fork(lambda: "/tmp/artifact.tar", timeout_s=60) == "/tmp/artifact.tar"
+
+    def fails() -> str:
+        raise ValueError("no such intrinsic 'llvm.foo'")
+
+    with pytest.raises(RuntimeError, match=r"ValueError: no such intrinsic 'llvm.foo'"):
+        build_in_fork(fails, timeout_s=60)
+
+
+def test_a_build_past_its_limit_is_stopped_and_raises_build_timeout():
+    import time
+
+    from dialects.meta_schedule.tvm_measure import BuildTimeout, build_in_fork
+
+    with pytest.raises(BuildTimeout, match=r"ran past its 0.5 s limit"):
+        build_in_fork(lambda: time.sleep(600) or "never", timeout_s=0.5)
+
+
+def test_a_build_worker_that_dies_is_an_error_with_its_exit_code():
+    import os
+
+    from dialects.meta_schedule.tvm_measure import build_in_fork
+
+    with pytest.raises(RuntimeError, match=r"worker died \(exit code 3\)"):
+        build_in_fork(lambda: os._exit(3), timeout_s=60)
+
+
+@pytest.mark.tvm
+def test_the_in_process_builder_fails_a_candidate_whose_llvm_build_stalls_and_builds_the_next():
+    tvm = pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from pathlib import Path
+
+    from tvm import te
+
+    from dialects.meta_schedule.tvm_measure import in_process_builder
+
+    stalls = tvm.script.from_source((Path(__file__).parent / "data" / "softmax_llvm_stall.tvmscript").read_text())
+    a, b = te.placeholder((16, 16), "float32", name="A"), te.placeholder((16, 16), "float32", name="B")
+    k = te.reduce_axis((0, 16), name="k")
+    matmul = tvm.IRModule({"main": te.create_prim_func(
+        [a, b, te.compute((16, 16), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")])})
+    from lorien.engine.cpu import host_cpu_name
+
+    # for this host's CPU, as the benchmark builds (for generic x86-64 LLVM takes seconds, not minutes)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu_name(), "num-cores": 2})
+    stalled, built = in_process_builder(timeout_s=5).build(
+        [ms.builder.BuilderInput(stalls, target), ms.builder.BuilderInput(matmul, target)])
+    assert stalled.artifact_path is None and "BuildTimeout: the build ran past its 5 s limit" in stalled.error_msg
+    assert built.error_msg is None and Path(built.artifact_path).is_file()
+
+
+@pytest.mark.tvm
+def test_a_tvm_measured_candidate_past_build_timeout_s_is_a_build_timeout_record(store_uri):
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.tuning import tune_dag
+    from lorien.record import ErrorNo
+
+    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "tuner": "random", "measure_with": "tvm",
+                            "measure": {**MEASURE, "build_timeout_s": 0.001}}, store_uri)
+    with open_store(store_uri) as store:
+        records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
+    assert len(records) == 2
+    assert all(record.error_no == ErrorNo.BUILD_TIMEOUT for record in records)

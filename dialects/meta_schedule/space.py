@@ -8,7 +8,8 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   loop split in four by ``SamplePerfectTile``, each reduce loop in two, reordered
   S0 S1 R0 S2 R1 S3; the result is written through a cache (``CacheWrite`` +
   ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
-  consumer (bias, relu) takes the cache's place: it runs inside the tile.
+  consumer (bias, relu) takes the cache's place: it runs inside the tile, also through
+  element-wise stages between the two (add bias, max 0, min 6), which are inlined first.
 - **auto-inline**: other element-wise blocks without a condition are inlined.
 - **random compute location**: a block with a condition (padding) is computed where
   ``SampleComputeLocation`` says: one of the outer two spatial tile levels of its consumer
@@ -25,7 +26,7 @@ level of every tiled block, the location of every block placed by a random compu
 location, the unroll step, the parallel jobs per core. A point renders to a full trace:
 the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
 postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
-into one parallel loop up to the parallel extent, innermost spatial loops vectorized
+into one parallel loop until it passes the parallel extent, innermost spatial loops vectorized
 when their extent is at most the vector width ``VECTOR_EXTENT``,
 ``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
 replays every instruction on the engine, which verifies the trace.
@@ -63,6 +64,9 @@ class _Tiled:
     stage: str
     loops: list[tuple[str, int, int]]  # (root axis, extent, levels), spatial first
     epilogue: str | None
+    #: Element-wise stages between the block and its epilogue (bias add, then clip's max),
+    #: inlined before the block is tiled so that the epilogue reads the block.
+    chain: list[str] = field(default_factory=list)
     tile_knobs: list[int] = field(default_factory=list)
     cache_knob: int = -1
     #: The rfactor (GEMV) rule, for blocks with few rows (see :func:`gemv_like`): a knob
@@ -137,6 +141,29 @@ def _has_condition(stage: Any) -> bool:
     return any(isinstance(n, te.Select) for n in te.walk(stage.op.body))
 
 
+def _epilogue(stages: Sequence[Any], stage: Any, outputs: set[str]) -> tuple[str | None, list[str]]:
+    """The element-wise output consumer of a tiled stage that runs inside its tile (the
+    cache's place), and the element-wise stages between the two, each the one consumer of the
+    one before and inlined first (conv -> add bias -> max 0 -> min 6: ``min`` is the epilogue,
+    ``add`` and ``max`` the chain), as TVM's multi-level tiling fuses a relax task's epilogue;
+    ``(None, [])`` when there is none."""
+    chain: list[str] = []
+    current = stage
+    while True:
+        consumers = [s for s in stages if _reads(s, current.name)]
+        if len(consumers) != 1:
+            return None, []
+        consumer = consumers[0]
+        if consumer.op.reduce_axis or consumer.tensor.shape != stage.tensor.shape:
+            return None, []
+        if consumer.name in outputs:
+            return consumer.name, chain
+        if _has_condition(consumer):
+            return None, []
+        chain.append(consumer.name)
+        current = consumer
+
+
 class TraceSpace(MixedRadixSpace):
     """Every trace the rules give a workload, as an indexed space."""
 
@@ -155,15 +182,12 @@ class TraceSpace(MixedRadixSpace):
         for stage in schedule.stages:
             if not needs_multi_level_tiling(stage.op):
                 continue
-            consumers = [s for s in schedule.stages if _reads(s, stage.name)]
-            epilogue = None
-            if len(consumers) == 1 and consumers[0].name in outputs and not consumers[0].op.reduce_axis \
-                    and consumers[0].tensor.shape == stage.tensor.shape:
-                epilogue = consumers[0].name
-                epilogues.add(epilogue)
+            epilogue, chain = _epilogue(schedule.stages, stage, outputs)
+            if epilogue is not None:
+                epilogues.update([epilogue, *chain])
             loops = [(iv.name, int(iv.extent), SPATIAL_LEVELS) for iv in stage.op.axis]
             loops += [(iv.name, int(iv.extent), REDUCE_LEVELS) for iv in stage.op.reduce_axis]
-            tiled = _Tiled(stage.name, loops, epilogue)
+            tiled = _Tiled(stage.name, loops, epilogue, chain)
             for _, extent, levels in loops:
                 tiled.tile_knobs.append(len(self.dims))
                 entities = tuple(factorizations(extent, levels, max_innermost))
@@ -271,6 +295,8 @@ class TraceSpace(MixedRadixSpace):
         knob = 0
         gemv = 0
         for tiled in self.tiled:
+            for name in tiled.chain:
+                writer.emit("ComputeInline", [blocks[name]], [], [])
             if tiled.rule_knob >= 0 and RULES[positions[tiled.rule_knob]] == "rfactor":
                 self._rfactor(writer, blocks, tiled, positions, gemv)
                 knob += len(tiled.tile_knobs)
@@ -392,10 +418,13 @@ class TraceSpace(MixedRadixSpace):
 
     @staticmethod
     def _parallel_prefix(state: TraceState, loops: list[Loop], max_parallel: int) -> int:
-        """How many outer loops to fuse into the parallel loop: spatial loops of the root
-        stage, not annotated, while their extents multiply to at most ``max_parallel``
-        (at least one); none when the outer loop is already parallel (made so for a block
-        before this one in the same nest)."""
+        """How many outer loops to fuse into the parallel loop, as TVM's
+        ``RewriteParallelVectorizeUnroll`` counts them: spatial loops of the root stage, not
+        annotated, each taken in until their extents multiply to more than ``max_parallel`` or
+        one holds more than one statement (a block computed at it); none when the outer loop
+        is already parallel (made so for a block before this one in the same nest). The loop
+        that passes ``max_parallel`` is fused too: a batch-1 nest (1 x 192 x ...) is parallel
+        over its channels, not over its unit batch loop alone, one thread."""
         if not loops:
             return 0
         host = state.schedule[loops[0].stage]
@@ -408,9 +437,9 @@ class TraceSpace(MixedRadixSpace):
         for loop in loops:
             if loop.stage != host.name or host.axes[loop.leaf].kind != "spatial" or loop.leaf in host.annotations:
                 break
-            if count and product * extents[loop.leaf] > max_parallel:
-                break
             product *= extents[loop.leaf]
             count += 1
+            if product > max_parallel or any(s.attach == (host.name, loop.leaf) for s in state.schedule.stages):
+                break
         return count
 

@@ -9,10 +9,14 @@ blocks named as TVM names them) with ``tvm.s_tir.Schedule``, built with MetaSche
 settings (``number``, ``repeat``, ``min_repeat_ms``, ``flush_cache`` as TVM's
 ``cache_flush_cpu_non_first_arg``), the output checked against NumPy first.
 
-Candidates are built and run in this process (TVM's LocalBuilder and LocalRunner start a worker
-that spends most of a minute importing TVM on a small machine), so ``build_timeout_s`` and
-``run_timeout_s`` do not apply; a candidate TVM cannot apply, build or run becomes a record
-with the matching error code, as on the engine. Every record measured here says so in its
+Candidates are not built by TVM's LocalBuilder, whose fresh workers spend most of a minute
+importing TVM on a small machine: each is built in a forked copy of this process
+(:func:`build_in_fork`), which has TVM imported already, under the job's ``build_timeout_s``.
+Some candidates of TVM's own design space make LLVM run for more than 15 minutes (a softmax
+whose ``pragma_auto_unroll_max_step`` unrolls 64 dependent 64-lane strided gathers); such a
+build is killed at the timeout and the candidate fails with ``BUILD_TIMEOUT``. Kernels run in
+this process, so ``run_timeout_s`` does not apply. A candidate TVM cannot apply, build or run
+becomes a record with the matching error code, as on the engine. Every record measured here says so in its
 ``build`` JSON: ``measured_by: "tvm"``, ``tvm_version``, ``runner``, the ``tvm_target`` it was
 built for and the runtime's ``threads``.
 
@@ -24,8 +28,11 @@ decides (``TVM_NUM_THREADS``), as it will when the model runs.
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +50,49 @@ RUNNER = "tvm default_build + time_evaluator, in process"
 #: ``EvaluatorConfig`` (``number`` 3, ``min_repeat_ms`` 100), repeated 3 times, not once, so
 #: that one busy moment of a shared machine does not become the latency.
 EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
+#: :func:`in_process_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
+BUILD_TIMEOUT_S = 30.0
+
+
+class BuildTimeout(Exception):
+    """A candidate's build ran past its time limit; its worker was killed."""
+
+
+def _build_child(build: Callable[[], str], conn: Any) -> None:
+    try:
+        conn.send(("ok", build()))
+    except BaseException as exc:  # noqa: BLE001 - the parent raises it, named, for this candidate
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def build_in_fork(build: Callable[[], str], timeout_s: float) -> str:
+    """``build()`` (which writes an artifact and returns its path) run in a forked copy of this
+    process, so that it needs no fresh import of TVM and can be stopped: past ``timeout_s`` the
+    copy is killed and :class:`BuildTimeout` raised; an exception in the copy is raised here as
+    RuntimeError with its type and message. A build that never returns (LLVM on a huge unrolled
+    function) cannot be interrupted in this process's own thread."""
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_build_child, args=(build, send), daemon=True)
+    worker.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            raise BuildTimeout(f"the build ran past its {timeout_s:g} s limit and was stopped")
+        status, value = receive.recv()
+    except EOFError:
+        worker.join()
+        raise RuntimeError(f"the build's worker died (exit code {worker.exitcode})") from None
+    finally:
+        if worker.is_alive():
+            worker.kill()
+        worker.join()
+        receive.close()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value
 
 
 def require_tvm(why: str) -> Any:
@@ -141,6 +191,8 @@ class TvmMeasurer:
             kernel = self._build(schedule, trace)
             stage = ErrorNo.RUNTIME_DEVICE
             costs, error_no, error_msg = self._run(kernel)
+        except BuildTimeout as exc:
+            error_no, error_msg = ErrorNo.BUILD_TIMEOUT, str(exc)
         except Exception as exc:  # noqa: BLE001 - see above
             error_no, error_msg = stage, f"{type(exc).__name__}: {exc}"
         return MeasureResult(costs, int(error_no), time.time() - started, time.time(), error_msg[:2000],
@@ -164,21 +216,19 @@ class TvmMeasurer:
 
     def _build(self, schedule: Any, trace: Any = None) -> Any:
         """The scheduled module built as MetaSchedule's ``default_build`` builds it
-        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``). ``default_build`` first imports
-        TVM's tensor intrinsics (hundreds of TVMScript functions, about a minute on a small
-        machine); they are imported here only for a trace that tensorizes."""
-        import warnings
-
-        from tvm.driver import build as tvm_build
-        from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
+        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``) in a forked copy of this process
+        under ``build_timeout_s`` (:func:`build_in_fork`), and loaded here. ``default_build``
+        first imports TVM's tensor intrinsics (hundreds of TVMScript functions, about a minute on
+        a small machine); they are imported, here before the fork, only for a trace that
+        tensorizes."""
         if trace is None or _tensorizes(trace):
             import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics Tensorize names
 
-        with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
-            warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
-            return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(schedule.mod),
-                             target=self.tvm_target)
+        with tempfile.TemporaryDirectory(prefix="lorien-tvm-build-") as out:
+            library = build_in_fork(functools.partial(_export_built, schedule.mod, self.tvm_target,
+                                                      str(Path(out) / "kernel.so")),
+                                    self.option.build_timeout_s)
+            return self.tvm.runtime.load_module(library)
 
     def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
         from dialects.meta_schedule.compile import reference_inputs
@@ -204,6 +254,20 @@ class TvmMeasurer:
                                           min_repeat_ms=int(option.min_repeat_ms),
                                           f_preproc="cache_flush_cpu_non_first_arg" if option.flush_cache else "")
         return [float(cost) for cost in evaluator(*arrays).results], ErrorNo.NO_ERROR, ""
+
+
+def _export_built(mod: Any, target: Any, path: str) -> str:
+    """``mod`` built for ``target`` as ``default_build`` builds it, written as a shared library at ``path``."""
+    import warnings
+
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    with warnings.catch_warnings():  # TVM's own builder calls its deprecated tvm.build
+        warnings.filterwarnings("ignore", "build is deprecated", DeprecationWarning)
+        built = tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    built.export_library(path)
+    return path
 
 
 def _tensorizes(trace: Any) -> bool:
@@ -255,16 +319,16 @@ def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str,
     return [next(measured) if record.measured_by == MEASURED_BY_ENGINE else record for record in records]
 
 
-def in_process_builder() -> Any:
-    """A MetaSchedule builder that builds candidates in this process with ``default_build``:
-    TVM's LocalBuilder starts fresh workers for every batch, and each spends 45 to 80 s on a
-    2-core machine importing TVM's tensor intrinsics before it builds anything."""
-    import warnings
-
-    import tvm
+def in_process_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
+    """A MetaSchedule builder that builds each candidate with ``default_build`` in a forked copy
+    of this process (:func:`build_in_fork`): TVM's LocalBuilder starts fresh workers for every
+    batch, and each spends 45 to 80 s on a 2-core machine importing TVM's tensor intrinsics before
+    it builds anything. A build past ``timeout_s`` is stopped and its candidate fails with a
+    BuilderResult error saying so, as LocalBuilder's timeout does; one TVM cannot build fails
+    with TVM's message."""
     import tvm.s_tir.meta_schedule as ms
+    import tvm.s_tir.tensor_intrin  # noqa: F401 - default_build imports them; once, before the forks
     from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
 
     @derived_object
     class InProcessBuilder(ms.builder.PyBuilder):
@@ -272,13 +336,26 @@ def in_process_builder() -> Any:
             results = []
             for build_input in build_inputs:
                 try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        artifact = default_export(default_build(build_input.mod, build_input.target, None))
-                except tvm.TVMError as exc:
+                    artifact = build_in_fork(functools.partial(_default_build_export, build_input.mod,
+                                                               build_input.target), timeout_s)
+                except BuildTimeout as exc:
+                    results.append(ms.builder.BuilderResult(None, f"BuildTimeout: {exc}"))
+                    continue
+                except RuntimeError as exc:
                     results.append(ms.builder.BuilderResult(None, str(exc)))
                     continue
                 results.append(ms.builder.BuilderResult(artifact, None))
             return results
 
     return InProcessBuilder()
+
+
+def _default_build_export(mod: Any, target: Any) -> str:
+    """MetaSchedule's ``default_build`` then ``default_export``: the artifact's path."""
+    import warnings
+
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build, default_export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return default_export(default_build(mod, target, None))
