@@ -5,7 +5,6 @@ the compact set of record ids a commit checks against answers as a set would."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -21,9 +20,8 @@ from lorien.warehouse import open_store
 from lorien.warehouse.parquet.ids import RecordIds
 from lorien.warehouse.parquet.layout import commit_of
 
-SHARED_DATA = Path(os.environ.get("LORIEN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-TOPHUB_LOG = SHARED_DATA / "tophub" / "rocm_v0.05.log"
-ANSOR_LOG = SHARED_DATA / "ansor" / "resnet-50-NHWC-B1-llvm.json"
+TOPHUB_LOG = Path("tophub") / "rocm_v0.05.log"  # under the shared data (the shared_data fixture)
+ANSOR_LOG = Path("ansor") / "resnet-50-NHWC-B1-llvm.json"
 
 # An ingest that dies (SIGKILL) while publishing its third commit: after that commit's first
 # serving file is in place, before its record files are.
@@ -46,17 +44,18 @@ def stored_ids(uri: str) -> list[str]:
     return open_store(uri).scan(columns=["record_id"]).column("record_id").to_pylist()
 
 
-def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_path):
+def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_path, shared_data):
+    log = shared_data / TOPHUB_LOG
     uri = f"parquet:{tmp_path / 'warehouse'}"
-    expected = {record.record_id for record in read_log(TOPHUB_LOG).records}
-    killed = subprocess.run([sys.executable, "-c", KILLED_INGEST, str(TOPHUB_LOG), uri, "40"],
+    expected = {record.record_id for record in read_log(log).records}
+    killed = subprocess.run([sys.executable, "-c", KILLED_INGEST, str(log), uri, "40"],
                             capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     before = stored_ids(uri)
     assert 0 < len(before) < len(expected)  # two whole commits visible, the third not at all
     assert len(set(before)) == len(before)
 
-    report = ingest_paths([TOPHUB_LOG], store_uri=uri, batch_size=40)
+    report = ingest_paths([log], store_uri=uri, batch_size=40)
 
     after = stored_ids(uri)
     assert sorted(after) == sorted(expected)
@@ -64,10 +63,10 @@ def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_pat
     assert report.duplicates == report.records - report.stored
 
 
-def write_tree(root: Path, files: int) -> list[Path]:
+def write_tree(root: Path, files: int, ansor_log: Path) -> list[Path]:
     """Auto-scheduler logs laid out as TenSet's: nested per platform, one per task, each with
     its own DAG hash in the workload key."""
-    lines = [json.loads(line) for line in ANSOR_LOG.read_text().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in ansor_log.read_text().splitlines() if line.startswith("{")]
     written = []
     for number in range(files):
         line = lines[number % len(lines)]
@@ -84,8 +83,8 @@ def write_tree(root: Path, files: int) -> list[Path]:
     return written
 
 
-def test_a_tree_of_small_logs_is_committed_in_batches_not_one_commit_per_file(tmp_path):
-    written = write_tree(tmp_path / "measure_records", files=30)
+def test_a_tree_of_small_logs_is_committed_in_batches_not_one_commit_per_file(tmp_path, shared_data):
+    written = write_tree(tmp_path / "measure_records", files=30, ansor_log=shared_data / ANSOR_LOG)
     uri = f"parquet:{tmp_path / 'warehouse'}"
 
     report = ingest_paths([tmp_path / "measure_records"], store_uri=uri, batch_size=1000)
@@ -138,7 +137,7 @@ def test_a_batch_size_below_one_is_refused_naming_the_value(tmp_path, batch_size
     from lorien.errors import LorienError
 
     with pytest.raises(LorienError, match=str(batch_size)):
-        ingest_paths([TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}", batch_size=batch_size)
+        ingest_paths([Path("never-read.log")], store_uri=f"parquet:{tmp_path / 'warehouse'}", batch_size=batch_size)
 
 
 def test_record_ids_are_kept_in_partitions_so_a_merge_holds_only_a_partitions_ids():
