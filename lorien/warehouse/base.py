@@ -148,7 +148,7 @@ def build_serving_indexes(uri: str) -> dict[str, int]:
     build = getattr(store, "build_serving_indexes", None)
     try:
         return build() if build is not None else {}
-    except OSError:
+    except (StoreError, OSError):  # e.g. serving files replaced meanwhile: the next query builds it
         return {}
     finally:
         close = getattr(store, "close", None)
