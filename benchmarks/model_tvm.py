@@ -11,7 +11,7 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
      120 s, and LocalRunner, measuring as Lorien does: number 1, repeat 3, min_repeat_ms 10);
      every record TVM commits also goes through Lorien's adapter into a warehouse
      (``warehouse_database``: the adapter row). TVM builds candidates in forked copies of the
-     benchmark's process by default (``in_process_builder``: no import, 30 s per build, as
+     benchmark's process by default (``forked_builder``: no import, 30 s per build, as
      LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
      spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
@@ -215,7 +215,7 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
         def __len__(self) -> int:
             return len(json_db)
 
-    from dialects.meta_schedule.tvm_measure import in_process_builder
+    from dialects.meta_schedule.tvm_measure import forked_builder
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as work_dir:
@@ -225,7 +225,7 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                       max_trials_global=trials * len(contexts), max_trials_per_task=trials,
                       num_trials_per_iter=min(trials, 64),
-                      builder=in_process_builder() if builder == "in-process" else ms.builder.LocalBuilder(timeout_sec=120),
+                      builder=forked_builder() if builder == "forked" else ms.builder.LocalBuilder(timeout_sec=120),
                       runner=ms.runner.LocalRunner(timeout_sec=120, evaluator_config=evaluator),
                       database=Both())
     elapsed = time.perf_counter() - started
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "re-measured by TVM (default 4)")
     parser.add_argument("--measure-with-tvm", action="store_true",
                         help="also tune with measure_with: tvm (every candidate timed by TVM; slow)")
-    parser.add_argument("--tvm-builder", choices=["in-process", "local"], default="in-process",
-                        help="TVM's builder: in-process (default: forked copies of this process, 30 s per "
+    parser.add_argument("--tvm-builder", choices=["forked", "local"], default="forked",
+                        help="TVM's builder: forked (default: forked copies of this process, 30 s per "
                              "candidate, as Lorien's TVM re-measuring builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
     args = parser.parse_args(argv)

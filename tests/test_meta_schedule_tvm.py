@@ -18,7 +18,7 @@ def test_tvm_tunes_a_matmul_into_a_parquet_store_and_compiles_from_it(tmp_path, 
     from tvm import te
 
     from dialects.meta_schedule.tvm_database import warehouse_database
-    from dialects.meta_schedule.tvm_measure import in_process_builder
+    from dialects.meta_schedule.tvm_measure import forked_builder
 
     n = 32
     a = te.placeholder((n, n), "float32", name="A")
@@ -31,7 +31,7 @@ def test_tvm_tunes_a_matmul_into_a_parquet_store_and_compiles_from_it(tmp_path, 
     # Built in this process: TVM's LocalBuilder starts a worker per batch that spends 45-80 s importing
     # tensor intrinsics, and under load it ran past its timeout and left no valid record (a flaky failure).
     ms.tune_tir(mod, target, str(tmp_path / "work"), max_trials_global=2, num_trials_per_iter=2, database=database,
-                builder=in_process_builder(), runner=ms.runner.LocalRunner(timeout_sec=120), num_tuning_cores=1)
+                builder=forked_builder(), runner=ms.runner.LocalRunner(timeout_sec=120), num_tuning_cores=1)
     assert len(database) == 2
     committed = database.get_all_tuning_records()
     valid = [record for record in committed if record.run_secs and all(float(s) < 1e9 for s in record.run_secs)]

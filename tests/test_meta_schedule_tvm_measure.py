@@ -280,14 +280,14 @@ def test_a_build_worker_that_dies_is_an_error_with_its_exit_code():
 
 
 @pytest.mark.tvm
-def test_the_in_process_builder_fails_a_candidate_whose_llvm_build_stalls_and_builds_the_next():
+def test_the_forked_builder_fails_a_candidate_whose_llvm_build_stalls_and_builds_the_next():
     tvm = pytest.importorskip("tvm")
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")
     from pathlib import Path
 
     from tvm import te
 
-    from dialects.meta_schedule.tvm_measure import in_process_builder
+    from dialects.meta_schedule.tvm_measure import forked_builder
 
     stalls = tvm.script.from_source((Path(__file__).parent / "data" / "softmax_llvm_stall.tvmscript").read_text())
     a, b = te.placeholder((16, 16), "float32", name="A"), te.placeholder((16, 16), "float32", name="B")
@@ -298,7 +298,7 @@ def test_the_in_process_builder_fails_a_candidate_whose_llvm_build_stalls_and_bu
 
     # for this host's CPU, as the benchmark builds (for generic x86-64 LLVM takes seconds, not minutes)
     target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu_name(), "num-cores": 2})
-    stalled, built = in_process_builder(timeout_s=5).build(
+    stalled, built = forked_builder(timeout_s=5).build(
         [ms.builder.BuilderInput(stalls, target), ms.builder.BuilderInput(matmul, target)])
     assert stalled.artifact_path is None and "BuildTimeout: the build ran past its 5 s limit" in stalled.error_msg
     assert built.error_msg is None and Path(built.artifact_path).is_file()

@@ -50,7 +50,7 @@ RUNNER = "tvm default_build + time_evaluator, in process"
 #: ``EvaluatorConfig`` (``number`` 3, ``min_repeat_ms`` 100), repeated 3 times, not once, so
 #: that one busy moment of a shared machine does not become the latency.
 EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
-#: :func:`in_process_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
+#: :func:`forked_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
 BUILD_TIMEOUT_S = 30.0
 
 
@@ -319,7 +319,7 @@ def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str,
     return [next(measured) if record.measured_by == MEASURED_BY_ENGINE else record for record in records]
 
 
-def in_process_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
+def forked_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
     """A MetaSchedule builder that builds each candidate with ``default_build`` in a forked copy
     of this process (:func:`build_in_fork`): TVM's LocalBuilder starts fresh workers for every
     batch, and each spends 45 to 80 s on a 2-core machine importing TVM's tensor intrinsics before
@@ -331,7 +331,7 @@ def in_process_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
     from tvm.ir.utils import derived_object
 
     @derived_object
-    class InProcessBuilder(ms.builder.PyBuilder):
+    class ForkedBuilder(ms.builder.PyBuilder):
         def build(self, build_inputs: list[Any]) -> list[Any]:
             results = []
             for build_input in build_inputs:
@@ -347,7 +347,7 @@ def in_process_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
                 results.append(ms.builder.BuilderResult(artifact, None))
             return results
 
-    return InProcessBuilder()
+    return ForkedBuilder()
 
 
 def _default_build_export(mod: Any, target: Any) -> str:

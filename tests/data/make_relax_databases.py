@@ -32,7 +32,7 @@ import tvm.s_tir.meta_schedule as ms
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from dialects.meta_schedule.tvm_measure import in_process_builder
+from dialects.meta_schedule.tvm_measure import forked_builder
 
 HERE = Path(__file__).parent
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -108,7 +108,7 @@ def make_database(name: str, trials_per_task: int, seed: int) -> Path:
             tasks, work_dir, num_threads=1, seed=seed)
         ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                       max_trials_global=trials_per_task * len(contexts), max_trials_per_task=trials_per_task,
-                      num_trials_per_iter=trials_per_task, builder=in_process_builder(),
+                      num_trials_per_iter=trials_per_task, builder=forked_builder(),
                       runner=ms.runner.LocalRunner(timeout_sec=120), database=database, cost_model="random")
     print(f"{name}: {len(contexts)} tasks, {len(database)} records in {out}")
     return out
