@@ -30,6 +30,11 @@ from dialects.meta_schedule.database import Record, StoreDatabase, Workload
 from lorien.errors import DialectError
 from lorien.record import TuningRecord
 
+#: TVM's ``ModuleEquality`` choices (TVM 0.27's names): how two modules are one workload.
+MODULE_EQUALITIES = ("structural", "ignore-tensor", "anchor-block")
+#: Older TVM releases' name of ``ignore-tensor``.
+_RENAMED_EQUALITIES = {"ignore-ndarray": "ignore-tensor"}
+
 
 def _tvm() -> tuple[Any, Any]:
     try:
@@ -40,24 +45,61 @@ def _tvm() -> tuple[Any, Any]:
     return ms, derived_object
 
 
-def warehouse_database(store: Any = None, target: Any = None, batch_size: int = 64) -> Any:
+def module_equality_name(module_equality: str) -> str:
+    """TVM's name of a ``module_equality`` choice (``ignore-ndarray``, as older TVM releases call
+    ``ignore-tensor``, is taken too); DialectError for anything else."""
+    name = _RENAMED_EQUALITIES.get(module_equality, module_equality)
+    if name not in MODULE_EQUALITIES:
+        raise DialectError(f"module_equality must be one of {list(MODULE_EQUALITIES)}, got {module_equality!r}")
+    return name
+
+
+def warehouse_database(store: Any = None, target: Any = None, batch_size: int = 64,
+                       module_equality: str = "structural") -> Any:
     """A ``tvm.s_tir.meta_schedule.database.PyDatabase`` over a Lorien store (URI or Store;
     None: the default store). ``target``: answer with records of that hardware only (TVM's
     databases ignore the target); records are committed ``batch_size`` at a time, each kept
-    in a journal from the moment TVM commits it (:class:`StoreDatabase`)."""
+    in a journal from the moment TVM commits it (:class:`StoreDatabase`).
+
+    ``module_equality`` is TVM's, as its JSONDatabase takes it: which modules are one workload.
+    ``structural`` (TVM's default): structurally equal modules; ``ignore-tensor``: the same,
+    ignoring the data of tensor constants; ``anchor-block``: modules whose anchor block (the
+    reduction block that ``tvm.s_tir.analysis.find_anchor_sblock`` finds, e.g. a conv2d with any
+    fused epilogue) is equal. A workload is stored under the hash TVM computes for that
+    equality, so records committed for one module answer every module equal to it, and TVM
+    applies an anchor-block record to another module's epilogue as it does from its own
+    databases (``ScheduleUsingAnchorTrace``). The PyDatabase object TVM sees carries the same
+    equality, which TVM's search strategies use to tell the candidates they measured apart."""
+    equality = module_equality_name(module_equality)
     ms, derived_object = _tvm()
 
+    class EqualityPyDatabase(ms.database.database._PyDatabase):
+        """TVM's PyDatabase object made with a ``module_equality``: ``derived_object`` hands its
+        object only the methods, so the equality comes first, as a field."""
+
+        def __init__(self, module_equality: str, *methods: Any):
+            super().__init__(*methods, module_equality=module_equality)
+
+    class PyDatabaseWithEquality(ms.database.PyDatabase):
+        _tvm_metadata = {"cls": EqualityPyDatabase, "fields": ["module_equality"],
+                         "methods": ms.database.PyDatabase._tvm_metadata["methods"]}
+
     @derived_object
-    class WarehouseDatabase(ms.database.PyDatabase):
+    class WarehouseDatabase(PyDatabaseWithEquality):
         """TVM's Database interface answered by :class:`StoreDatabase`."""
 
         def __init__(self, lorien_store: Any):
             super().__init__()
+            self.module_equality = equality
             self.lorien = StoreDatabase(lorien_store, source="tvm meta_schedule", target=target, batch_size=batch_size)
+            #: Hashes and matches modules as TVM's own databases do with this ``module_equality``.
+            self.keys = ms.database.MemoryDatabase(module_equality=equality)
             self.tvm_workloads: dict[str, Any] = {}
 
         def _workload(self, mod: Any) -> tuple[Any, Workload]:
-            tvm_workload = ms.database.Workload(mod)
+            """TVM's workload of ``mod`` (the first module committed that is equal to it) and
+            Lorien's, keyed by the equality's hash."""
+            tvm_workload = self.keys.commit_workload(mod)
             workload = Workload.from_json(tvm_workload.as_json())
             return self.tvm_workloads.setdefault(workload.shash, tvm_workload), workload
 
@@ -77,12 +119,11 @@ def warehouse_database(store: Any = None, target: Any = None, batch_size: int = 
             return tvm_workload
 
         def commit_tuning_record(self, record: Any) -> None:
-            workload = Workload.from_json(record.workload.as_json())
-            self.tvm_workloads.setdefault(workload.shash, record.workload)
+            _, workload = self._workload(record.workload.mod)
             self.lorien.commit_tuning_record(Record.from_json(record.as_json(), self.lorien.commit_workload(workload)))
 
         def get_top_k(self, workload: Any, top_k: int) -> list[Any]:
-            found = self.lorien.get_top_k(Workload.from_json(workload.as_json()), int(top_k))
+            found = self.lorien.get_top_k(self._workload(workload.mod)[1], int(top_k))
             return [self._tvm_record(record) for record in found]
 
         def get_all_tuning_records(self) -> list[Any]:
