@@ -316,3 +316,29 @@ def test_a_tvm_measured_candidate_past_build_timeout_s_is_a_build_timeout_record
         records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
     assert len(records) == 2
     assert all(record.error_no == ErrorNo.BUILD_TIMEOUT for record in records)
+
+
+@pytest.mark.tvm
+def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_its_error(monkeypatch):
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.space import TraceSpace
+    from dialects.meta_schedule.tvm_measure import TvmMeasurer
+    from lorien.record import ErrorNo
+
+    dag = _matmul_32()
+    space = TraceSpace(dag)
+    good = [space.get(0), space.get(len(space) - 1)]
+    broken = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
+    measurer = TvmMeasurer(dag, {"number": 2, "repeat": 3, "min_repeat_ms": 0}, "llvm")
+    timed, time_once = [], measurer._time_once
+
+    def recording(kernel, arrays):
+        timed.append(id(kernel))
+        return time_once(kernel, arrays)
+
+    monkeypatch.setattr(measurer, "_time_once", recording)
+    first, failed, second = measurer([good[0], broken, good[1]])
+    assert failed.error_no == ErrorNo.INSTANTIATION_ERROR and "no_such_block" in failed.error_msg
+    assert first.error_no == second.error_no == ErrorNo.NO_ERROR
+    assert len(first.costs) == len(second.costs) == 3 and all(cost > 0 for cost in first.costs + second.costs)
+    assert len(timed) == 6 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 3 and timed[1::2] == [timed[1]] * 3

@@ -7,7 +7,10 @@ is applied to the workload's TVM module (:func:`~dialects.meta_schedule.tvm_data
 blocks named as TVM names them) with ``tvm.s_tir.Schedule``, built with MetaSchedule's own
 ``default_build`` and timed with the module's ``time_evaluator`` under the job's ``measure``
 settings (``number``, ``repeat``, ``min_repeat_ms``, ``flush_cache`` as TVM's
-``cache_flush_cpu_non_first_arg``), the output checked against NumPy first.
+``cache_flush_cpu_non_first_arg``), the output checked against NumPy first. The traces of one
+call (a batch of ``measure_with: tvm``, the best traces of ``remeasure_with_tvm``) are all built
+first and then timed taking turns, one timing of each per round, ``repeat`` rounds, so that
+the load of a shared machine falls on all of them alike.
 
 Candidates are not built by TVM's LocalBuilder, whose fresh workers spend most of a minute
 importing TVM on a small machine: each is built in a forked copy of this process
@@ -32,6 +35,7 @@ import multiprocessing
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ import orjson
 
 from lorien.engine.dag import ComputeDAG
 from lorien.errors import ConfigError, DialectError
-from lorien.record import MEASURED_BY_TVM, ErrorNo, TuningRecord
+from lorien.record import FAILED_COST_S, MEASURED_BY_TVM, ErrorNo, TuningRecord
 
 #: Who measures a meta_schedule job's candidates (its ``measure_with`` option).
 MEASURE_WITH = ("lorien", "tvm")
@@ -52,6 +56,14 @@ RUNNER = "tvm default_build + time_evaluator, in process"
 EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
 #: :func:`forked_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
 BUILD_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CandidateFailure:
+    """Why a candidate could not be timed: its error code and TVM's (or the check's) message."""
+
+    error_no: ErrorNo
+    message: str
 
 
 class BuildTimeout(Exception):
@@ -173,15 +185,51 @@ class TvmMeasurer:
         self._expected: list[np.ndarray] | None = None
 
     def __call__(self, traces: Sequence[Any]) -> list[Any]:
-        return [self.measure_one(trace) for trace in traces]
+        return self.measure_taking_turns(traces)
 
     def measure_one(self, trace: Any) -> Any:
         """One trace built and timed by TVM (a MeasureResult; a failure has its error code)."""
-        from lorien.engine.measure import MeasureResult
-        from lorien.record import FAILED_COST_S
+        return self.measure_taking_turns([trace])[0]
 
-        started = time.time()
-        costs, error_no, error_msg = [FAILED_COST_S], ErrorNo.NO_ERROR, ""
+    def measure_taking_turns(self, traces: Sequence[Any]) -> list[Any]:
+        """Traces built, checked and timed by TVM, one MeasureResult each, their ``repeat``
+        timings taken in turns: every trace once (``number`` runs, at least ``min_repeat_ms``),
+        then every trace again, ``repeat`` rounds. A burst of load from another process then
+        falls on all of them alike rather than on the one trace being timed, which matters
+        where their TVM latencies choose between them (``remeasure_with_tvm``)."""
+        from lorien.engine.measure import MeasureResult
+
+        results: list[Any] = [None] * len(traces)
+        ready: list[tuple[int, Any, list[Any], float]] = []
+        for index, trace in enumerate(traces):
+            started = time.time()
+            prepared = self._prepare(trace)
+            if isinstance(prepared, CandidateFailure):
+                results[index] = MeasureResult([FAILED_COST_S], int(prepared.error_no), time.time() - started,
+                                               time.time(), prepared.message[:2000], extra={"build": self.build})
+            else:
+                ready.append((index, *prepared, started))
+        costs: dict[int, list[float]] = {index: [] for index, *_ in ready}
+        failed: dict[int, str] = {}
+        for _ in range(max(1, int(self.option.repeat))):
+            for index, kernel, arrays, _ in ready:
+                if index in failed:
+                    continue
+                try:
+                    costs[index].append(self._time_once(kernel, arrays))
+                except Exception as exc:  # noqa: BLE001 - the candidate's runtime error, as in measure_one
+                    failed[index] = f"{type(exc).__name__}: {exc}"
+        for index, _, _, started in ready:
+            error_no, message = ((ErrorNo.RUNTIME_DEVICE, failed[index]) if index in failed
+                                 else (ErrorNo.NO_ERROR, ""))
+            results[index] = MeasureResult(costs[index] if index not in failed else [FAILED_COST_S], int(error_no),
+                                           time.time() - started, time.time(), message[:2000],
+                                           extra={"build": self.build})
+        return results
+
+    def _prepare(self, trace: Any) -> tuple[Any, list[Any]] | CandidateFailure:
+        """A trace applied, built and its output checked: ``(kernel, arrays)`` ready to time, or
+        the failure of the stage that failed."""
         # The isolation boundary, as in the engine's workers: whatever TVM raises applying,
         # building or running one candidate becomes that candidate's error, with its message.
         stage = ErrorNo.INSTANTIATION_ERROR
@@ -190,13 +238,15 @@ class TvmMeasurer:
             stage = ErrorNo.COMPILE_HOST
             kernel = self._build(schedule, trace)
             stage = ErrorNo.RUNTIME_DEVICE
-            costs, error_no, error_msg = self._run(kernel)
+            arrays = self._arrays()
+            wrong = self._check(kernel, arrays)
         except BuildTimeout as exc:
-            error_no, error_msg = ErrorNo.BUILD_TIMEOUT, str(exc)
+            return CandidateFailure(ErrorNo.BUILD_TIMEOUT, str(exc))
         except Exception as exc:  # noqa: BLE001 - see above
-            error_no, error_msg = stage, f"{type(exc).__name__}: {exc}"
-        return MeasureResult(costs, int(error_no), time.time() - started, time.time(), error_msg[:2000],
-                             extra={"build": self.build})
+            return CandidateFailure(stage, f"{type(exc).__name__}: {exc}")
+        if wrong:
+            return CandidateFailure(ErrorNo.WRONG_ANSWER, wrong)
+        return kernel, arrays
 
     def _schedule(self, trace: Any) -> Any:
         from tvm import s_tir
@@ -230,30 +280,39 @@ class TvmMeasurer:
                                     self.option.build_timeout_s)
             return self.tvm.runtime.load_module(library)
 
-    def _run(self, kernel: Any) -> tuple[list[float], ErrorNo, str]:
+    def _arrays(self) -> list[Any]:
+        """The kernel's arguments: the reference inputs, zeroed outputs."""
         from dialects.meta_schedule.compile import reference_inputs
 
-        tvm, option = self.tvm, self.option
         if self._inputs is None:
-            self._inputs = reference_inputs(self.dag, option.seed)
+            self._inputs = reference_inputs(self.dag, self.option.seed)
         given = iter(self._inputs)
         outputs = [t for t in self.dag.io_tensors if t in self.dag.outputs]
-        arrays = [tvm.runtime.tensor(np.zeros(t.shape, t.dtype) if t in outputs else next(given))
-                  for t in self.dag.io_tensors]
-        if option.check_correctness:
-            kernel(*arrays)
-            if self._expected is None:
-                self._expected = self.dag.evaluate(*self._inputs)
-            got = [array.numpy() for array, t in zip(arrays, self.dag.io_tensors, strict=True) if t in outputs]
-            for tensor, value, want in zip(outputs, got, self._expected, strict=True):
-                if not np.allclose(value, want, rtol=option.rtol, atol=option.atol, equal_nan=True):
-                    error = float(np.max(np.abs(value.astype(np.float64) - want.astype(np.float64))))
-                    return [], ErrorNo.WRONG_ANSWER, (f"output {tensor.name!r} differs from the NumPy reference "
-                                                      f"(max abs error {error:.3g})")
-        evaluator = kernel.time_evaluator(kernel.entry_name, tvm.cpu(0), number=option.number, repeat=option.repeat,
+        return [self.tvm.runtime.tensor(np.zeros(t.shape, t.dtype) if t in outputs else next(given))
+                for t in self.dag.io_tensors]
+
+    def _check(self, kernel: Any, arrays: list[Any]) -> str:
+        """Why the kernel's output differs from NumPy's ("" when it does not, or is not checked)."""
+        if not self.option.check_correctness:
+            return ""
+        kernel(*arrays)
+        if self._expected is None:
+            self._expected = self.dag.evaluate(*self._inputs)
+        outputs = [t for t in self.dag.io_tensors if t in self.dag.outputs]
+        got = [array.numpy() for array, t in zip(arrays, self.dag.io_tensors, strict=True) if t in outputs]
+        for tensor, value, want in zip(outputs, got, self._expected, strict=True):
+            if not np.allclose(value, want, rtol=self.option.rtol, atol=self.option.atol, equal_nan=True):
+                error = float(np.max(np.abs(value.astype(np.float64) - want.astype(np.float64))))
+                return f"output {tensor.name!r} differs from the NumPy reference (max abs error {error:.3g})"
+        return ""
+
+    def _time_once(self, kernel: Any, arrays: list[Any]) -> float:
+        """One timing (seconds per run): ``number`` runs, repeated until ``min_repeat_ms`` passed."""
+        option = self.option
+        evaluator = kernel.time_evaluator(kernel.entry_name, self.tvm.cpu(0), number=option.number, repeat=1,
                                           min_repeat_ms=int(option.min_repeat_ms),
                                           f_preproc="cache_flush_cpu_non_first_arg" if option.flush_cache else "")
-        return [float(cost) for cost in evaluator(*arrays).results], ErrorNo.NO_ERROR, ""
+        return float(evaluator(*arrays).results[0])
 
 
 def _export_built(mod: Any, target: Any, path: str) -> str:
