@@ -239,7 +239,7 @@ def job_of(op: str, params: dict, tuner: str, trials: int, seed: int) -> dict:
 
     task_name, args = get_dialect("autotvm").expand_workload(op, params)
     return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": host_target().canonical,
-            "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+            "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}}
 
 
 def measure_training_set(jobs: list[dict], store_uri: str, work: Path, random_trials: int, tuned_trials: int) -> None:
@@ -417,7 +417,7 @@ def job_of_task(job: dict) -> dict:
     from lorien.target import host_target
 
     return {"dialect": "autotvm", "task_name": job["task_name"], "args": job["args"], "target": host_target().canonical,
-            "tuner": "xgb", "trials": 0, "seed": 0, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+            "tuner": "xgb", "trials": 0, "seed": 0, "commit_nbest": 20, "measure": {}}
 
 
 def spread_jobs(quick: bool, target: str | None = None) -> list[dict]:
