@@ -90,6 +90,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -238,7 +239,7 @@ def job_of(op: str, params: dict, tuner: str, trials: int, seed: int) -> dict:
 
     task_name, args = get_dialect("autotvm").expand_workload(op, params)
     return {"dialect": "autotvm", "task_name": task_name, "args": args, "target": host_target().canonical,
-            "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+            "tuner": tuner, "trials": trials, "seed": seed, "commit_nbest": 20, "measure": {}}
 
 
 def measure_training_set(jobs: list[dict], store_uri: str, work: Path, random_trials: int, tuned_trials: int) -> None:
@@ -416,7 +417,7 @@ def job_of_task(job: dict) -> dict:
     from lorien.target import host_target
 
     return {"dialect": "autotvm", "task_name": job["task_name"], "args": job["args"], "target": host_target().canonical,
-            "tuner": "xgb", "trials": 0, "seed": 0, "commit_nbest": 20, "measure": {}, "source": "benchmark"}
+            "tuner": "xgb", "trials": 0, "seed": 0, "commit_nbest": 20, "measure": {}}
 
 
 def spread_jobs(quick: bool, target: str | None = None) -> list[dict]:
@@ -624,37 +625,54 @@ def _job(dialect: str, op: str, params: dict, tuner: str, trials: int, seed: int
     return job
 
 
-def train_program_model(work: Path, spread: list, trials: int, budget_s: float | None = None) -> tuple[str, dict]:
+def train_program_model(work: Path, spread: list, trials: int, budget_s: float | None = None,
+                        store_path: Path | None = None) -> tuple[str, dict]:
     """Tune the spread in every dialect (random tuner) into a store, featurize its program
     features, train an XGBoost ranking model; returns (model path, facts). With ``budget_s``,
     workloads are measured in spread order (every dialect of one, then the next) until the
-    budget is spent, the whole spread at most; without it, the whole spread."""
+    budget is spent, the whole spread at most; without it, the whole spread. ``store_path``: a
+    store kept between runs (default: a fresh one in ``work``): a job whose records it already
+    holds (by the job's source tag: same workload, dialect, seed, target) is not measured again,
+    and one cut short is resumed, so the same store gives the same training set, and the model
+    trained on it is the same from run to run."""
     from lorien.costmodel import train_cost_model
     from lorien.features import featurize
     from lorien.tune.loop import tune_job
+    from lorien.tune.resume import SOURCE_PREFIX, earlier_records, job_source
     from lorien.warehouse import open_store
 
-    uri = f"parquet:{work / 'program-train-store'}"
+    uri = f"parquet:{store_path or work / 'program-train-store'}"
     start = time.perf_counter()
-    done = 0
+    done = reused = 0
     with open_store(uri) as store:
         for i, (op, params) in enumerate(spread):
             if budget_s is not None and done and time.perf_counter() - start >= budget_s:
                 break
             for dialect in PRETRAINED_DIALECTS:
-                tune_job(_job(dialect, op, params, "random", trials, seed=100 + i), store)
+                job = _job(dialect, op, params, "random", trials, seed=100 + i)
+                job_id = job_source(job, dialect).removeprefix(SOURCE_PREFIX)
+                earlier = earlier_records(store, job_id, target=job["target"])
+                if len(earlier) >= trials:
+                    reused += len(earlier)
+                    continue
+                tune_job(job, store, resume=earlier)
             done += 1
     measured_s = time.perf_counter() - start
     start = time.perf_counter()
-    report = featurize(work / "program-features", store=uri, extractor="program", jobs=1, progress=False)
+    features = work / "program-features"
+    if features.exists():
+        shutil.rmtree(features)
+    report = featurize(features, store=uri, extractor="program", jobs=1, progress=False)
     featurize_s = time.perf_counter() - start
-    train_cost_model(work / "program-features", work / "program-model", kind="xgb-rank", templates=["program"],
+    train_cost_model(features, work / "program-model", kind="xgb-rank", templates=["program"],
                      folds=3, baseline=None, plots=False, progress=False, name="warehouse-program")
     facts = {"records": report.records_featurized, "workloads": done * len(PRETRAINED_DIALECTS),
-             "measure_s": round(measured_s, 1), "featurize_s": round(featurize_s, 2),
+             "reused_records": reused, "store": uri, "measure_s": round(measured_s, 1),
+             "featurize_s": round(featurize_s, 2),
              "featurize_rps": round(report.records_featurized / featurize_s, 1) if featurize_s else math.nan}
-    log(f"pre-trained model: {facts['records']} records of {facts['workloads']} (dialect, workload) pairs measured "
-        f"in {measured_s:.0f}s, program features at {facts['featurize_rps']} records/s")
+    log(f"pre-trained model: {facts['records']} records of {facts['workloads']} (dialect, workload) pairs "
+        f"({reused} of them reused from {uri}, the rest measured in {measured_s:.0f}s), program features at "
+        f"{facts['featurize_rps']} records/s")
     return str(work / "program-model"), facts
 
 
@@ -867,17 +885,19 @@ def geomean(values: list[float]) -> float:
 
 
 def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
-                         train_s: float | None = None) -> dict:
+                         train_s: float | None = None, train_store: Path | None = None) -> dict:
     """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
     ``one`` (one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three layers in
     every dialect, --quick's; the spread measured with 16 trials each), ``some``
-    (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks)."""
+    (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks).
+    ``train_store``: the training spread's store, kept between runs (:func:`train_program_model`)."""
     spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
     spread_trials = 16 if layer_set in ("one", "three") else 48
     if train_s is None:
         train_s = QUICK_TRAIN_S if quick else 240.0 if layer_set == "one" else 600.0 if layer_set == "three" else None
-    model, facts = train_program_model(work, spread, trials=spread_trials, budget_s=train_s)
+    model, facts = train_program_model(work, spread, trials=spread_trials, budget_s=train_s,
+                                       store_path=train_store)
     layers = network_layers()
     entries = []
     for dialect in PRETRAINED_DIALECTS:
@@ -942,6 +962,11 @@ def main() -> int:
                         help=f"time budget for measuring the pre-trained model's training spread (default: "
                              f"{QUICK_TRAIN_S:.0f} with --quick, 240 with --pretrained-layers one, 600 with three, "
                              f"the whole spread otherwise)")
+    parser.add_argument("--pretrained-train-store", metavar="DIR",
+                        help="a parquet store directory for the pre-trained model's training spread, kept between "
+                             "runs: jobs whose records it holds are not measured again (the same training set and "
+                             "model every run); missing ones are measured into it. Default: a fresh store in the "
+                             "work directory")
     parser.add_argument("--curves", metavar="JSON",
                         help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
@@ -1004,7 +1029,8 @@ def main() -> int:
             pretrained_trials = args.pretrained_trials or (QUICK_TRIALS if args.quick else 48 if layer_set in (
                 "one", "three") else 300)
             log(f"pre-trained models: {pretrained_trials} trials per run ...")
-            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s)
+            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
+                                          Path(args.pretrained_train_store) if args.pretrained_train_store else None)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))

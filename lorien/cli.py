@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "where the dialect offers it); dialect: every dialect's featurize(record), one by one")
     featurize.add_argument("--features", default="dialect", choices=["dialect", "program"],
                            help="dialect (default): each dialect's knob features, one output per template; program: "
-                                "features of the lowered loop nest, the same for every dialect, one output 'program' "
-                                "(what `lorien tune --cost-model` models are trained on; docs/costmodel.md)")
+                                "features of the lowered loop nest, the same for every dialect, one output 'program', "
+                                "throughput from each record's fastest repeat (what `lorien tune --cost-model` models "
+                                "are trained on; docs/costmodel.md)")
     featurize.add_argument("--keep-spill", action="store_true", help="keep the phase-1 spill files")
     featurize.add_argument("--quiet", action="store_true", help="no progress on stderr")
     featurize.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -100,3 +100,20 @@ def test_ndcg(bench):
     worst = bench.ndcg_at([1, 2, 3, 4], gains, 2)  # the two worst first
     assert worst == pytest.approx((0.1 + 0.25 / math.log2(3)) / (1.0 + 0.5 / math.log2(3)))
     assert bench.ndcg_at([0, 1, 0, 0], gains, 1) == pytest.approx(0.5)
+
+
+def test_a_kept_training_store_is_reused_not_measured_again(bench, tmp_path):
+    """--pretrained-train-store: the second run finds every job's records and measures nothing,
+    so it trains on the same records."""
+    from lorien.warehouse import open_store
+
+    spread = [("dense", {"M": 8, "N": 32, "K": 16}), ("dense", {"M": 4, "N": 16, "K": 32})]
+    store = tmp_path / "train-store"
+    _, first = bench.train_program_model(tmp_path / "first", spread, trials=3, store_path=store)
+    with open_store(f"parquet:{store}") as opened:
+        stored = opened.scan({}).num_rows
+    _, second = bench.train_program_model(tmp_path / "second", spread, trials=3, store_path=store)
+    with open_store(f"parquet:{store}") as opened:
+        assert opened.scan({}).num_rows == stored
+    assert first["reused_records"] == 0
+    assert second["reused_records"] == stored == second["records"] == first["records"]

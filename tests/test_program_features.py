@@ -88,6 +88,31 @@ def test_vectorizing_and_loop_order_change_the_features_the_way_they_change_the_
     assert strides[-1] == pytest.approx(math.log2(1 + 24))  # weight[j, k] stepped along j
 
 
+def test_parallel_balance_vector_waste_and_serial_share_follow_the_schedule():
+    data, weight, out = _dense(m=3, n=48, k=8)
+    plain = schedule_features(create_schedule(out), [data, weight, out])
+    assert _value(plain, "pg_serial_flops_frac") == 1
+    assert _value(plain, "pg_parallel_balance_2") == 0.5  # one iteration: one of two cores busy
+    assert _value(plain, "pg_scalar_mem_frac") == 1
+
+    s = create_schedule(out)
+    i, j = out.op.axis
+    (k,) = out.op.reduce_axis
+    jo, ji = s[out].split(j, factor=24)
+    s[out].reorder(i, jo, k, ji)
+    s[out].vectorize(ji)
+    s[out].parallel(i)
+    tiled = schedule_features(s, [data, weight, out])
+    assert _value(tiled, "pg_serial_flops_frac") == 0
+    assert _value(tiled, "pg_parallel_balance_2") == pytest.approx(3 / 4)  # 3 iterations on 2 cores: 2 rounds
+    assert _value(tiled, "pg_parallel_balance_16") == pytest.approx(3 / 16)
+    assert _value(tiled, "pg_vector_waste_16") == pytest.approx(1 - 24 / 32)  # 24 lanes fill 1.5 registers of 16
+    assert _value(tiled, "pg_vector_waste_8") == 0
+    assert _value(tiled, "pg_out_vector_frac") == 1
+    assert _value(tiled, "pg_scalar_mem_frac") < 1
+    assert _value(tiled, "pr_mem_ops") < _value(plain, "pr_mem_ops")  # a vector access moves 24 floats at once
+
+
 def test_records_of_all_three_dialects_get_one_vector_each(shared_data):
     from lorien.dialect import get_dialect
     from lorien.features.program import record_program_features
@@ -139,3 +164,13 @@ def test_featurize_program_from_a_store_lowers_records_of_every_dialect_tuned_he
     assert report.records_read == 9
     assert report.records_featurized == 9, report.examples
     assert list(report.templates) == ["program"]
+    # labelled by each record's fastest repeat, not the mean a wake-up spike in one repeat moves
+    from lorien.warehouse import open_store
+
+    with open_store(uri) as store:
+        table = store.scan({})
+    fastest = sorted(round(flop / min(costs) / 1e9, 6) for flop, costs, error in
+                     zip(table["flop"].to_pylist(), table["costs"].to_pylist(), table["error_no"].to_pylist(), strict=True)
+                     if error == 0)
+    written = pd.read_parquet(tmp_path / "features" / "program.parquet")["thrpt"]
+    assert sorted(written[written > 0]) == pytest.approx(fastest)

@@ -105,8 +105,12 @@ def safe_name(template: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", template)
 
 
-def throughput_gflops(table: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """GFLOPS of every row (0 where not computable) and masks of why a row got 0."""
+def throughput_gflops(table: pa.Table, cost: str = "mean") -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """GFLOPS of every row (0 where not computable) and masks of why a row got 0. ``cost``: a
+    record's latency is the ``mean`` of its repeats (TVM's) or the fastest one (``min``), which
+    a wake-up or preemption spike in one repeat does not move."""
+    if cost not in ("mean", "min"):
+        raise ValueError(f"cost must be 'mean' or 'min', got {cost!r}")
     n = table.num_rows
     costs = table["costs"].combine_chunks()
     parents = pc.list_parent_indices(costs).to_numpy()
@@ -116,6 +120,14 @@ def throughput_gflops(table: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray
     finite_each = np.bincount(parents, weights=np.isfinite(values).astype(np.float64), minlength=n)
     with np.errstate(divide="ignore", invalid="ignore"):
         mean_cost = sums / counts
+    latency = mean_cost
+    if cost == "min":
+        latency = np.full(n, np.nan)
+        if len(values):
+            finite = np.where(np.isfinite(values), values, np.inf)
+            order = np.lexsort((finite, parents))
+            first = np.unique(parents[order], return_index=True)
+            latency[first[0]] = finite[order][first[1]]
     error_no = table["error_no"].to_numpy(zero_copy_only=False)
     flop = table["flop"].to_numpy(zero_copy_only=False).astype(np.float64)  # nulls -> nan
     failed = error_no != 0
@@ -123,7 +135,7 @@ def throughput_gflops(table: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray
     no_flop = ~failed & ~bad_cost & ~(np.isfinite(flop) & (flop > 0))
     valid = ~failed & ~bad_cost & ~no_flop
     thrpt = np.zeros(n, dtype=np.float64)
-    thrpt[valid] = flop[valid] / mean_cost[valid] / 1e9
+    thrpt[valid] = flop[valid] / latency[valid] / 1e9
     reasons = {"failed measurement (error_no != 0)": failed,
                "NaN, infinite, empty or non-positive costs": bad_cost,
                "unknown flop count": no_flop}
@@ -214,7 +226,9 @@ def _featurize_table(table: pa.Table, extractor: str) -> tuple[dict[str, pa.Tabl
                               "zeroed": Counter(), "examples": []}
     if table.num_rows == 0:
         return {}, counts
-    thrpt, reasons = throughput_gflops(table)
+    # program features: the fastest repeat (a model of the lowered program learns the program's
+    # speed, not the machine's hiccups; docs/costmodel.md, "Pre-trained models in tuning")
+    thrpt, reasons = throughput_gflops(table, "min" if extractor.startswith("program") else "mean")
     for reason, mask in reasons.items():
         hit = int(mask.sum())
         if hit:

@@ -52,11 +52,17 @@ ACCESS_FIELDS = ("count", "lanes", "stride_inner", "stride_vector", "bytes_l1", 
 GLOBAL_FIELDS = ("flops", "vector_flops_frac", "fma_frac", "parallel_extent", "parallel_loops", "parallel_work",
                  "loops", "max_depth", "unrolled_loops", "unroll_work", "uops", "vector_lanes", "local_bytes",
                  "temp_bytes", "guards", "stages", "arg_bytes", "intensity_args", "intensity_32k", "intensity_1m",
-                 "traffic_32k", "traffic_1m", "innermost_extent")
+                 "traffic_32k", "traffic_1m", "innermost_extent", "vector_waste_8", "vector_waste_16",
+                 "parallel_balance_2", "parallel_balance_4", "parallel_balance_16", "serial_flops_frac",
+                 "body_flops", "body_mem_ops", "scalar_mem_frac", "out_vector_frac")
 ROLES = ("out", "local", *(f"load{i}" for i in range(TOP_LOADS)))
 #: Size-free versions (log2 of the value per float operation) of the features that grow with
 #: the workload: what a model trained on some shapes can carry to shapes it never saw.
-RELATIVE_GLOBAL = ("traffic_32k", "traffic_1m", "arg_bytes", "local_bytes", "uops", "guards")
+RELATIVE_GLOBAL = ("traffic_32k", "traffic_1m", "arg_bytes", "local_bytes", "uops", "guards", "mem_ops",
+                   "loop_entries")
+#: Core counts the parallel balance is measured against (``pg_parallel_balance_<n>``: the
+#: share of ``n`` cores kept busy when the parallel iterations are dealt out evenly).
+BALANCE_CORES = (2, 4, 16)
 RELATIVE_ACCESS = ("count", "traffic_32k", "traffic_1m", "bytes_l3")
 #: Feature names, in vector order: ``pg_<name>`` program-wide, ``pa_<role>_<field>`` per access
 #: role, ``pr_<name>`` / ``pr_<role>_<field>`` those per float operation.
@@ -155,6 +161,9 @@ def program_features(program: Program) -> np.ndarray:
     unroll_work = guards = 0.0
     vector_lanes, innermost = 1, 1
     local_bytes = temp_bytes = 0.0
+    waste = {8: 0.0, 16: 0.0}  # flops of vector ops times the share of their last register left empty
+    serial_flops = mem_ops = scalar_mem_ops = loop_entries = out_elems = out_vector_elems = 0.0
+    bodies: dict[int, list[float]] = {}  # innermost enclosing loop -> [flops, memory ops, trips] of one pass
     buffers: dict[int, tuple[str, str, int]] = {}  # uop id -> (scope, dtype, size)
     outputs = {i for i, u in enumerate(uops) if u.op == "ARG" and program.args[u.arg[0]].is_output} \
         if program.args else set()
@@ -164,6 +173,7 @@ def program_features(program: Program) -> np.ndarray:
         if op == "LOOP":
             _, extent, kind = u.arg
             stack.append((i, int(extent), kind))
+            loop_entries += trips[-1]
             trips.append(trips[-1] * extent)
             loops += 1
             max_depth = max(max_depth, len(stack))
@@ -191,9 +201,15 @@ def program_features(program: Program) -> np.ndarray:
         elif op == "ALU" and u.dtype.startswith("float"):
             work = trips[-1] * u.lanes * (2 if u.arg == "fma" else 1)
             flops += work
+            if not any(kind == "parallel" for _, _, kind in stack):
+                serial_flops += work
+            body = bodies.setdefault(stack[-1][0] if stack else -1, [0.0, 0.0, trips[-1]])
+            body[0] += u.lanes * (2 if u.arg == "fma" else 1)
             if u.lanes > 1:
                 vector_flops += work
                 vector_lanes = max(vector_lanes, u.lanes)
+                for width in waste:
+                    waste[width] += work * (1.0 - u.lanes / (width * math.ceil(u.lanes / width)))
             if u.arg == "fma":
                 fma += work
             unrolled = math.prod(extent for _, extent, kind in stack if kind == "unrolled")
@@ -211,6 +227,13 @@ def program_features(program: Program) -> np.ndarray:
             lanes = u.lanes if op == "LOAD" else uops[u.src[2]].lanes
             if lanes > 1:
                 vector_lanes = max(vector_lanes, lanes)
+            mem_ops += trips[-1]
+            if lanes == 1:
+                scalar_mem_ops += trips[-1]
+            bodies.setdefault(stack[-1][0] if stack else -1, [0.0, 0.0, trips[-1]])[1] += 1
+            if op == "STORE" and buf in outputs:
+                out_elems += trips[-1] * lanes
+                out_vector_elems += trips[-1] * lanes if lanes > 1 else 0.0
             access = _Access(buf, op == "STORE", u.dtype, lanes, list(stack), coeffs, 1 if lanes > 1 else 0)
             accesses.append((access, trips[-1]))
             if op == "STORE" and buf in outputs and stack:
@@ -239,6 +262,8 @@ def program_features(program: Program) -> np.ndarray:
     for rank, values in enumerate(loads[:TOP_LOADS]):
         roles[f"load{rank}"] = values
     arg_bytes = sum(size * _bytes(dtype) for scope, dtype, size in buffers.values() if scope == "arg")
+    # the loop body that does the most arithmetic (its flops x passes): what one pass of it computes and loads
+    busiest = max(bodies.values(), key=lambda body: body[0] * body[2]) if bodies else [0.0, 0.0, 0.0]
     global_values = {
         "flops": _log(flops), "vector_flops_frac": vector_flops / flops if flops else 0.0,
         "fma_frac": fma / flops if flops else 0.0, "parallel_extent": _log(parallel_extent),
@@ -251,6 +276,14 @@ def program_features(program: Program) -> np.ndarray:
         "intensity_32k": _log(flops / total_32k) if total_32k else 0.0,
         "intensity_1m": _log(flops / total_1m) if total_1m else 0.0,
         "traffic_32k": _log(total_32k), "traffic_1m": _log(total_1m), "innermost_extent": _log(innermost),
+        "vector_waste_8": waste[8] / flops if flops else 0.0, "vector_waste_16": waste[16] / flops if flops else 0.0,
+        **{f"parallel_balance_{cores}": parallel_extent / (cores * math.ceil(parallel_extent / cores))
+           for cores in BALANCE_CORES},
+        "serial_flops_frac": serial_flops / flops if flops else 0.0,
+        "body_flops": _log(busiest[0]), "body_mem_ops": float(busiest[1]),
+        "scalar_mem_frac": scalar_mem_ops / mem_ops if mem_ops else 0.0,
+        "out_vector_frac": out_vector_elems / out_elems if out_elems else 0.0,
+        "mem_ops": _log(mem_ops), "loop_entries": _log(loop_entries),
     }
     row = [global_values[name] for name in GLOBAL_FIELDS]
     for role in ROLES:
