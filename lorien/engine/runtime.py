@@ -10,7 +10,8 @@ Two builds of the same runtime exist; ``$LORIEN_RUNTIME`` picks one (``auto`` by
 ``auto`` takes ``llvm`` (same speed, nothing to compile outside the process; see
 ``benchmarks/engine.py``), and ``c`` only when asked. Which one is in use is logged once.
 Worker threads spin briefly on a generation counter, then sleep on a futex, so launching a
-parallel loop costs a few microseconds. JIT-compiled kernels call ``lorien_parallel_for``;
+parallel loop costs a few microseconds; parked workers are woken off the caller's CPU and ask
+for a short scheduler slice, so that they join short loops on a loaded machine. JIT-compiled kernels call ``lorien_parallel_for``;
 Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
 (and without the GIL).
 """
@@ -56,6 +57,8 @@ typedef void (*kernel_fn)(void **);
 #define SPIN_NS 1000000L   /* spin this long on the ticket before parking (workers) or yielding (the caller) */
 #define CLOCK_EVERY 64     /* spins between two readings of the clock */
 #define PARTS_PER_THREAD 4
+#define WORKER_SLICE_NS 100000L   /* the scheduler slice a worker asks for (EEVDF, Linux 6.12+) */
+#define AFFINITY_BYTES 128
 
 static int wanted_threads = 0, started_threads = 0;
 /* The job ticket, one cache line: generation (the futex word workers spin on) and the job;
@@ -73,6 +76,11 @@ static atomic_int sleepers __attribute__((aligned(64)));
 static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | next unclaimed part */
 static atomic_int done_parts __attribute__((aligned(64)));
 static unsigned initial_generation[MAX_THREADS];
+static atomic_int worker_tid[MAX_THREADS];   /* 0 until the worker has started */
+/* The CPUs the process may use (read when the pool starts) and the CPU the workers were last
+   kept off (the launching thread's), -1 when they may run anywhere. */
+static unsigned char allowed_cpus[AFFINITY_BYTES];
+static int allowed_known = 0, excluded_cpu = -1;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -116,9 +124,44 @@ static void run_parts(unsigned id) {
     }
 }
 
+/* struct sched_attr's first fields (SCHED_ATTR_SIZE_VER0). */
+struct slice_attr { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+                    uint64_t runtime, deadline, period; };
+
+/* A worker asks for a short scheduler slice: on a loaded CPU, a woken worker with a shorter
+   slice than the running task preempts it instead of waiting for that task's slice to end
+   (EEVDF; older kernels ignore sched_runtime for SCHED_OTHER). Its policy and nice stay. */
+static void ask_short_slice(void) {
+    struct slice_attr attr = {0};
+    if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0 || attr.policy != SCHED_OTHER) return;
+    attr.size = sizeof attr;
+    attr.flags = 0;
+    attr.runtime = WORKER_SLICE_NS;
+    syscall(SYS_sched_setattr, 0, &attr, 0);
+}
+
+/* Before parked workers are woken: keep them off the launching thread's CPU. Woken from a
+   busy CPU, a worker is otherwise queued on the waker's own CPU (wake-affine) and runs only
+   once the caller stops, after the short parallel loop it was woken for, and the ones after
+   it. The affinity is set only when the caller's CPU changed since the last time. */
+static void keep_workers_off(int cpu, int workers) {
+    if (!allowed_known || cpu < 0 || cpu >= AFFINITY_BYTES * 8 || cpu == excluded_cpu) return;
+    unsigned char mask[AFFINITY_BYTES];
+    int others = 0;
+    for (int i = 0; i < AFFINITY_BYTES; i++) mask[i] = allowed_cpus[i];
+    mask[cpu / 8] &= (unsigned char)~(1u << (cpu % 8));
+    for (int i = 0; i < AFFINITY_BYTES; i++) others |= mask[i];
+    excluded_cpu = cpu;
+    if (!others) return;
+    for (int i = 1; i <= workers; i++)
+        if (atomic_load(&worker_tid[i]) > 0) syscall(SYS_sched_setaffinity, atomic_load(&worker_tid[i]), AFFINITY_BYTES, mask);
+}
+
 static void *worker_main(void *arg) {
     int index = (int)(intptr_t)arg;
     unsigned seen = initial_generation[index];
+    ask_short_slice();
+    atomic_store(&worker_tid[index], (int)syscall(SYS_gettid));
     for (;;) {
         unsigned now;
         int spins = 0;
@@ -141,6 +184,8 @@ static void *worker_main(void *arg) {
 
 static void reset_after_fork(void) {
     started_threads = 0;
+    excluded_cpu = -1;
+    for (int i = 0; i < MAX_THREADS; i++) atomic_store(&worker_tid[i], 0);   /* the parent's threads */
     pthread_mutex_init(&pool_lock, NULL);
 }
 
@@ -153,12 +198,15 @@ static void start_pool(void) {
     }
     static int atfork_done = 0;
     if (!atfork_done) { pthread_atfork(NULL, NULL, reset_after_fork); atfork_done = 1; }
+    if (!allowed_known) allowed_known = syscall(SYS_sched_getaffinity, 0, AFFINITY_BYTES, allowed_cpus) > 0;
     while (started_threads < wanted_threads - 1) {
         pthread_t thread;
         initial_generation[started_threads + 1] = atomic_load(&generation);
+        atomic_store(&worker_tid[started_threads + 1], 0);
         pthread_create(&thread, NULL, worker_main, (void *)(intptr_t)(started_threads + 1));
         pthread_detach(thread);
         started_threads++;
+        excluded_cpu = -1;   /* the new worker may run anywhere until the next wake-up */
     }
 }
 
@@ -187,7 +235,10 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
     atomic_store_explicit(&next_part, (unsigned long)id << 32, memory_order_release);
     atomic_store_explicit(&generation, id, memory_order_release);
-    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    if (atomic_load(&sleepers) > 0) {
+        keep_workers_off(sched_getcpu(), started_threads);
+        syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    }
     run_parts(id);
     int spins = 0;
     int64_t start = 0;
