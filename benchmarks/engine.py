@@ -53,6 +53,7 @@ get the same number of samples; the ratio is of medians, and minimums are printe
     python benchmarks/engine.py            # full run, about 10 minutes (TVM tuning included)
     python benchmarks/engine.py --quick    # fewer samples and layers, 8 trials
     python benchmarks/engine.py --layers-only   # no tuning throughput, no C runtime child
+    python benchmarks/engine.py --only dense_m1,bmm   # some parts (see --help), nan for the rest
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ BERT_DENSE_M1 = [(1, 768, 768), (1, 3072, 768), (1, 768, 3072), (1, 1000, 512)]
 BERT_DENSE_SMALL_M = [(8, 768, 768), (16, 3072, 768), (32, 768, 3072)]
 BERT_BMM = [(12, 128, 128, 64), (12, 128, 64, 128)]   # (batch, M, N, K) of x[B, M, K] y[B, N, K]ᵀ
 NAN = float("nan")
+#: What ``--only`` can pick.
+PARTS = {"launch": "parallel launch vs OpenMP", "dense": "dense 512³, 1024³, 1x1000x512, 256x64x512 and the peak",
+         "dense_m1": "BERT dense at M = 1", "dense_small_m": "BERT dense at M = 8-32",
+         "conv3x3": "ResNet-18 3x3", "conv1x1": "1x1 convolutions", "depthwise": "MobileNetV2 depthwise",
+         "bmm": "BERT batch_matmul", "tuning": "tuning throughput vs TVM", "c_runtime": "the C runtime child"}
 
 
 # ---- timing ---------------------------------------------------------------------------------
@@ -753,8 +759,15 @@ def main() -> None:
     parser.add_argument("--layers-only", action="store_true",
                         help="only the layer classes against PyTorch/NumPy and the launch (no tuning throughput, "
                              "no C runtime child)")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=list(PARTS), metavar="PART[,PART...]",
+                        help="run only these parts (the others print nan on the last line): "
+                             + ", ".join(f"{name} ({what})" for name, what in PARTS.items()))
     parser.add_argument("--runtime-child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    unknown = sorted(set(opts.only) - set(PARTS))
+    if unknown:
+        parser.error(f"--only: unknown part(s) {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    wanted = set(opts.only)
     quick = opts.quick
     if opts.runtime_child:
         runtime_child(quick)
@@ -772,40 +785,47 @@ def main() -> None:
         print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
     peak = host_peak(threads)
-    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40)
-    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40)
+    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
+    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
     dense_samples = 30 if quick else 150
     lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
+    skipped = {"numpy": NAN, "torch": NAN, "gflops": NAN, "numpy_gflops": NAN}
     dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), dense_samples,
                                 template_configs=8 if quick else 32,
                                 extra=dense_skinny_candidates(*shape, quick) if shape[0] < 64 else None)
-             for shape in DENSE_SHAPES}
+             if "dense" in wanted else skipped for shape in DENSE_SHAPES}
     layer_samples = 20 if quick else 40
-    core = dense_core_fractions((1024, 1024, 1024), dense[(1024, 1024, 1024)]["choice"], peak)
+    core = (dense_core_fractions((1024, 1024, 1024), dense[(1024, 1024, 1024)]["choice"], peak)
+            if "dense" in wanted else {"lorien": NAN, "numpy": NAN})
     m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                       template_configs=8 if quick else 24, with_torch=have_torch,
                       extra=dense_skinny_candidates(*shape, quick))
-          for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)]
+          for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)] if "dense_m1" in wanted else [skipped]
     small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                            template_configs=8 if quick else 24, with_torch=have_torch,
                            extra=dense_skinny_candidates(*shape, quick))
-               for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)]
-    launch_c, dense512_c = (NAN, NAN) if opts.layers_only else bench_other_runtime("c", quick)
+               for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)
+               ] if "dense_small_m" in wanted else [skipped]
+    launch_c, dense512_c = ((NAN, NAN) if opts.layers_only or "c_runtime" not in wanted
+                            else bench_other_runtime("c", quick))
     nan_pair = ([NAN], [NAN])
+    kernel_ratios, e2e_ratios = conv1x1 = depthwise = nan_pair
+    bmm = [NAN]
     if have_torch:
-        kernel_ratios, e2e_ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick,
-                                               20 if quick else 60)
-        conv1x1 = bench_conv(RESNET18_1X1[:1] + MOBILENET_V2_POINTWISE[:1] if quick
-                             else RESNET18_1X1 + MOBILENET_V2_POINTWISE, quick, layer_samples, kernel_size=1)
-        depthwise = [bench_depthwise_layer(*layer, quick, layer_samples)
-                     for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
-        depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
-        bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24) for shape in BERT_BMM]
-    else:
-        kernel_ratios, e2e_ratios = conv1x1 = depthwise = nan_pair
-        bmm = [NAN]
+        if "conv3x3" in wanted:
+            kernel_ratios, e2e_ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick,
+                                                   20 if quick else 60)
+        if "conv1x1" in wanted:
+            conv1x1 = bench_conv(RESNET18_1X1[:1] + MOBILENET_V2_POINTWISE[:1] if quick
+                                 else RESNET18_1X1 + MOBILENET_V2_POINTWISE, quick, layer_samples, kernel_size=1)
+        if "depthwise" in wanted:
+            depthwise = [bench_depthwise_layer(*layer, quick, layer_samples)
+                         for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
+            depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
+        if "bmm" in wanted:
+            bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24) for shape in BERT_BMM]
     limiter.restore_original_limits()
-    if opts.layers_only:
+    if opts.layers_only or "tuning" not in wanted:
         dense_rate = conv_rate = vs_tvm = NAN
     else:
         trials = 8 if quick else 32
