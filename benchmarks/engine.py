@@ -80,6 +80,7 @@ from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
+    batch_matmul_candidate,
     conv2d_NCHWc_candidate,
     dense_candidate,
     dense_gemv_candidate,
@@ -473,10 +474,19 @@ def bmm_candidates(b: int, m: int, n: int, k: int, count: int) -> list[tuple[str
             for index in picks]
 
 
-def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> float:
+def bmm_engine_candidates(b: int, m: int, n: int, k: int, lanes: int | None = None) -> list[tuple[str, object]]:
+    """(label, schedule builder) of the engine's batch_matmul register tiles
+    (``x86.schedule_batch_matmul``: one parallel loop over batch and y panels, each panel packed
+    just before use), sized by ``dense_register_tiles``."""
+    return [(f"engine tile mr={mr} nr={nr}", functools.partial(batch_matmul_candidate, b, m, n, k, mr, nr))
+            for mr, nr in dense_register_tiles(m, n, lanes)]
+
+
+def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int, lanes: int | None = None) -> float:
     """Median PyTorch time (faster of ``bmm`` on y transposed as a view and on y stored [B, K, N])
-    / median Lorien time for out = x yᵀ; Lorien's kernel is the best of ``configs`` random
-    configs of the autotvm batch_matmul.x86 template."""
+    / median Lorien time for out = x yᵀ; Lorien's kernel is the best (screened first) of the
+    engine's register tiles (:func:`bmm_engine_candidates`) and ``configs`` random configs of
+    the autotvm batch_matmul.x86 template."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -485,7 +495,7 @@ def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> flo
     expected = reference.batch_matmul(x, y)
     flop = 2.0 * b * m * n * k
     screened = []
-    for label, make in bmm_candidates(b, m, n, k, configs):
+    for label, make in bmm_engine_candidates(b, m, n, k, lanes) + bmm_candidates(b, m, n, k, configs):
         s, args = make()
         kernel = build(s, args)
         out = aligned_zeros((b, m, n), "float32")
@@ -823,7 +833,7 @@ def main() -> None:
                          for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
             depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
         if "bmm" in wanted:
-            bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24) for shape in BERT_BMM]
+            bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24, lanes) for shape in BERT_BMM]
     limiter.restore_original_limits()
     if opts.layers_only or "tuning" not in wanted:
         dense_rate = conv_rate = vs_tvm = NAN

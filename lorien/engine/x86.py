@@ -130,6 +130,39 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     return s
 
 
+def schedule_batch_matmul(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32) -> Schedule:
+    """Register-tiled batch_matmul for ``ops.batch_matmul(..., pack_nr=nr)``: one parallel loop
+    over (batch, ``nr``-column panel); each panel of y is packed there, just before all M rows
+    use it in ``mr x nr`` accumulator tiles (k innermost outside the tile), so y is read once and
+    the work is a single fork-join (the small per-head matrices of attention are a few us each).
+    Without a y batch dimension (``y[1, N, K]``) the panel is packed again per batch."""
+    lanes = min(vector_lanes(), nr)
+    top, tile = _output_and_tile(s, out)
+    bb, i, j = top.op.axis
+    mo, mi = top.split(i, factor=mr)
+    no, ni = top.split(j, factor=nr)
+    top.reorder(bb, no, mo, mi, ni)
+    nio, nii = top.split(ni, factor=lanes)
+    top.unroll(mi)
+    top.unroll(nio)
+    top.vectorize(nii)
+    tile.compute_at(top, mo)
+    _, ti, tj = tile.op.axis
+    (tk,) = tile.op.reduce_axis
+    tjo, tji = tile.split(tj, factor=lanes)
+    tile.reorder(tk, ti, tjo, tji)
+    tile.unroll(ti)
+    tile.unroll(tjo)
+    tile.vectorize(tji)
+    pack_name = f"{out.name}.y_pack"
+    if any(st.name == pack_name for st in s.stages):
+        pack = s[pack_name]
+        pack.compute_at(top, no)
+        pack.vectorize(pack.op.axis[-1])
+    top.parallel(top.fuse(bb, no))
+    return s
+
+
 def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int,
                          pad_inline: bool) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
     """The part the NCHW[x]c convolutions share: the padding inlined or materialized in
@@ -277,6 +310,17 @@ def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: st
     s = create_schedule(out)
     schedule_dense(s, out, mr, nr, order, pack_inner)
     return s, [data, weight, out]
+
+
+def batch_matmul_candidate(b: int, m: int, n: int, k: int, mr: int = 8, nr: int = 32):
+    """(schedule, args) of :func:`schedule_batch_matmul`; a picklable builder for ``MeasureInput``."""
+    from lorien.engine import ops
+
+    x, y = te.placeholder((b, m, k), name="x"), te.placeholder((b, n, k), name="y")
+    out = ops.batch_matmul(x, y, pack_nr=nr)
+    s = create_schedule(out)
+    schedule_batch_matmul(s, out, mr, nr)
+    return s, [x, y, out]
 
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
