@@ -20,7 +20,9 @@ get the same number of samples; the ratio is of medians, and minimums are printe
 - Layer classes against PyTorch (each side's best layout, same sample counts; kernel-only for
   Lorien's packed convolutions, as above, with ``*_e2e_*`` from NCHW beside):
   ``conv1x1_vs_torch_*``: ResNet-18's three 1x1 downsample convolutions and ten MobileNetV2
-  pointwise layers (NCHW[x]c kernels, the channel block the widest power of two dividing C);
+  pointwise layers (NCHW[x]c kernels, the channel block the widest power of two dividing C;
+  for stride 1 also the NCHW-to-NCHW matmul on the arrays as they are, which is its own end to
+  end; the faster median of Lorien's paths counts, as the faster of PyTorch's layouts does);
   ``depthwise_vs_torch_*``: MobileNetV2's ten 3x3 depthwise layers (Lorien's depthwise
   NCHW[x]c kernel, PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
   attention's two batch_matmuls (12 heads, sequence 128) against ``torch.bmm`` with y
@@ -81,6 +83,7 @@ from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
     batch_matmul_candidate,
+    conv1x1_nchw_candidate,
     conv2d_NCHWc_candidate,
     dense_candidate,
     dense_gemv_candidate,
@@ -365,23 +368,59 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
 
     end_to_end()
     np.testing.assert_allclose(plain_out, expected, rtol=1e-3, atol=1e-2)
+    calls = {"lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
+             "lorien e2e": end_to_end}
+    nchw = conv1x1_nchw_call(data, weight, expected) if kernel_size == 1 and stride == 1 else None
+    if nchw:
+        calls["lorien NCHW"] = nchw[1]
     with torch.no_grad():
         times = paired_samples({
-            "lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
-            "lorien e2e": end_to_end,
+            **calls,
             "torch NCHW": functools.partial(conv, t_data, t_weight, stride=stride, padding=pad),
             "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl, stride=stride, padding=pad),
         }, samples)
     torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
-    kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
-    e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
+    # each of Lorien's paths from NCHW: packed NCHW[x]c (kernel only / with the layout kernels) and,
+    # for 1x1 stride 1, the NCHW matmul (its own end to end); the faster median counts
+    kernel_path = min(("lorien kernel", "lorien NCHW") if nchw else ("lorien kernel",),
+                      key=lambda name: statistics.median(times[name]))
+    e2e_path = min(("lorien e2e", "lorien NCHW") if nchw else ("lorien e2e",),
+                   key=lambda name: statistics.median(times[name]))
+    kernel_ratio = torch_s / statistics.median(times[kernel_path])
+    e2e_ratio = torch_s / statistics.median(times[e2e_path])
     print(f"conv{kernel_size}x{kernel_size} {channels}x{size}x{size}->{out_channels} s{stride} "
-          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)="
-          f"{config}: kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
+          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)={config}"
+          + (f", NCHW matmul {nchw[0]}" if nchw else "")
+          + f": kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
+          f"against {torch_layout}")
     for name, seconds in times.items():
         print(f"    {describe(name, seconds, flop)}")
     return kernel_ratio, e2e_ratio
+
+
+def conv1x1_nchw_call(data: np.ndarray, weight: np.ndarray, expected: np.ndarray):
+    """(label, call) of the fastest (screened) 1x1 stride-1 convolution from NCHW to NCHW as a
+    register-tiled matmul on the arrays as they are (``x86.conv1x1_nchw_candidate``), or None
+    when no tile's column panel divides H*W."""
+    _, channels, size, _ = data.shape
+    out_channels = weight.shape[0]
+    columns = size * size
+    plain_data, plain_weight = aligned_copy(data), aligned_copy(weight)
+    out = aligned_zeros((1, out_channels, size, size), "float32")
+    args = (plain_weight.reshape(out_channels, channels), plain_data.reshape(channels, columns),
+            out.reshape(out_channels, columns))
+    screened = []
+    for mr, nr in dense_register_tiles(out_channels, columns):
+        s, tensors = conv1x1_nchw_candidate(channels, size, out_channels, mr, nr)
+        kernel = build(s, tensors)
+        kernel(*args)
+        np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-2)
+        screened.append((native_best_s(kernel, list(args)), f"mr={mr} nr={nr}", kernel))
+    if not screened:
+        return None
+    _, label, kernel = min(screened, key=lambda item: item[0])
+    return label, functools.partial(kernel, *args)
 
 
 def bench_conv(layers, quick: bool, samples: int, kernel_size: int = 3) -> tuple[list[float], list[float]]:

@@ -1,7 +1,7 @@
 """The engine's schedules for the layer classes the benchmark measures beyond 3x3 convolutions:
 depthwise NCHW[x]c (op, reference, schedule), 1x1 convolutions in NCHW[x]c, the dense
-register tile over data packed in row blocks and the batch_matmul register tile over y packed
-per panel; outputs checked against NumPy."""
+register tile over data packed in row blocks, the batch_matmul register tile over y packed
+per panel and the 1x1 convolution from NCHW as a matmul; outputs checked against NumPy."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from lorien.engine import build, lower, ops, reference, te
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
     batch_matmul_candidate,
+    conv1x1_nchw_candidate,
     conv2d_NCHWc_candidate,
     dense_candidate,
     depthwise_NCHWc_candidate,
@@ -108,3 +109,16 @@ def test_batch_matmul_packing_refuses_panels_that_do_not_divide_n():
     x, y = te.placeholder((2, 4, 8), name="x"), te.placeholder((2, 24, 8), name="y")
     with pytest.raises(WorkloadError, match="pack_nr=16"):
         ops.batch_matmul(x, y, pack_nr=16)
+
+
+@pytest.mark.parametrize("channels, size, out_channels, mr, nr", [(8, 8, 12, 6, 32), (5, 6, 16, 4, 16), (16, 4, 7, 3, 16)])
+def test_1x1_conv_from_nchw_to_nchw_as_a_matmul_on_the_arrays_as_they_are_matches_numpy(channels, size, out_channels,
+                                                                                     mr, nr):
+    rng = np.random.default_rng(5)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (out_channels, channels, 1, 1)).astype("float32")
+    s, args = conv1x1_nchw_candidate(channels, size, out_channels, mr, nr)
+    out = np.zeros((1, out_channels, size, size), "float32")
+    build(s, args)(weight.reshape(out_channels, channels), data.reshape(channels, size * size),
+                   out.reshape(out_channels, size * size))
+    np.testing.assert_allclose(out, reference.conv2d_nchw(data, weight, 1, 0), rtol=1e-5, atol=1e-5)

@@ -163,6 +163,34 @@ def schedule_batch_matmul(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32
     return s
 
 
+def schedule_matmul(s: Schedule, out: te.Tensor, mr: int = 6, nr: int = 32) -> Schedule:
+    """Register-tiled ``ops.matmul`` (``a[M, K] b[K, N]``, b row-major, so ``nr`` columns of b
+    at one k are one contiguous load; no packing): ``mr x nr`` accumulator tiles, parallel over
+    the ``nr``-column panels, each panel (K x nr) used by all M rows while it is in cache.
+    A 1x1 stride-1 convolution in NCHW is this matmul on the tensors as they are (weight
+    ``[O, C]``, data ``[C, H*W]``, output ``[O, H*W]``): :func:`conv1x1_nchw_candidate`."""
+    lanes = min(vector_lanes(), nr)
+    top, tile = _output_and_tile(s, out)
+    i, j = top.op.axis
+    mo, mi = top.split(i, factor=mr)
+    no, ni = top.split(j, factor=nr)
+    top.reorder(no, mo, mi, ni)
+    top.parallel(no)
+    nio, nii = top.split(ni, factor=lanes)
+    top.unroll(mi)
+    top.unroll(nio)
+    top.vectorize(nii)
+    tile.compute_at(top, mo)
+    ti, tj = tile.op.axis
+    (tk,) = tile.op.reduce_axis
+    tjo, tji = tile.split(tj, factor=lanes)
+    tile.reorder(tk, ti, tjo, tji)
+    tile.unroll(ti)
+    tile.unroll(tjo)
+    tile.vectorize(tji)
+    return s
+
+
 def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int,
                          pad_inline: bool) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
     """The part the NCHW[x]c convolutions share: the padding inlined or materialized in
@@ -321,6 +349,20 @@ def batch_matmul_candidate(b: int, m: int, n: int, k: int, mr: int = 8, nr: int 
     s = create_schedule(out)
     schedule_batch_matmul(s, out, mr, nr)
     return s, [x, y, out]
+
+
+def conv1x1_nchw_candidate(channels: int, size: int, out_channels: int, mr: int = 6, nr: int = 32):
+    """(schedule, args) of a 1x1 stride-1 convolution from NCHW to NCHW (batch 1, square input)
+    as :func:`schedule_matmul`: args ``weight[O, C]``, ``data[C, H*W]``, ``out[O, H*W]``, which
+    are ``OIHW`` / ``NCHW`` arrays reshaped (views, no copy)."""
+    from lorien.engine import ops
+
+    weight = te.placeholder((out_channels, channels), name="weight")
+    data = te.placeholder((channels, size * size), name="data")
+    out = ops.matmul(weight, data, name="conv1x1")
+    s = create_schedule(out)
+    schedule_matmul(s, out, mr, nr)
+    return s, [weight, data, out]
 
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
