@@ -24,7 +24,8 @@ get the same number of samples; the ratio is of medians, and minimums are printe
   for stride 1 also the NCHW-to-NCHW matmul on the arrays as they are, which is its own end to
   end; the faster median of Lorien's paths counts, as the faster of PyTorch's layouts does);
   ``depthwise_vs_torch_*``: MobileNetV2's ten 3x3 depthwise layers (Lorien's depthwise
-  NCHW[x]c kernel, PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
+  NCHW[x]c kernel or its NCHW kernel with no layout transform, the faster median;
+  PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
   attention's two batch_matmuls (12 heads, sequence 128) against ``torch.bmm`` with y
   transposed as a view or stored transposed; ``dense_m1_*`` / ``dense_small_m_*``: BERT-base
   dense layers at M = 1 (and the ResNet classifier) and at M = 8-32, against NumPy/OpenBLAS
@@ -88,6 +89,7 @@ from lorien.engine.x86 import (
     dense_candidate,
     dense_gemv_candidate,
     dense_register_tiles,
+    depthwise_nchw_candidate,
     depthwise_NCHWc_candidate,
     vector_lanes,
 )
@@ -476,22 +478,51 @@ def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, sa
 
     end_to_end()
     np.testing.assert_allclose(plain_out, expected, rtol=1e-4, atol=1e-4)
+    nchw_label, nchw_call = depthwise_nchw_call(data, weight, stride, expected, quick)
     with torch.no_grad():
         times = paired_samples({
             "lorien kernel": functools.partial(kernel, *packed, packed_out),
             "lorien e2e": end_to_end,
+            "lorien NCHW": nchw_call,
             "torch NCHW": functools.partial(conv, t_data, t_weight),
             "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl),
         }, samples)
     torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
-    kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
-    e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
-    print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}: "
-          f"kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
+    # the faster median of Lorien's paths counts (NCHW[x]c packed, or NCHW with no transform)
+    kernel_path = min(("lorien kernel", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
+    e2e_path = min(("lorien e2e", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
+    kernel_ratio = torch_s / statistics.median(times[kernel_path])
+    e2e_ratio = torch_s / statistics.median(times[e2e_path])
+    print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}, "
+          f"NCHW {nchw_label}: kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
+          f"against {torch_layout}")
     for name, seconds in times.items():
         print(f"    {describe(name, seconds, flop)}")
     return kernel_ratio, e2e_ratio
+
+
+def depthwise_nchw_call(data: np.ndarray, weight: np.ndarray, stride: int, expected: np.ndarray, quick: bool):
+    """(label, call) of the fastest (screened) 3x3 depthwise kernel from NCHW to NCHW
+    (``x86.depthwise_nchw_candidate``: rows of ``tile_ow`` outputs vectorized, padding inlined
+    or materialized per channel, no layout transform)."""
+    _, channels, size, _ = data.shape
+    out_size = expected.shape[-1]
+    plain_data, plain_weight = aligned_copy(data), aligned_copy(weight)
+    out = aligned_zeros(expected.shape, "float32")
+    widths = [16] + [width for width in (8, 28, 14, 7) if out_size % width == 0 and not quick]
+    screened = []
+    for tile_ow in widths:
+        for tile_oh in (2, 4) if quick else (1, 2, 4):
+            for pad_inline in (True,) if quick else (True, False):
+                s, tensors = depthwise_nchw_candidate(channels, size, stride, tile_ow, tile_oh, pad_inline)
+                kernel = build(s, tensors)
+                kernel(plain_data, plain_weight, out)
+                np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+                screened.append((native_best_s(kernel, [plain_data, plain_weight, out]),
+                                 f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel))
+    _, label, kernel = min(screened, key=lambda item: item[0])
+    return label, functools.partial(kernel, plain_data, plain_weight, out)
 
 
 def bmm_candidates(b: int, m: int, n: int, k: int, count: int) -> list[tuple[str, object]]:

@@ -1,7 +1,8 @@
 """The engine's schedules for the layer classes the benchmark measures beyond 3x3 convolutions:
 depthwise NCHW[x]c (op, reference, schedule), 1x1 convolutions in NCHW[x]c, the dense
 register tile over data packed in row blocks, the batch_matmul register tile over y packed
-per panel and the 1x1 convolution from NCHW as a matmul; outputs checked against NumPy."""
+per panel, the 1x1 convolution from NCHW as a matmul and the depthwise convolution in NCHW;
+outputs checked against NumPy."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from lorien.engine.x86 import (
     conv1x1_nchw_candidate,
     conv2d_NCHWc_candidate,
     dense_candidate,
+    depthwise_nchw_candidate,
     depthwise_NCHWc_candidate,
     schedule_batch_matmul,
 )
@@ -122,3 +124,15 @@ def test_1x1_conv_from_nchw_to_nchw_as_a_matmul_on_the_arrays_as_they_are_matche
     build(s, args)(weight.reshape(out_channels, channels), data.reshape(channels, size * size),
                    out.reshape(out_channels, size * size))
     np.testing.assert_allclose(out, reference.conv2d_nchw(data, weight, 1, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels, size, stride, tile_ow, tile_oh, pad_inline", [
+    (4, 10, 1, 16, 2, True), (4, 10, 1, 5, 4, False), (3, 11, 2, 8, 1, True), (5, 9, 2, 5, 2, False)])
+def test_depthwise_from_nchw_to_nchw_matches_numpy(channels, size, stride, tile_ow, tile_oh, pad_inline):
+    rng = np.random.default_rng(6)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (channels, 1, 3, 3)).astype("float32")
+    s, args = depthwise_nchw_candidate(channels, size, stride, tile_ow, tile_oh, pad_inline)
+    out = np.zeros(args[-1].shape, "float32")
+    build(s, args)(data, weight, out)
+    np.testing.assert_allclose(out, reference.depthwise_conv2d_nchw(data, weight, stride, 1), rtol=1e-5, atol=1e-5)

@@ -255,6 +255,38 @@ def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile
     return s
 
 
+def schedule_depthwise_nchw(s: Schedule, out: te.Tensor, tile_ow: int = 16, tile_oh: int = 1,
+                            pad_inline: bool = False) -> Schedule:
+    """Depthwise conv2d in NCHW, with no layout transform: a ``tile_oh x tile_ow`` register tile
+    along the output rows (``tile_ow`` vectorized over ow, the kernel window unrolled around
+    it), parallel over channels; each channel's padded plane is materialized inside that loop,
+    just before its tiles read it (it stays in cache), or with ``pad_inline`` the tile reads the
+    input through the padding's bounds check."""
+    top, tile = _output_and_tile(s, out)
+    n, c, oh, ow = top.op.axis
+    oho, ohi = top.split(oh, factor=tile_oh)
+    owo, owi = top.split(ow, factor=tile_ow)
+    top.reorder(n, c, oho, owo, ohi, owi)
+    top.unroll(ohi)
+    vectorize_by_lanes(top, owi, tile_ow)
+    tile.compute_at(top, owo)
+    _, _, toh, tow = tile.op.axis
+    ry, rx = tile.op.reduce_axis
+    tile.reorder(ry, rx, toh, tow)
+    tile.unroll(ry)
+    tile.unroll(rx)
+    tile.unroll(toh)
+    vectorize_by_lanes(tile, tow, tile_ow)
+    pad_name = f"{out.name}.pad"
+    if any(st.name == pad_name for st in s.stages):
+        if pad_inline:
+            s[pad_name].compute_inline()
+        else:
+            s[pad_name].compute_at(top, c)
+    top.parallel(top.fuse(n, c))
+    return s
+
+
 def schedule_dense_gemv(s: Schedule, out: te.Tensor, rows: int = 4, k_vectors: int = 1,
                         unroll_sum: bool = True, parts: int | None = None) -> Schedule:
     """Dense at M = 1 (and a few rows) on the weight as it is, ``[N, K]`` (``ops.dense`` without
@@ -363,6 +395,20 @@ def conv1x1_nchw_candidate(channels: int, size: int, out_channels: int, mr: int 
     s = create_schedule(out)
     schedule_matmul(s, out, mr, nr)
     return s, [weight, data, out]
+
+
+def depthwise_nchw_candidate(channels: int, size: int, stride: int, tile_ow: int = 16, tile_oh: int = 1,
+                             pad_inline: bool = False):
+    """(schedule, args) of :func:`schedule_depthwise_nchw`: a 3x3 pad-1 depthwise conv2d, NCHW
+    in and out (batch 1, square input), kernel ``[C, 1, 3, 3]``."""
+    from lorien.engine import ops
+
+    data = te.placeholder((1, channels, size, size), name="data")
+    kernel = te.placeholder((channels, 1, 3, 3), name="kernel")
+    out = ops.depthwise_conv2d_nchw(data, kernel, stride, 1)
+    s = create_schedule(out)
+    schedule_depthwise_nchw(s, out, tile_ow, tile_oh, pad_inline)
+    return s, [data, kernel, out]
 
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
