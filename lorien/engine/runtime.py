@@ -10,9 +10,9 @@ Two builds of the same runtime exist; ``$LORIEN_RUNTIME`` picks one (``auto`` by
 ``auto`` takes ``llvm`` (same speed, nothing to compile outside the process; see
 ``benchmarks/engine.py``), and ``c`` only when asked. Which one is in use is logged once.
 Worker threads spin briefly on a generation counter, then sleep on a futex, so launching a
-parallel loop costs a few microseconds; parked workers are woken off the caller's CPU and ask
-for a short scheduler slice, so that they join short loops on a loaded machine. JIT-compiled kernels call ``lorien_parallel_for``;
-Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
+parallel loop costs a few microseconds; workers are kept off the caller's CPU and ask for a
+short scheduler slice, so that they join short loops on a loaded machine. JIT-compiled kernels
+call ``lorien_parallel_for``; Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
 (and without the GIL).
 """
 
@@ -140,10 +140,11 @@ static void ask_short_slice(void) {
     syscall(SYS_sched_setattr, 0, &attr, 0);
 }
 
-/* Before parked workers are woken: keep them off the launching thread's CPU. Woken from a
-   busy CPU, a worker is otherwise queued on the waker's own CPU (wake-affine) and runs only
-   once the caller stops, after the short parallel loop it was woken for, and the ones after
-   it. The affinity is set only when the caller's CPU changed since the last time. */
+/* At each launch: keep the workers off the launching thread's CPU. Woken from a busy CPU, a
+   parked worker is otherwise queued on the waker's own CPU (wake-affine) and runs only once the
+   caller stops, after the short parallel loop it was woken for and the ones after it; and a
+   caller moved onto a spinning worker's CPU would share it. The affinity is set only when the
+   caller's CPU changed since the last time (sched_getcpu itself makes no system call). */
 static void keep_workers_off(int cpu, int workers) {
     if (!allowed_known || cpu < 0 || cpu >= AFFINITY_BYTES * 8 || cpu == excluded_cpu) return;
     unsigned char mask[AFFINITY_BYTES];
@@ -151,10 +152,13 @@ static void keep_workers_off(int cpu, int workers) {
     for (int i = 0; i < AFFINITY_BYTES; i++) mask[i] = allowed_cpus[i];
     mask[cpu / 8] &= (unsigned char)~(1u << (cpu % 8));
     for (int i = 0; i < AFFINITY_BYTES; i++) others |= mask[i];
-    excluded_cpu = cpu;
-    if (!others) return;
-    for (int i = 1; i <= workers; i++)
-        if (atomic_load(&worker_tid[i]) > 0) syscall(SYS_sched_setaffinity, atomic_load(&worker_tid[i]), AFFINITY_BYTES, mask);
+    if (!others) { excluded_cpu = cpu; return; }
+    int missing = 0;   /* a worker that has not started yet: try again at the next launch */
+    for (int i = 1; i <= workers; i++) {
+        int tid = atomic_load(&worker_tid[i]);
+        if (tid > 0) syscall(SYS_sched_setaffinity, tid, AFFINITY_BYTES, mask); else missing = 1;
+    }
+    if (!missing) excluded_cpu = cpu;
 }
 
 static void *worker_main(void *arg) {
@@ -230,15 +234,13 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     /* A few parts per thread: a thread that is descheduled (a shared machine) holds back at
        most a small part while the others claim the rest. */
     int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
+    keep_workers_off(sched_getcpu(), started_threads);
     unsigned id = atomic_load(&generation) + 1;
     job.fn = fn; job.ctx = ctx; job.n = n; job.parts = parts;
     atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
     atomic_store_explicit(&next_part, (unsigned long)id << 32, memory_order_release);
     atomic_store_explicit(&generation, id, memory_order_release);
-    if (atomic_load(&sleepers) > 0) {
-        keep_workers_off(sched_getcpu(), started_threads);
-        syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-    }
+    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
     run_parts(id);
     int spins = 0;
     int64_t start = 0;

@@ -4,8 +4,8 @@ It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persisten
 for parallel loops, a timing loop, aligned allocation), function for function: worker threads
 spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
 few parts per thread, claimed with a compare-and-swap on (job id, next part); the caller runs
-parts too and waits for the last one. Parked workers are woken off the caller's CPU and ask
-for a short scheduler slice, so that a woken worker joins short loops on a loaded machine
+parts too and waits for the last one. Workers are kept off the caller's CPU and ask for a
+short scheduler slice, so that a woken worker joins short loops on a loaded machine
 (docs/engine.md, "The runtime"). Only libc is called (pthread, ``syscall`` for the futex,
 thread id, affinity and slice, ``sched_getcpu``, ``clock_gettime``, ``posix_memalign``); their
 addresses come from the running process, so nothing is linked or compiled outside llvmlite.
@@ -215,10 +215,11 @@ done:
   ret void
 }}
 
-; Before parked workers are woken: keep them off the launching thread's CPU %cpu. Woken from a
-; busy CPU, a worker is otherwise queued on the waker's own CPU (wake-affine) and runs only once
-; the caller stops, after the short parallel loop it was woken for and the ones after it. The
-; affinity is set only when the caller's CPU changed since the last time.
+; At each launch: keep the workers off the launching thread's CPU %cpu. Woken from a busy CPU,
+; a parked worker is otherwise queued on the waker's own CPU (wake-affine) and runs only once
+; the caller stops, after the short parallel loop it was woken for and the ones after it; and a
+; caller moved onto a spinning worker's CPU would share it. The affinity is set only when the
+; caller's CPU changed since the last time (sched_getcpu itself makes no system call).
 define internal void @keep_workers_off(i32 %cpu, i32 %workers) {{
 entry:
   %mask = alloca [{affinity_words} x i64], align 8
@@ -233,7 +234,6 @@ entry:
   %skip = or i1 %skip1, %skip2
   br i1 %skip, label %done, label %build
 build:
-  store i32 %cpu, ptr @excluded_cpu
   %allowed = load [{affinity_words} x i64], ptr @allowed_cpus
   store [{affinity_words} x i64] %allowed, ptr %mask
   %cpu64 = zext i32 %cpu to i64
@@ -257,11 +257,12 @@ any:
   br i1 %more_words, label %any, label %checked
 checked:
   %none = icmp eq i64 %others_next, 0
-  br i1 %none, label %done, label %each
+  br i1 %none, label %remember, label %each
 each:
   %i = phi i32 [ 1, %checked ], [ %i_next, %next ]
+  %missing = phi i1 [ false, %checked ], [ %missing_next, %next ]
   %beyond = icmp sgt i32 %i, %workers
-  br i1 %beyond, label %done, label %one
+  br i1 %beyond, label %all_seen, label %one
 one:
   %i64 = sext i32 %i to i64
   %tid_at = getelementptr [{max_threads} x i32], ptr @worker_tid, i64 0, i64 %i64
@@ -273,8 +274,16 @@ pin:
   %pin_rc = call i64 (i64, ...) @syscall(i64 {sys_sched_setaffinity}, i64 %tid_64, i64 {affinity_bytes}, ptr %mask)
   br label %next
 next:
+  %not_started = xor i1 %started, true
+  %missing_next = or i1 %missing, %not_started
   %i_next = add i32 %i, 1
   br label %each
+all_seen:
+  ; a worker that has not started yet: try again at the next launch
+  br i1 %missing, label %done, label %remember
+remember:
+  store i32 %cpu, ptr @excluded_cpu
+  br label %done
 done:
   ret void
 }}
@@ -464,6 +473,8 @@ launch:
   %few = icmp slt i64 %n, %most_parts
   %parts64 = select i1 %few, i64 %n, i64 %most_parts
   %parts = trunc i64 %parts64 to i32
+  %caller_cpu = call i32 @sched_getcpu()
+  call void @keep_workers_off(i32 %caller_cpu, i32 %started)
   %last_id = load atomic i32, ptr @generation monotonic, align 4
   %id = add i32 %last_id, 1
   store ptr %fn, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
@@ -479,8 +490,6 @@ launch:
   %wake = icmp sgt i32 %sleeping, 0
   br i1 %wake, label %wake_up, label %own_share
 wake_up:
-  %caller_cpu = call i32 @sched_getcpu()
-  call void @keep_workers_off(i32 %caller_cpu, i32 %started)
   %woken = call i64 (i64, ...) @syscall(i64 {sys_futex}, ptr @generation, i64 {futex_wake}, i64 {max_threads}, ptr null, ptr null, i64 0)
   br label %own_share
 own_share:
