@@ -285,7 +285,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, ic_bn: int, oc_bn: int):
-    """Engine kernels NCHW -> NCHW{ic_bn}c (input) and NCHW{oc_bn}c -> NCHW (output)."""
+    """Engine kernels NCHW -> NCHW{ic_bn}c (input) and NCHW{oc_bn}c -> NCHW (output, the faster of
+    two schedules)."""
     x = te.placeholder((1, channels, size, size), name="x")
     packed = te.compute((1, channels // ic_bn, size, size, ic_bn),
                         lambda n, c, h, w, b: x[n, c * ic_bn + b, h, w], name="packed")
@@ -294,14 +295,34 @@ def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, i
     s[packed].parallel(s[packed].fuse(n, c, h))
     s[packed].vectorize(b)
     pack = build(s, [x, packed])
-    y = te.placeholder((1, out_channels // oc_bn, out_size, out_size, oc_bn), name="y")
-    plain = te.compute((1, out_channels, out_size, out_size),
-                       lambda n, c, h, w: y[n, c // oc_bn, h, w, c % oc_bn], name="plain")
-    s = create_schedule(plain)
-    n, c, h, w = plain.op.axis
-    s[plain].parallel(s[plain].fuse(n, c, h))
-    s[plain].vectorize(w)
-    return pack, build(s, [y, plain])
+    return pack, _fastest_unpack(out_channels, out_size, oc_bn)
+
+
+def _fastest_unpack(channels: int, size: int, bn: int):
+    """NCHW{bn}c -> NCHW, the faster (screened) of two schedules: vectorized along each output
+    row (a per-lane gather from ``bn``-wide blocks), or along the block's channels (contiguous
+    loads, per-lane stores) for ``tile`` unrolled positions of the row."""
+    y = te.placeholder((1, channels // bn, size, size, bn), name="y")
+    screened = []
+    for tile in [None] + [width for width in (8, 7, 4) if size % width == 0][:1]:
+        plain = te.compute((1, channels, size, size), lambda n, c, h, w: y[n, c // bn, h, w, c % bn], name="plain")
+        s = create_schedule(plain)
+        n, c, h, w = plain.op.axis
+        if tile is None:
+            s[plain].parallel(s[plain].fuse(n, c, h))
+            s[plain].vectorize(w)
+        else:
+            co, ci = s[plain].split(c, factor=bn)
+            wo, wi = s[plain].split(w, factor=tile)
+            s[plain].reorder(n, co, h, wo, wi, ci)
+            s[plain].parallel(s[plain].fuse(n, co, h))
+            s[plain].unroll(wi)
+            s[plain].vectorize(ci)
+        kernel = build(s, [y, plain])
+        blocked, out = aligned_zeros((1, channels // bn, size, size, bn), "float32"), aligned_zeros(
+            (1, channels, size, size), "float32")
+        screened.append((native_best_s(kernel, [blocked, out]), tile is not None, kernel))
+    return min(screened, key=lambda item: item[:2])[2]
 
 
 def channel_block(channels: int) -> int:
