@@ -20,9 +20,12 @@ get the same number of samples; the ratio is of medians, and minimums are printe
 - Layer classes against PyTorch (each side's best layout, same sample counts; kernel-only for
   Lorien's packed convolutions, as above, with ``*_e2e_*`` from NCHW beside):
   ``conv1x1_vs_torch_*``: ResNet-18's three 1x1 downsample convolutions and ten MobileNetV2
-  pointwise layers (NCHW[x]c kernels, the channel block the widest power of two dividing C);
+  pointwise layers (NCHW[x]c kernels, the channel block the widest power of two dividing C;
+  for stride 1 also the NCHW-to-NCHW matmul on the arrays as they are, which is its own end to
+  end; the faster median of Lorien's paths counts, as the faster of PyTorch's layouts does);
   ``depthwise_vs_torch_*``: MobileNetV2's ten 3x3 depthwise layers (Lorien's depthwise
-  NCHW[x]c kernel, PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
+  NCHW[x]c kernel or its NCHW kernel with no layout transform, the faster median;
+  PyTorch ``F.conv2d(groups=C)``); ``bmm_vs_torch_geomean``: BERT-base
   attention's two batch_matmuls (12 heads, sequence 128) against ``torch.bmm`` with y
   transposed as a view or stored transposed; ``dense_m1_*`` / ``dense_small_m_*``: BERT-base
   dense layers at M = 1 (and the ResNet classifier) and at M = 8-32, against NumPy/OpenBLAS
@@ -53,6 +56,7 @@ get the same number of samples; the ratio is of medians, and minimums are printe
     python benchmarks/engine.py            # full run, about 10 minutes (TVM tuning included)
     python benchmarks/engine.py --quick    # fewer samples and layers, 8 trials
     python benchmarks/engine.py --layers-only   # no tuning throughput, no C runtime child
+    python benchmarks/engine.py --only dense_m1,bmm   # some parts (see --help), nan for the rest
 """
 
 from __future__ import annotations
@@ -79,10 +83,13 @@ from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
+    batch_matmul_candidate,
+    conv1x1_nchw_candidate,
     conv2d_NCHWc_candidate,
     dense_candidate,
     dense_gemv_candidate,
     dense_register_tiles,
+    depthwise_nchw_candidate,
     depthwise_NCHWc_candidate,
     vector_lanes,
 )
@@ -106,6 +113,11 @@ BERT_DENSE_M1 = [(1, 768, 768), (1, 3072, 768), (1, 768, 3072), (1, 1000, 512)]
 BERT_DENSE_SMALL_M = [(8, 768, 768), (16, 3072, 768), (32, 768, 3072)]
 BERT_BMM = [(12, 128, 128, 64), (12, 128, 64, 128)]   # (batch, M, N, K) of x[B, M, K] y[B, N, K]ᵀ
 NAN = float("nan")
+#: What ``--only`` can pick.
+PARTS = {"launch": "parallel launch vs OpenMP", "dense": "dense 512³, 1024³, 1x1000x512, 256x64x512 and the peak",
+         "dense_m1": "BERT dense at M = 1", "dense_small_m": "BERT dense at M = 8-32",
+         "conv3x3": "ResNet-18 3x3", "conv1x1": "1x1 convolutions", "depthwise": "MobileNetV2 depthwise",
+         "bmm": "BERT batch_matmul", "tuning": "tuning throughput vs TVM", "c_runtime": "the C runtime child"}
 
 
 # ---- timing ---------------------------------------------------------------------------------
@@ -273,7 +285,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, ic_bn: int, oc_bn: int):
-    """Engine kernels NCHW -> NCHW{ic_bn}c (input) and NCHW{oc_bn}c -> NCHW (output)."""
+    """Engine kernels NCHW -> NCHW{ic_bn}c (input) and NCHW{oc_bn}c -> NCHW (output, the faster of
+    two schedules)."""
     x = te.placeholder((1, channels, size, size), name="x")
     packed = te.compute((1, channels // ic_bn, size, size, ic_bn),
                         lambda n, c, h, w, b: x[n, c * ic_bn + b, h, w], name="packed")
@@ -282,14 +295,34 @@ def layout_kernels(channels: int, size: int, out_channels: int, out_size: int, i
     s[packed].parallel(s[packed].fuse(n, c, h))
     s[packed].vectorize(b)
     pack = build(s, [x, packed])
-    y = te.placeholder((1, out_channels // oc_bn, out_size, out_size, oc_bn), name="y")
-    plain = te.compute((1, out_channels, out_size, out_size),
-                       lambda n, c, h, w: y[n, c // oc_bn, h, w, c % oc_bn], name="plain")
-    s = create_schedule(plain)
-    n, c, h, w = plain.op.axis
-    s[plain].parallel(s[plain].fuse(n, c, h))
-    s[plain].vectorize(w)
-    return pack, build(s, [y, plain])
+    return pack, _fastest_unpack(out_channels, out_size, oc_bn)
+
+
+def _fastest_unpack(channels: int, size: int, bn: int):
+    """NCHW{bn}c -> NCHW, the faster (screened) of two schedules: vectorized along each output
+    row (a per-lane gather from ``bn``-wide blocks), or along the block's channels (contiguous
+    loads, per-lane stores) for ``tile`` unrolled positions of the row."""
+    y = te.placeholder((1, channels // bn, size, size, bn), name="y")
+    screened = []
+    for tile in [None] + [width for width in (8, 7, 4) if size % width == 0][:1]:
+        plain = te.compute((1, channels, size, size), lambda n, c, h, w: y[n, c // bn, h, w, c % bn], name="plain")
+        s = create_schedule(plain)
+        n, c, h, w = plain.op.axis
+        if tile is None:
+            s[plain].parallel(s[plain].fuse(n, c, h))
+            s[plain].vectorize(w)
+        else:
+            co, ci = s[plain].split(c, factor=bn)
+            wo, wi = s[plain].split(w, factor=tile)
+            s[plain].reorder(n, co, h, wo, wi, ci)
+            s[plain].parallel(s[plain].fuse(n, co, h))
+            s[plain].unroll(wi)
+            s[plain].vectorize(ci)
+        kernel = build(s, [y, plain])
+        blocked, out = aligned_zeros((1, channels // bn, size, size, bn), "float32"), aligned_zeros(
+            (1, channels, size, size), "float32")
+        screened.append((native_best_s(kernel, [blocked, out]), tile is not None, kernel))
+    return min(screened, key=lambda item: item[:2])[2]
 
 
 def channel_block(channels: int) -> int:
@@ -358,23 +391,59 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
 
     end_to_end()
     np.testing.assert_allclose(plain_out, expected, rtol=1e-3, atol=1e-2)
+    calls = {"lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
+             "lorien e2e": end_to_end}
+    nchw = conv1x1_nchw_call(data, weight, expected) if kernel_size == 1 and stride == 1 else None
+    if nchw:
+        calls["lorien NCHW"] = nchw[1]
     with torch.no_grad():
         times = paired_samples({
-            "lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
-            "lorien e2e": end_to_end,
+            **calls,
             "torch NCHW": functools.partial(conv, t_data, t_weight, stride=stride, padding=pad),
             "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl, stride=stride, padding=pad),
         }, samples)
     torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
-    kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
-    e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
+    # each of Lorien's paths from NCHW: packed NCHW[x]c (kernel only / with the layout kernels) and,
+    # for 1x1 stride 1, the NCHW matmul (its own end to end); the faster median counts
+    kernel_path = min(("lorien kernel", "lorien NCHW") if nchw else ("lorien kernel",),
+                      key=lambda name: statistics.median(times[name]))
+    e2e_path = min(("lorien e2e", "lorien NCHW") if nchw else ("lorien e2e",),
+                   key=lambda name: statistics.median(times[name]))
+    kernel_ratio = torch_s / statistics.median(times[kernel_path])
+    e2e_ratio = torch_s / statistics.median(times[e2e_path])
     print(f"conv{kernel_size}x{kernel_size} {channels}x{size}x{size}->{out_channels} s{stride} "
-          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)="
-          f"{config}: kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
+          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)={config}"
+          + (f", NCHW matmul {nchw[0]}" if nchw else "")
+          + f": kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
+          f"against {torch_layout}")
     for name, seconds in times.items():
         print(f"    {describe(name, seconds, flop)}")
     return kernel_ratio, e2e_ratio
+
+
+def conv1x1_nchw_call(data: np.ndarray, weight: np.ndarray, expected: np.ndarray):
+    """(label, call) of the fastest (screened) 1x1 stride-1 convolution from NCHW to NCHW as a
+    register-tiled matmul on the arrays as they are (``x86.conv1x1_nchw_candidate``), or None
+    when no tile's column panel divides H*W."""
+    _, channels, size, _ = data.shape
+    out_channels = weight.shape[0]
+    columns = size * size
+    plain_data, plain_weight = aligned_copy(data), aligned_copy(weight)
+    out = aligned_zeros((1, out_channels, size, size), "float32")
+    args = (plain_weight.reshape(out_channels, channels), plain_data.reshape(channels, columns),
+            out.reshape(out_channels, columns))
+    screened = []
+    for mr, nr in dense_register_tiles(out_channels, columns):
+        s, tensors = conv1x1_nchw_candidate(channels, size, out_channels, mr, nr)
+        kernel = build(s, tensors)
+        kernel(*args)
+        np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-2)
+        screened.append((native_best_s(kernel, list(args)), f"mr={mr} nr={nr}", kernel))
+    if not screened:
+        return None
+    _, label, kernel = min(screened, key=lambda item: item[0])
+    return label, functools.partial(kernel, *args)
 
 
 def bench_conv(layers, quick: bool, samples: int, kernel_size: int = 3) -> tuple[list[float], list[float]]:
@@ -430,22 +499,51 @@ def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, sa
 
     end_to_end()
     np.testing.assert_allclose(plain_out, expected, rtol=1e-4, atol=1e-4)
+    nchw_label, nchw_call = depthwise_nchw_call(data, weight, stride, expected, quick)
     with torch.no_grad():
         times = paired_samples({
             "lorien kernel": functools.partial(kernel, *packed, packed_out),
             "lorien e2e": end_to_end,
+            "lorien NCHW": nchw_call,
             "torch NCHW": functools.partial(conv, t_data, t_weight),
             "torch channels_last": functools.partial(conv, t_data_cl, t_weight_cl),
         }, samples)
     torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
-    kernel_ratio = torch_s / statistics.median(times["lorien kernel"])
-    e2e_ratio = torch_s / statistics.median(times["lorien e2e"])
-    print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}: "
-          f"kernel {kernel_ratio:.2f}x, end to end {e2e_ratio:.2f}x against {torch_layout}")
+    # the faster median of Lorien's paths counts (NCHW[x]c packed, or NCHW with no transform)
+    kernel_path = min(("lorien kernel", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
+    e2e_path = min(("lorien e2e", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
+    kernel_ratio = torch_s / statistics.median(times[kernel_path])
+    e2e_ratio = torch_s / statistics.median(times[e2e_path])
+    print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}, "
+          f"NCHW {nchw_label}: kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
+          f"against {torch_layout}")
     for name, seconds in times.items():
         print(f"    {describe(name, seconds, flop)}")
     return kernel_ratio, e2e_ratio
+
+
+def depthwise_nchw_call(data: np.ndarray, weight: np.ndarray, stride: int, expected: np.ndarray, quick: bool):
+    """(label, call) of the fastest (screened) 3x3 depthwise kernel from NCHW to NCHW
+    (``x86.depthwise_nchw_candidate``: rows of ``tile_ow`` outputs vectorized, padding inlined
+    or materialized per channel, no layout transform)."""
+    _, channels, size, _ = data.shape
+    out_size = expected.shape[-1]
+    plain_data, plain_weight = aligned_copy(data), aligned_copy(weight)
+    out = aligned_zeros(expected.shape, "float32")
+    widths = [16] + [width for width in (8, 28, 14, 7) if out_size % width == 0 and not quick]
+    screened = []
+    for tile_ow in widths:
+        for tile_oh in (2, 4) if quick else (1, 2, 4):
+            for pad_inline in (True,) if quick else (True, False):
+                s, tensors = depthwise_nchw_candidate(channels, size, stride, tile_ow, tile_oh, pad_inline)
+                kernel = build(s, tensors)
+                kernel(plain_data, plain_weight, out)
+                np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+                screened.append((native_best_s(kernel, [plain_data, plain_weight, out]),
+                                 f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel))
+    _, label, kernel = min(screened, key=lambda item: item[0])
+    return label, functools.partial(kernel, plain_data, plain_weight, out)
 
 
 def bmm_candidates(b: int, m: int, n: int, k: int, count: int) -> list[tuple[str, object]]:
@@ -467,10 +565,19 @@ def bmm_candidates(b: int, m: int, n: int, k: int, count: int) -> list[tuple[str
             for index in picks]
 
 
-def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> float:
+def bmm_engine_candidates(b: int, m: int, n: int, k: int, lanes: int | None = None) -> list[tuple[str, object]]:
+    """(label, schedule builder) of the engine's batch_matmul register tiles
+    (``x86.schedule_batch_matmul``: one parallel loop over batch and y panels, each panel packed
+    just before use), sized by ``dense_register_tiles``."""
+    return [(f"engine tile mr={mr} nr={nr}", functools.partial(batch_matmul_candidate, b, m, n, k, mr, nr))
+            for mr, nr in dense_register_tiles(m, n, lanes)]
+
+
+def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int, lanes: int | None = None) -> float:
     """Median PyTorch time (faster of ``bmm`` on y transposed as a view and on y stored [B, K, N])
-    / median Lorien time for out = x yᵀ; Lorien's kernel is the best of ``configs`` random
-    configs of the autotvm batch_matmul.x86 template."""
+    / median Lorien time for out = x yᵀ; Lorien's kernel is the best (screened first) of the
+    engine's register tiles (:func:`bmm_engine_candidates`) and ``configs`` random configs of
+    the autotvm batch_matmul.x86 template."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -479,7 +586,7 @@ def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int) -> flo
     expected = reference.batch_matmul(x, y)
     flop = 2.0 * b * m * n * k
     screened = []
-    for label, make in bmm_candidates(b, m, n, k, configs):
+    for label, make in bmm_engine_candidates(b, m, n, k, lanes) + bmm_candidates(b, m, n, k, configs):
         s, args = make()
         kernel = build(s, args)
         out = aligned_zeros((b, m, n), "float32")
@@ -753,8 +860,15 @@ def main() -> None:
     parser.add_argument("--layers-only", action="store_true",
                         help="only the layer classes against PyTorch/NumPy and the launch (no tuning throughput, "
                              "no C runtime child)")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=list(PARTS), metavar="PART[,PART...]",
+                        help="run only these parts (the others print nan on the last line): "
+                             + ", ".join(f"{name} ({what})" for name, what in PARTS.items()))
     parser.add_argument("--runtime-child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    unknown = sorted(set(opts.only) - set(PARTS))
+    if unknown:
+        parser.error(f"--only: unknown part(s) {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    wanted = set(opts.only)
     quick = opts.quick
     if opts.runtime_child:
         runtime_child(quick)
@@ -772,40 +886,47 @@ def main() -> None:
         print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
     peak = host_peak(threads)
-    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40)
-    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40)
+    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
+    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
     dense_samples = 30 if quick else 150
     lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
+    skipped = {"numpy": NAN, "torch": NAN, "gflops": NAN, "numpy_gflops": NAN}
     dense = {shape: bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), dense_samples,
                                 template_configs=8 if quick else 32,
                                 extra=dense_skinny_candidates(*shape, quick) if shape[0] < 64 else None)
-             for shape in DENSE_SHAPES}
+             if "dense" in wanted else skipped for shape in DENSE_SHAPES}
     layer_samples = 20 if quick else 40
-    core = dense_core_fractions((1024, 1024, 1024), dense[(1024, 1024, 1024)]["choice"], peak)
+    core = (dense_core_fractions((1024, 1024, 1024), dense[(1024, 1024, 1024)]["choice"], peak)
+            if "dense" in wanted else {"lorien": NAN, "numpy": NAN})
     m1 = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                       template_configs=8 if quick else 24, with_torch=have_torch,
                       extra=dense_skinny_candidates(*shape, quick))
-          for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)]
+          for shape in (BERT_DENSE_M1[:2] if quick else BERT_DENSE_M1)] if "dense_m1" in wanted else [skipped]
     small_m = [bench_dense(*shape, dense_grid(quick, shape[0], shape[1], lanes), layer_samples,
                            template_configs=8 if quick else 24, with_torch=have_torch,
                            extra=dense_skinny_candidates(*shape, quick))
-               for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)]
-    launch_c, dense512_c = (NAN, NAN) if opts.layers_only else bench_other_runtime("c", quick)
+               for shape in (BERT_DENSE_SMALL_M[:1] if quick else BERT_DENSE_SMALL_M)
+               ] if "dense_small_m" in wanted else [skipped]
+    launch_c, dense512_c = ((NAN, NAN) if opts.layers_only or "c_runtime" not in wanted
+                            else bench_other_runtime("c", quick))
     nan_pair = ([NAN], [NAN])
+    kernel_ratios, e2e_ratios = conv1x1 = depthwise = nan_pair
+    bmm = [NAN]
     if have_torch:
-        kernel_ratios, e2e_ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick,
-                                               20 if quick else 60)
-        conv1x1 = bench_conv(RESNET18_1X1[:1] + MOBILENET_V2_POINTWISE[:1] if quick
-                             else RESNET18_1X1 + MOBILENET_V2_POINTWISE, quick, layer_samples, kernel_size=1)
-        depthwise = [bench_depthwise_layer(*layer, quick, layer_samples)
-                     for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
-        depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
-        bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24) for shape in BERT_BMM]
-    else:
-        kernel_ratios, e2e_ratios = conv1x1 = depthwise = nan_pair
-        bmm = [NAN]
+        if "conv3x3" in wanted:
+            kernel_ratios, e2e_ratios = bench_conv(RESNET18_3X3[:2] if quick else RESNET18_3X3, quick,
+                                                   20 if quick else 60)
+        if "conv1x1" in wanted:
+            conv1x1 = bench_conv(RESNET18_1X1[:1] + MOBILENET_V2_POINTWISE[:1] if quick
+                                 else RESNET18_1X1 + MOBILENET_V2_POINTWISE, quick, layer_samples, kernel_size=1)
+        if "depthwise" in wanted:
+            depthwise = [bench_depthwise_layer(*layer, quick, layer_samples)
+                         for layer in (MOBILENET_V2_DEPTHWISE[2:4] if quick else MOBILENET_V2_DEPTHWISE)]
+            depthwise = ([kernel for kernel, _ in depthwise], [e2e for _, e2e in depthwise])
+        if "bmm" in wanted:
+            bmm = [bench_bmm(*shape, layer_samples, 8 if quick else 24, lanes) for shape in BERT_BMM]
     limiter.restore_original_limits()
-    if opts.layers_only:
+    if opts.layers_only or "tuning" not in wanted:
         dense_rate = conv_rate = vs_tvm = NAN
     else:
         trials = 8 if quick else 32

@@ -71,3 +71,54 @@ def test_spinning_is_bounded_in_time_not_in_pause_instructions():
     assert "@generation = internal global { i32, i32, i64, ptr, ptr, [32 x i8] }" in text
     for counter in ("@next_part", "@done_parts", "@sleepers"):
         assert f"{counter} = internal global [" in text and "align 64" in text.split(counter, 1)[1].split("\n")[0]
+
+
+PLACEMENT_SCRIPT = """
+import ctypes, json, os, time
+import numpy as np
+from lorien.engine import build, te
+from lorien.engine.runtime_ir import SPIN_NS
+from lorien.engine.schedule import create_schedule
+
+a = te.placeholder((2, 64), name="a")
+out = te.compute((2, 64), lambda r, i: a[r, i] + 1.0, name="out")
+s = create_schedule(out)
+s[out].parallel(out.op.axis[0])
+kernel = build(s, [a, out])
+x, y = np.zeros((2, 64), "float32"), np.zeros((2, 64), "float32")
+kernel(x, y)                           # starts the pool
+workers = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) != os.getpid()]
+for _ in range(100):                   # a loaded machine may start the worker late
+    time.sleep(3 * SPIN_NS / 1e9)      # the worker parks on the futex
+    kernel(x, y)                       # and is woken: kept off this thread's CPU once it has started
+    if all(len(os.sched_getaffinity(tid)) < len(os.sched_getaffinity(0)) for tid in workers):
+        break
+assert np.array_equal(y, x + 1)
+slices = {}
+for tid in workers:
+    for line in open(f"/proc/self/task/{tid}/sched"):
+        if line.startswith("se.slice"):
+            slices[tid] = int(line.split(":")[1])
+print(json.dumps({"allowed": sorted(os.sched_getaffinity(0)),
+                  "workers": {tid: sorted(os.sched_getaffinity(tid)) for tid in workers},
+                  "slices": slices}))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["llvm", "c"])
+def test_a_woken_worker_is_kept_off_the_callers_cpu_and_asks_for_a_short_slice(tmp_path, runtime):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: there is no other CPU to keep the worker on")
+    env = {**os.environ, "LORIEN_RUNTIME": runtime, "LORIEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(REPO_ROOT), "LORIEN_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", PLACEMENT_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    (worker_cpus,) = found["workers"].values()   # LORIEN_NUM_THREADS=2: the caller and one worker
+    assert set(worker_cpus) < set(found["allowed"]) and len(worker_cpus) == len(found["allowed"]) - 1
+    from lorien.engine.runtime_ir import WORKER_SLICE_NS
+
+    if found["slices"] and tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 12):
+        assert list(found["slices"].values()) == [WORKER_SLICE_NS]

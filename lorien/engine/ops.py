@@ -130,14 +130,28 @@ def matmul(a: te.Tensor, b: te.Tensor, name: str = "matmul") -> te.Tensor:
 
 
 def batch_matmul(x: te.Tensor, y: te.Tensor, bias: te.Tensor | None = None, relu: bool = False,
-                 name: str = "batch_matmul") -> te.Tensor:
-    """``out[b, i, j] = sum_k x[b, i, k] * y[b, j, k]`` (TVM's batch_matmul with transposed y)."""
+                 name: str = "batch_matmul", pack_nr: int | None = None) -> te.Tensor:
+    """``out[b, i, j] = sum_k x[b, i, k] * y[b, j, k]`` (TVM's batch_matmul with transposed y).
+
+    ``pack_nr`` packs y into panels ``[B, N/nr, K, nr]`` (stage ``<name>.y_pack``), as
+    ``dense(pack_nr=...)`` packs its weight: the ``nr`` columns of a register tile at one k are
+    one contiguous load."""
     (batch, m, k_dim), (batch2, n, k2) = x.shape, y.shape
     if k_dim != k2 or batch2 not in (batch, 1):
         raise WorkloadError(f"batch_matmul: shapes {x.shape} and {y.shape} do not match")
+    if pack_nr and n % pack_nr:
+        raise WorkloadError(f"batch_matmul: N={n} is not a multiple of pack_nr={pack_nr}")
     k = te.reduce_axis(k_dim, name="k")
     fused = bias is not None or relu
-    acc = te.compute((batch, m, n), lambda b, i, j: te.sum(x[b, i, k] * y[b if batch2 > 1 else 0, j, k], axis=k),
+    if pack_nr:
+        packed = te.compute((batch2, n // pack_nr, k_dim, pack_nr),
+                            lambda b, jo, kk, ji: y[b, jo * pack_nr + ji, kk], name=f"{name}.y_pack", tag="layout_pack")
+
+    def y_at(b, j, kk):
+        b = b if batch2 > 1 else 0
+        return packed[b, j // pack_nr, kk, j % pack_nr] if pack_nr else y[b, j, kk]
+
+    acc = te.compute((batch, m, n), lambda b, i, j: te.sum(x[b, i, k] * y_at(b, j, k), axis=k),
                      name=_acc_name(name, fused), tag="batch_matmul")
     return _epilogue(acc, name, bias, (2,), relu, None)
 

@@ -10,8 +10,9 @@ Two builds of the same runtime exist; ``$LORIEN_RUNTIME`` picks one (``auto`` by
 ``auto`` takes ``llvm`` (same speed, nothing to compile outside the process; see
 ``benchmarks/engine.py``), and ``c`` only when asked. Which one is in use is logged once.
 Worker threads spin briefly on a generation counter, then sleep on a futex, so launching a
-parallel loop costs a few microseconds. JIT-compiled kernels call ``lorien_parallel_for``;
-Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
+parallel loop costs a few microseconds; workers are kept off the caller's CPU and ask for a
+short scheduler slice, so that they join short loops on a loaded machine. JIT-compiled kernels
+call ``lorien_parallel_for``; Python times kernels through ``lorien_time`` so the timing loop runs without the interpreter
 (and without the GIL).
 """
 
@@ -56,6 +57,8 @@ typedef void (*kernel_fn)(void **);
 #define SPIN_NS 1000000L   /* spin this long on the ticket before parking (workers) or yielding (the caller) */
 #define CLOCK_EVERY 64     /* spins between two readings of the clock */
 #define PARTS_PER_THREAD 4
+#define WORKER_SLICE_NS 100000L   /* the scheduler slice a worker asks for (EEVDF, Linux 6.12+) */
+#define AFFINITY_BYTES 128
 
 static int wanted_threads = 0, started_threads = 0;
 /* The job ticket, one cache line: generation (the futex word workers spin on) and the job;
@@ -73,6 +76,11 @@ static atomic_int sleepers __attribute__((aligned(64)));
 static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | next unclaimed part */
 static atomic_int done_parts __attribute__((aligned(64)));
 static unsigned initial_generation[MAX_THREADS];
+static atomic_int worker_tid[MAX_THREADS];   /* 0 until the worker has started */
+/* The CPUs the process may use (read when the pool starts) and the CPU the workers were last
+   kept off (the launching thread's), -1 when they may run anywhere. */
+static unsigned char allowed_cpus[AFFINITY_BYTES];
+static int allowed_known = 0, excluded_cpu = -1;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -116,9 +124,48 @@ static void run_parts(unsigned id) {
     }
 }
 
+/* struct sched_attr's first fields (SCHED_ATTR_SIZE_VER0). */
+struct slice_attr { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+                    uint64_t runtime, deadline, period; };
+
+/* A worker asks for a short scheduler slice: on a loaded CPU, a woken worker with a shorter
+   slice than the running task preempts it instead of waiting for that task's slice to end
+   (EEVDF; older kernels ignore sched_runtime for SCHED_OTHER). Its policy and nice stay. */
+static void ask_short_slice(void) {
+    struct slice_attr attr = {0};
+    if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0 || attr.policy != SCHED_OTHER) return;
+    attr.size = sizeof attr;
+    attr.flags = 0;
+    attr.runtime = WORKER_SLICE_NS;
+    syscall(SYS_sched_setattr, 0, &attr, 0);
+}
+
+/* At each launch: keep the workers off the launching thread's CPU. Woken from a busy CPU, a
+   parked worker is otherwise queued on the waker's own CPU (wake-affine) and runs only once the
+   caller stops, after the short parallel loop it was woken for and the ones after it; and a
+   caller moved onto a spinning worker's CPU would share it. The affinity is set only when the
+   caller's CPU changed since the last time (sched_getcpu itself makes no system call). */
+static void keep_workers_off(int cpu, int workers) {
+    if (!allowed_known || cpu < 0 || cpu >= AFFINITY_BYTES * 8 || cpu == excluded_cpu) return;
+    unsigned char mask[AFFINITY_BYTES];
+    int others = 0;
+    for (int i = 0; i < AFFINITY_BYTES; i++) mask[i] = allowed_cpus[i];
+    mask[cpu / 8] &= (unsigned char)~(1u << (cpu % 8));
+    for (int i = 0; i < AFFINITY_BYTES; i++) others |= mask[i];
+    if (!others) { excluded_cpu = cpu; return; }
+    int missing = 0;   /* a worker that has not started yet: try again at the next launch */
+    for (int i = 1; i <= workers; i++) {
+        int tid = atomic_load(&worker_tid[i]);
+        if (tid > 0) syscall(SYS_sched_setaffinity, tid, AFFINITY_BYTES, mask); else missing = 1;
+    }
+    if (!missing) excluded_cpu = cpu;
+}
+
 static void *worker_main(void *arg) {
     int index = (int)(intptr_t)arg;
     unsigned seen = initial_generation[index];
+    ask_short_slice();
+    atomic_store(&worker_tid[index], (int)syscall(SYS_gettid));
     for (;;) {
         unsigned now;
         int spins = 0;
@@ -141,6 +188,8 @@ static void *worker_main(void *arg) {
 
 static void reset_after_fork(void) {
     started_threads = 0;
+    excluded_cpu = -1;
+    for (int i = 0; i < MAX_THREADS; i++) atomic_store(&worker_tid[i], 0);   /* the parent's threads */
     pthread_mutex_init(&pool_lock, NULL);
 }
 
@@ -153,12 +202,15 @@ static void start_pool(void) {
     }
     static int atfork_done = 0;
     if (!atfork_done) { pthread_atfork(NULL, NULL, reset_after_fork); atfork_done = 1; }
+    if (!allowed_known) allowed_known = syscall(SYS_sched_getaffinity, 0, AFFINITY_BYTES, allowed_cpus) > 0;
     while (started_threads < wanted_threads - 1) {
         pthread_t thread;
         initial_generation[started_threads + 1] = atomic_load(&generation);
+        atomic_store(&worker_tid[started_threads + 1], 0);
         pthread_create(&thread, NULL, worker_main, (void *)(intptr_t)(started_threads + 1));
         pthread_detach(thread);
         started_threads++;
+        excluded_cpu = -1;   /* the new worker may run anywhere until the next wake-up */
     }
 }
 
@@ -182,6 +234,7 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     /* A few parts per thread: a thread that is descheduled (a shared machine) holds back at
        most a small part while the others claim the rest. */
     int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
+    keep_workers_off(sched_getcpu(), started_threads);
     unsigned id = atomic_load(&generation) + 1;
     job.fn = fn; job.ctx = ctx; job.n = n; job.parts = parts;
     atomic_store_explicit(&done_parts, 0, memory_order_relaxed);

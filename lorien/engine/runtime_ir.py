@@ -4,9 +4,11 @@ It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persisten
 for parallel loops, a timing loop, aligned allocation), function for function: worker threads
 spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
 few parts per thread, claimed with a compare-and-swap on (job id, next part); the caller runs
-parts too and waits for the last one. Only libc is called (pthread, futex through
-``syscall``, ``clock_gettime``, ``posix_memalign``); their addresses come from the running
-process, so nothing is linked or compiled outside llvmlite.
+parts too and waits for the last one. Workers are kept off the caller's CPU and ask for a
+short scheduler slice, so that a woken worker joins short loops on a loaded machine
+(docs/engine.md, "The runtime"). Only libc is called (pthread, ``syscall`` for the futex,
+thread id, affinity and slice, ``sched_getcpu``, ``clock_gettime``, ``posix_memalign``); their
+addresses come from the running process, so nothing is linked or compiled outside llvmlite.
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ import platform
 #: Exported functions, as in the C runtime.
 EXPORTS = ("lorien_parallel_for", "lorien_time", "lorien_alloc", "lorien_free",
            "lorien_num_threads", "lorien_set_num_threads")
-LIBC_FUNCTIONS = ("syscall", "sched_yield", "sysconf", "getenv", "atoi", "pthread_create", "pthread_detach",
+LIBC_FUNCTIONS = ("syscall", "sched_yield", "sched_getcpu", "sysconf", "getenv", "atoi", "pthread_create", "pthread_detach",
                   "clock_gettime", "posix_memalign", "free")
 #: ``pthread_atfork`` as the C library exports it: glibc links it statically into each program
 #: and exports ``__register_atfork(prepare, parent, child, dso_handle)`` instead.
 ATFORK_FUNCTIONS = ("pthread_atfork", "__register_atfork")
 
-#: Per machine: the futex system call number and the spin-wait hint.
+#: Per machine: the system call numbers the runtime uses and the spin-wait hint.
+_SYSCALLS = ("futex", "gettid", "sched_setaffinity", "sched_getaffinity", "sched_setattr", "sched_getattr")
 _ARCHES = {
-    "x86_64": (202, "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
-    "aarch64": (98, "", 'call void asm sideeffect "yield", ""()'),
+    "x86_64": (dict(zip(_SYSCALLS, (202, 186, 203, 204, 314, 315), strict=True)),
+               "declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
+    "aarch64": (dict(zip(_SYSCALLS, (98, 178, 122, 123, 274, 275), strict=True)), "", 'call void asm sideeffect "yield", ""()'),
 }
 #: How long a worker spins on the job ticket before it parks on the futex, and how long the
 #: launching thread spins for the others to finish before it yields its core between checks.
@@ -34,6 +38,11 @@ SPIN_NS = 1_000_000
 #: Spins between two readings of the clock (a power of two).
 CLOCK_EVERY = 64
 PARTS_PER_THREAD = 4
+#: The scheduler slice a worker asks for (``sched_attr.sched_runtime``; EEVDF, Linux 6.12+):
+#: woken on a busy CPU, a worker with a shorter slice than the running task preempts it.
+WORKER_SLICE_NS = 100_000
+#: Bytes of the CPU affinity masks (1024 CPUs).
+AFFINITY_BYTES = 128
 MAX_THREADS = 256
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 SC_NPROCESSORS_ONLN = 84
@@ -50,12 +59,19 @@ IR_TEMPLATE = r"""
 @next_part = internal global [8 x i64] zeroinitializer, align 64      ; (job id << 32) | next unclaimed part
 @done_parts = internal global [16 x i32] zeroinitializer, align 64
 @initial_generation = internal global [{max_threads} x i32] zeroinitializer
+@worker_tid = internal global [{max_threads} x i32] zeroinitializer   ; 0 until the worker has started
+; The CPUs the process may use (read when the pool starts), and the CPU the workers were last
+; kept off (the launching thread's), -1 when they may run anywhere.
+@allowed_cpus = internal global [{affinity_words} x i64] zeroinitializer
+@allowed_known = internal global i32 0
+@excluded_cpu = internal global i32 -1
 @pool_lock = internal global i32 0                ; 0 free, 1 held
 @atfork_done = internal global i32 0
 @threads_env = private constant [19 x i8] c"LORIEN_NUM_THREADS\00"
 
 declare i64 @syscall(i64, ...)
 declare i32 @sched_yield()
+declare i32 @sched_getcpu()
 declare i64 @sysconf(i32)
 declare ptr @getenv(ptr)
 declare i32 @atoi(ptr)
@@ -171,12 +187,118 @@ done:
   ret void
 }}
 
+; A worker asks for a short scheduler slice (struct sched_attr's first 48 bytes: size, policy,
+; flags, nice, priority, runtime at byte 24): on a loaded CPU, a woken worker with a shorter
+; slice than the running task preempts it instead of waiting for that task's slice to end
+; (EEVDF; older kernels ignore the runtime of SCHED_OTHER). Its policy and nice stay.
+define internal void @ask_short_slice() {{
+entry:
+  %attr = alloca [6 x i64], align 8
+  store [6 x i64] zeroinitializer, ptr %attr
+  %got = call i64 (i64, ...) @syscall(i64 {sys_sched_getattr}, i64 0, ptr %attr, i64 48, i64 0)
+  %got_ok = icmp eq i64 %got, 0
+  br i1 %got_ok, label %check_policy, label %done
+check_policy:
+  %policy_at = getelementptr inbounds i8, ptr %attr, i64 4
+  %policy = load i32, ptr %policy_at
+  %normal = icmp eq i32 %policy, 0
+  br i1 %normal, label %set, label %done
+set:
+  store i32 48, ptr %attr
+  %flags_at = getelementptr inbounds i8, ptr %attr, i64 8
+  store i64 0, ptr %flags_at
+  %runtime_at = getelementptr inbounds i8, ptr %attr, i64 24
+  store i64 {worker_slice_ns}, ptr %runtime_at
+  %set_rc = call i64 (i64, ...) @syscall(i64 {sys_sched_setattr}, i64 0, ptr %attr, i64 0)
+  br label %done
+done:
+  ret void
+}}
+
+; At each launch: keep the workers off the launching thread's CPU %cpu. Woken from a busy CPU,
+; a parked worker is otherwise queued on the waker's own CPU (wake-affine) and runs only once
+; the caller stops, after the short parallel loop it was woken for and the ones after it; and a
+; caller moved onto a spinning worker's CPU would share it. The affinity is set only when the
+; caller's CPU changed since the last time (sched_getcpu itself makes no system call).
+define internal void @keep_workers_off(i32 %cpu, i32 %workers) {{
+entry:
+  %mask = alloca [{affinity_words} x i64], align 8
+  %known = load i32, ptr @allowed_known
+  %unknown = icmp eq i32 %known, 0
+  %negative = icmp slt i32 %cpu, 0
+  %too_high = icmp sge i32 %cpu, {affinity_bits}
+  %last = load i32, ptr @excluded_cpu
+  %same = icmp eq i32 %cpu, %last
+  %skip1 = or i1 %unknown, %negative
+  %skip2 = or i1 %too_high, %same
+  %skip = or i1 %skip1, %skip2
+  br i1 %skip, label %done, label %build
+build:
+  %allowed = load [{affinity_words} x i64], ptr @allowed_cpus
+  store [{affinity_words} x i64] %allowed, ptr %mask
+  %cpu64 = zext i32 %cpu to i64
+  %word_index = lshr i64 %cpu64, 6
+  %bit_index = and i64 %cpu64, 63
+  %bit = shl i64 1, %bit_index
+  %not_bit = xor i64 %bit, -1
+  %word_at = getelementptr [{affinity_words} x i64], ptr %mask, i64 0, i64 %word_index
+  %word = load i64, ptr %word_at
+  %cleared = and i64 %word, %not_bit
+  store i64 %cleared, ptr %word_at
+  br label %any
+any:
+  %w = phi i64 [ 0, %build ], [ %w_next, %any ]
+  %others = phi i64 [ 0, %build ], [ %others_next, %any ]
+  %at = getelementptr [{affinity_words} x i64], ptr %mask, i64 0, i64 %w
+  %value = load i64, ptr %at
+  %others_next = or i64 %others, %value
+  %w_next = add i64 %w, 1
+  %more_words = icmp slt i64 %w_next, {affinity_words}
+  br i1 %more_words, label %any, label %checked
+checked:
+  %none = icmp eq i64 %others_next, 0
+  br i1 %none, label %remember, label %each
+each:
+  %i = phi i32 [ 1, %checked ], [ %i_next, %next ]
+  %missing = phi i1 [ false, %checked ], [ %missing_next, %next ]
+  %beyond = icmp sgt i32 %i, %workers
+  br i1 %beyond, label %all_seen, label %one
+one:
+  %i64 = sext i32 %i to i64
+  %tid_at = getelementptr [{max_threads} x i32], ptr @worker_tid, i64 0, i64 %i64
+  %tid = load atomic i32, ptr %tid_at acquire, align 4
+  %started = icmp sgt i32 %tid, 0
+  br i1 %started, label %pin, label %next
+pin:
+  %tid_64 = sext i32 %tid to i64
+  %pin_rc = call i64 (i64, ...) @syscall(i64 {sys_sched_setaffinity}, i64 %tid_64, i64 {affinity_bytes}, ptr %mask)
+  br label %next
+next:
+  %not_started = xor i1 %started, true
+  %missing_next = or i1 %missing, %not_started
+  %i_next = add i32 %i, 1
+  br label %each
+all_seen:
+  ; a worker that has not started yet: try again at the next launch
+  br i1 %missing, label %done, label %remember
+remember:
+  store i32 %cpu, ptr @excluded_cpu
+  br label %done
+done:
+  ret void
+}}
+
 define internal ptr @worker_main(ptr %arg) {{
 entry:
   %spin_start = alloca i64
   %index = ptrtoint ptr %arg to i64
   %slot = getelementptr [{max_threads} x i32], ptr @initial_generation, i64 0, i64 %index
   %first_seen = load i32, ptr %slot
+  call void @ask_short_slice()
+  %tid = call i64 (i64, ...) @syscall(i64 {sys_gettid})
+  %tid32 = trunc i64 %tid to i32
+  %tid_slot = getelementptr [{max_threads} x i32], ptr @worker_tid, i64 0, i64 %index
+  store atomic i32 %tid32, ptr %tid_slot release, align 4
   br label %wait
 wait:
   %seen = phi i32 [ %first_seen, %entry ], [ %now, %work ]
@@ -208,6 +330,8 @@ work:
 define internal void @reset_after_fork() {{
   store i32 0, ptr @started_threads
   store i32 0, ptr @pool_lock
+  store i32 -1, ptr @excluded_cpu
+  store [{max_threads} x i32] zeroinitializer, ptr @worker_tid   ; the parent's threads
   ret void
 }}
 
@@ -241,10 +365,20 @@ clamp:
 atfork:
   %registered = load i32, ptr @atfork_done
   %register_now = icmp eq i32 %registered, 0
-  br i1 %register_now, label %register, label %spawn_check
+  br i1 %register_now, label %register, label %affinity
 register:
   %atfork_rc = call i32 @lorien_libc_atfork(ptr null, ptr null, ptr @reset_after_fork, ptr null)
   store i32 1, ptr @atfork_done
+  br label %affinity
+affinity:
+  %allowed_before = load i32, ptr @allowed_known
+  %read_allowed = icmp eq i32 %allowed_before, 0
+  br i1 %read_allowed, label %read_affinity, label %spawn_check
+read_affinity:
+  %mask_bytes = call i64 (i64, ...) @syscall(i64 {sys_sched_getaffinity}, i64 0, i64 {affinity_bytes}, ptr @allowed_cpus)
+  %mask_read = icmp sgt i64 %mask_bytes, 0
+  %mask_known = zext i1 %mask_read to i32
+  store i32 %mask_known, ptr @allowed_known
   br label %spawn_check
 spawn_check:
   %started = load i32, ptr @started_threads
@@ -258,6 +392,8 @@ spawn:
   %index64 = sext i32 %index to i64
   %slot = getelementptr [{max_threads} x i32], ptr @initial_generation, i64 0, i64 %index64
   store i32 %generation_now, ptr %slot
+  %tid_slot = getelementptr [{max_threads} x i32], ptr @worker_tid, i64 0, i64 %index64
+  store atomic i32 0, ptr %tid_slot release, align 4
   %arg = inttoptr i64 %index64 to ptr
   %create_rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @worker_main, ptr %arg)
   %created = icmp eq i32 %create_rc, 0
@@ -266,6 +402,7 @@ detach:
   %thread = load i64, ptr %tid
   %detach_rc = call i32 @pthread_detach(i64 %thread)
   store i32 %index, ptr @started_threads
+  store i32 -1, ptr @excluded_cpu     ; the new worker may run anywhere until the next wake-up
   br label %spawn_check
 give_up:
   ; no more threads can be made: run with those there are
@@ -336,6 +473,8 @@ launch:
   %few = icmp slt i64 %n, %most_parts
   %parts64 = select i1 %few, i64 %n, i64 %most_parts
   %parts = trunc i64 %parts64 to i32
+  %caller_cpu = call i32 @sched_getcpu()
+  call void @keep_workers_off(i32 %caller_cpu, i32 %started)
   %last_id = load atomic i32, ptr @generation monotonic, align 4
   %id = add i32 %last_id, 1
   store ptr %fn, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
@@ -442,10 +581,12 @@ def ir_text(machine: str | None = None) -> str:
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise RuntimeIRError(f"no IR runtime for machine {machine!r} (known: {', '.join(_ARCHES)})")
-    sys_futex, pause_declaration, pause_call = _ARCHES[machine]
+    syscalls, pause_declaration, pause_call = _ARCHES[machine]
     return IR_TEMPLATE.format(
-        max_threads=MAX_THREADS, spin_ns=SPIN_NS, clock_every=CLOCK_EVERY, clock_mask=CLOCK_EVERY - 1, parts_per_thread=PARTS_PER_THREAD,
-        sys_futex=sys_futex, futex_wait=FUTEX_WAIT_PRIVATE, futex_wake=FUTEX_WAKE_PRIVATE,
+        max_threads=MAX_THREADS, spin_ns=SPIN_NS, worker_slice_ns=WORKER_SLICE_NS,
+        affinity_bytes=AFFINITY_BYTES, affinity_words=AFFINITY_BYTES // 8, affinity_bits=AFFINITY_BYTES * 8,
+        **{f"sys_{name}": number for name, number in syscalls.items()}, clock_every=CLOCK_EVERY, clock_mask=CLOCK_EVERY - 1, parts_per_thread=PARTS_PER_THREAD,
+        futex_wait=FUTEX_WAIT_PRIVATE, futex_wake=FUTEX_WAKE_PRIVATE,
         sc_nprocessors_onln=SC_NPROCESSORS_ONLN, clock_monotonic=CLOCK_MONOTONIC,
         pause_declaration=pause_declaration, pause_call=pause_call)
 

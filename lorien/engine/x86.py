@@ -130,6 +130,67 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     return s
 
 
+def schedule_batch_matmul(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32) -> Schedule:
+    """Register-tiled batch_matmul for ``ops.batch_matmul(..., pack_nr=nr)``: one parallel loop
+    over (batch, ``nr``-column panel); each panel of y is packed there, just before all M rows
+    use it in ``mr x nr`` accumulator tiles (k innermost outside the tile), so y is read once and
+    the work is a single fork-join (the small per-head matrices of attention are a few us each).
+    Without a y batch dimension (``y[1, N, K]``) the panel is packed again per batch."""
+    lanes = min(vector_lanes(), nr)
+    top, tile = _output_and_tile(s, out)
+    bb, i, j = top.op.axis
+    mo, mi = top.split(i, factor=mr)
+    no, ni = top.split(j, factor=nr)
+    top.reorder(bb, no, mo, mi, ni)
+    nio, nii = top.split(ni, factor=lanes)
+    top.unroll(mi)
+    top.unroll(nio)
+    top.vectorize(nii)
+    tile.compute_at(top, mo)
+    _, ti, tj = tile.op.axis
+    (tk,) = tile.op.reduce_axis
+    tjo, tji = tile.split(tj, factor=lanes)
+    tile.reorder(tk, ti, tjo, tji)
+    tile.unroll(ti)
+    tile.unroll(tjo)
+    tile.vectorize(tji)
+    pack_name = f"{out.name}.y_pack"
+    if any(st.name == pack_name for st in s.stages):
+        pack = s[pack_name]
+        pack.compute_at(top, no)
+        pack.vectorize(pack.op.axis[-1])
+    top.parallel(top.fuse(bb, no))
+    return s
+
+
+def schedule_matmul(s: Schedule, out: te.Tensor, mr: int = 6, nr: int = 32) -> Schedule:
+    """Register-tiled ``ops.matmul`` (``a[M, K] b[K, N]``, b row-major, so ``nr`` columns of b
+    at one k are one contiguous load; no packing): ``mr x nr`` accumulator tiles, parallel over
+    the ``nr``-column panels, each panel (K x nr) used by all M rows while it is in cache.
+    A 1x1 stride-1 convolution in NCHW is this matmul on the tensors as they are (weight
+    ``[O, C]``, data ``[C, H*W]``, output ``[O, H*W]``): :func:`conv1x1_nchw_candidate`."""
+    lanes = min(vector_lanes(), nr)
+    top, tile = _output_and_tile(s, out)
+    i, j = top.op.axis
+    mo, mi = top.split(i, factor=mr)
+    no, ni = top.split(j, factor=nr)
+    top.reorder(no, mo, mi, ni)
+    top.parallel(no)
+    nio, nii = top.split(ni, factor=lanes)
+    top.unroll(mi)
+    top.unroll(nio)
+    top.vectorize(nii)
+    tile.compute_at(top, mo)
+    ti, tj = tile.op.axis
+    (tk,) = tile.op.reduce_axis
+    tjo, tji = tile.split(tj, factor=lanes)
+    tile.reorder(tk, ti, tjo, tji)
+    tile.unroll(ti)
+    tile.unroll(tjo)
+    tile.vectorize(tji)
+    return s
+
+
 def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int,
                          pad_inline: bool) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
     """The part the NCHW[x]c convolutions share: the padding inlined or materialized in
@@ -191,6 +252,38 @@ def schedule_depthwise_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, tile
     tile.unroll(toh)
     tile.unroll(tow)
     tile.vectorize(tob)
+    return s
+
+
+def schedule_depthwise_nchw(s: Schedule, out: te.Tensor, tile_ow: int = 16, tile_oh: int = 1,
+                            pad_inline: bool = False) -> Schedule:
+    """Depthwise conv2d in NCHW, with no layout transform: a ``tile_oh x tile_ow`` register tile
+    along the output rows (``tile_ow`` vectorized over ow, the kernel window unrolled around
+    it), parallel over channels; each channel's padded plane is materialized inside that loop,
+    just before its tiles read it (it stays in cache), or with ``pad_inline`` the tile reads the
+    input through the padding's bounds check."""
+    top, tile = _output_and_tile(s, out)
+    n, c, oh, ow = top.op.axis
+    oho, ohi = top.split(oh, factor=tile_oh)
+    owo, owi = top.split(ow, factor=tile_ow)
+    top.reorder(n, c, oho, owo, ohi, owi)
+    top.unroll(ohi)
+    vectorize_by_lanes(top, owi, tile_ow)
+    tile.compute_at(top, owo)
+    _, _, toh, tow = tile.op.axis
+    ry, rx = tile.op.reduce_axis
+    tile.reorder(ry, rx, toh, tow)
+    tile.unroll(ry)
+    tile.unroll(rx)
+    tile.unroll(toh)
+    vectorize_by_lanes(tile, tow, tile_ow)
+    pad_name = f"{out.name}.pad"
+    if any(st.name == pad_name for st in s.stages):
+        if pad_inline:
+            s[pad_name].compute_inline()
+        else:
+            s[pad_name].compute_at(top, c)
+    top.parallel(top.fuse(n, c))
     return s
 
 
@@ -277,6 +370,45 @@ def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: st
     s = create_schedule(out)
     schedule_dense(s, out, mr, nr, order, pack_inner)
     return s, [data, weight, out]
+
+
+def batch_matmul_candidate(b: int, m: int, n: int, k: int, mr: int = 8, nr: int = 32):
+    """(schedule, args) of :func:`schedule_batch_matmul`; a picklable builder for ``MeasureInput``."""
+    from lorien.engine import ops
+
+    x, y = te.placeholder((b, m, k), name="x"), te.placeholder((b, n, k), name="y")
+    out = ops.batch_matmul(x, y, pack_nr=nr)
+    s = create_schedule(out)
+    schedule_batch_matmul(s, out, mr, nr)
+    return s, [x, y, out]
+
+
+def conv1x1_nchw_candidate(channels: int, size: int, out_channels: int, mr: int = 6, nr: int = 32):
+    """(schedule, args) of a 1x1 stride-1 convolution from NCHW to NCHW (batch 1, square input)
+    as :func:`schedule_matmul`: args ``weight[O, C]``, ``data[C, H*W]``, ``out[O, H*W]``, which
+    are ``OIHW`` / ``NCHW`` arrays reshaped (views, no copy)."""
+    from lorien.engine import ops
+
+    weight = te.placeholder((out_channels, channels), name="weight")
+    data = te.placeholder((channels, size * size), name="data")
+    out = ops.matmul(weight, data, name="conv1x1")
+    s = create_schedule(out)
+    schedule_matmul(s, out, mr, nr)
+    return s, [weight, data, out]
+
+
+def depthwise_nchw_candidate(channels: int, size: int, stride: int, tile_ow: int = 16, tile_oh: int = 1,
+                             pad_inline: bool = False):
+    """(schedule, args) of :func:`schedule_depthwise_nchw`: a 3x3 pad-1 depthwise conv2d, NCHW
+    in and out (batch 1, square input), kernel ``[C, 1, 3, 3]``."""
+    from lorien.engine import ops
+
+    data = te.placeholder((1, channels, size, size), name="data")
+    kernel = te.placeholder((channels, 1, 3, 3), name="kernel")
+    out = ops.depthwise_conv2d_nchw(data, kernel, stride, 1)
+    s = create_schedule(out)
+    schedule_depthwise_nchw(s, out, tile_ow, tile_oh, pad_inline)
+    return s, [data, kernel, out]
 
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
