@@ -2,7 +2,7 @@
 and conv2d / depthwise / batch_matmul on whole held-out networks), transfer across targets.
 
     python benchmarks/costmodel.py            # full: every held-out layer tuned with 300 trials (hours on 2 cores)
-    python benchmarks/costmodel.py --quick    # small: about 13 minutes on 2 cores; tuned references of 48 trials
+    python benchmarks/costmodel.py --quick    # small: 20-22 minutes on 2 cores; tuned references of 48 trials
                                               # (plus the pre-trained section: 3 layers x 3 dialects, 32 trials)
     python benchmarks/costmodel.py --quick --tune-trials 300   # the quick layers against 300-trial tuning
 
@@ -80,7 +80,9 @@ round (each round the fastest of 3 runs) gives the ratios on the last line. The 
 round's ratios are printed too (dense): a config that uses both cores can look far faster in
 the one round that caught the machine idle, so the median is the steadier comparison here.
 Ratios are throughput / tuned throughput. time_ratio = tuning wall time / zero-shot wall time
-(proposing + measuring the 5 proposals). The last line is the key=value summary.
+(proposing + measuring the 5 proposals). Each section prints its wall seconds as it ends
+(`section NAME: Ns`), and all of them together (`section seconds: featurize=... total=...`)
+come just before the last line, the key=value summary.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +116,24 @@ HELD_OUT = [(32, 384, 256), (8, 256, 384), (48, 512, 192)]
 
 def log(message: str) -> None:
     print(message, flush=True)
+
+
+#: Wall seconds of each section of this run, in run order (printed by :func:`section` as each
+#: ends, and all together before the last line).
+SECTION_SECONDS: dict[str, float] = {}
+
+
+@contextmanager
+def section(name: str):
+    """Time one section of the benchmark: its wall seconds are printed when it ends and kept in
+    :data:`SECTION_SECONDS` (a section run twice adds up)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - start
+        SECTION_SECONDS[name] = SECTION_SECONDS.get(name, 0.0) + seconds
+        log(f"section {name}: {seconds:.0f}s")
 
 
 # ---- featurization -------------------------------------------------------------------------
@@ -986,11 +1007,12 @@ def main() -> int:
         if args.skip_featurize:
             log("featurize: skipped (--skip-featurize)")
         else:
-            log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
-            speed_uri = synthetic_store(work / "speed-store", speed_records)
-            featurize_run(speed_uri, work / "speed-features", args.jobs)
-            memory_uri = synthetic_store(work / "memory-store", memory_records)
-            large = featurize_run(memory_uri, work / "memory-features", args.jobs)
+            with section("featurize"):
+                log(f"building synthetic stores ({speed_records} and {memory_records} records) ...")
+                speed_uri = synthetic_store(work / "speed-store", speed_records)
+                featurize_run(speed_uri, work / "speed-features", args.jobs)
+                memory_uri = synthetic_store(work / "memory-store", memory_records)
+                large = featurize_run(memory_uri, work / "memory-features", args.jobs)
             # Throughput is the larger run's: the smaller one carries the same fixed start-up
             # cost (worker processes, phase 2) over fewer records. Both are printed above.
             values.update(featurize_rps=large["rps"], peak_mib_2m=large["peak_mib"])
@@ -1003,23 +1025,27 @@ def main() -> int:
         elif not missing:
             held_out = HELD_OUT[:1] if args.quick else HELD_OUT
             train_shapes = TRAIN_SHAPES[::4] if args.quick else TRAIN_SHAPES
-            dense = zero_shot_dense(work, train_trials=(8, 16) if args.quick else (32, 64),
-                                    tune_trials=tune_trials, held_out=held_out,
-                                    train_shapes=train_shapes)
+            with section("zeroshot_dense"):
+                dense = zero_shot_dense(work, train_trials=(8, 16) if args.quick else (32, 64),
+                                        tune_trials=tune_trials, held_out=held_out,
+                                        train_shapes=train_shapes)
             (work / "zeroshot.json").write_text(json.dumps(dense, indent=2))
             values.update({k: dense[k] for k in ("zeroshot_top1", "zeroshot_best5", "time_ratio", "random_best5")})
         sweep_trials = 32 if args.quick else 64
         if not missing and not (args.skip_zeroshot and args.skip_transfer):
-            sweeps_uri = random_sweeps(work, args.quick, sweep_trials)
+            with section("sweeps"):
+                sweeps_uri = random_sweeps(work, args.quick, sweep_trials)
         if not missing and not args.skip_zeroshot:
-            networks = zero_shot_networks(work, args.quick, sweeps_uri, tuned_trials=16 if args.quick else 64,
-                                          tune_trials=tune_trials)
+            with section("zeroshot_networks"):
+                networks = zero_shot_networks(work, args.quick, sweeps_uri, tuned_trials=16 if args.quick else 64,
+                                              tune_trials=tune_trials)
             (work / "zeroshot-networks.json").write_text(json.dumps(networks, indent=2))
             values.update({f"zeroshot_{op}_top1": networks["operators"][op]["top1"] for op in OPERATORS})
         if args.skip_transfer:
             log("transfer: skipped (--skip-transfer)")
         elif not missing:
-            result = transfer(work, args.quick, sweep_trials, folds=3 if args.quick else 5)
+            with section("transfer"):
+                result = transfer(work, args.quick, sweep_trials, folds=3 if args.quick else 5)
             (work / "transfer.json").write_text(json.dumps(result, indent=2))
             values.update({k: result[k] for k in ("transfer10_top5", "own10_top5")})
         if args.skip_pretrained:
@@ -1029,8 +1055,10 @@ def main() -> int:
             pretrained_trials = args.pretrained_trials or (QUICK_TRIALS if args.quick else 48 if layer_set in (
                 "one", "three") else 300)
             log(f"pre-trained models: {pretrained_trials} trials per run ...")
-            result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
-                                          Path(args.pretrained_train_store) if args.pretrained_train_store else None)
+            with section("pretrained"):
+                result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
+                                              Path(args.pretrained_train_store) if args.pretrained_train_store
+                                              else None)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))
@@ -1038,6 +1066,8 @@ def main() -> int:
                                                   "pretrained_trials_speedup_auto_scheduler",
                                                   "pretrained_trials_speedup_meta_schedule",
                                                   "pretrained_final_vs_scratch")})
+    timings = {**SECTION_SECONDS, "total": sum(SECTION_SECONDS.values())}
+    log("section seconds: " + " ".join(f"{name}={seconds:.0f}" for name, seconds in timings.items()))
     formats = {"featurize_rps": ".0f", "peak_mib_2m": ".0f", "time_ratio": ".1f"}
     log(" ".join(f"{name}={value:{formats.get(name, '.3f')}}" for name, value in values.items()))
     return 0

@@ -117,3 +117,28 @@ def test_a_kept_training_store_is_reused_not_measured_again(bench, tmp_path):
         assert opened.scan({}).num_rows == stored
     assert first["reused_records"] == 0
     assert second["reused_records"] == stored == second["records"] == first["records"]
+
+
+def test_sections_are_timed_and_the_last_line_keeps_every_key(bench, monkeypatch, capsys, tmp_path):
+    """Each section prints its wall seconds as it ends (kept when it raises); the run prints
+    them all before its last line, which still names every figure."""
+    monkeypatch.setattr(bench, "SECTION_SECONDS", {})
+    with bench.section("a"):
+        pass
+    with pytest.raises(RuntimeError), bench.section("b"):
+        raise RuntimeError("a failing section is still timed")
+    assert list(bench.SECTION_SECONDS) == ["a", "b"] and all(s >= 0 for s in bench.SECTION_SECONDS.values())
+    assert "section a: 0s" in capsys.readouterr().out
+
+    monkeypatch.setattr(bench, "SECTION_SECONDS", {})
+    monkeypatch.setattr(bench, "engine_available", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["costmodel.py", "--quick", "--skip-featurize", "--skip-zeroshot",
+                                      "--skip-transfer", "--skip-pretrained", "--workdir", str(tmp_path)])
+    assert bench.main() == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == "section seconds: total=0"
+    keys = [item.split("=")[0] for item in lines[-1].split()]
+    assert keys == ["featurize_rps", "peak_mib_2m", "zeroshot_top1", "zeroshot_best5", "time_ratio", "random_best5",
+                    "zeroshot_conv_top1", "zeroshot_dw_top1", "zeroshot_bmm_top1", "transfer10_top5", "own10_top5",
+                    "pretrained_trials_speedup_autotvm", "pretrained_trials_speedup_auto_scheduler",
+                    "pretrained_trials_speedup_meta_schedule", "pretrained_final_vs_scratch"]

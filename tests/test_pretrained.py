@@ -255,3 +255,44 @@ def test_a_guided_plan_is_ranked_again_after_every_batch():
     tuner.update(first, [SimpleNamespace(costs=[1e-3], error_no=0) for _ in first])
     second = tuner.next_batch(4)
     assert max(second) < 16  # ranked again after learning: the lowest, within the same 16-point plan
+
+
+def test_online_updates_learn_the_label_training_used():
+    """A record's label cost is its fastest repeat both when program features are written for
+    training and when the guide learns a run's measurements online: point 1 (repeats 0.9 ms and
+    0.2 ms) is the faster one to both, though by the mean of its repeats it is the slower."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from lorien.features.pipeline import throughput_gflops
+    from lorien.search.base import LABEL_STATISTIC, MixedRadixSpace, label_cost
+    from lorien.search.xgb import XGBTuner
+
+    class Line(MixedRadixSpace):
+        dims = [8]
+
+    class RecordingGuide:
+        def __init__(self):
+            self.learned = {}
+
+        def score(self, indices):
+            return np.zeros(len(indices))
+
+        def learn(self, indices, costs):
+            self.learned.update(zip(indices, costs))
+
+    repeats = [[0.5e-3, 0.5e-3], [0.9e-3, 0.2e-3], [1e-3, float("nan")]]
+    guide = RecordingGuide()
+    tuner = XGBTuner(Line(), seed=0, plan_size=16)
+    tuner.set_guide(guide, pool=1)
+    tuner.update([0, 1, 2], [SimpleNamespace(costs=c, error_no=0) for c in repeats])
+    assert guide.learned == {0: 0.5e-3, 1: 0.2e-3, 2: float("inf")}
+    assert min(guide.learned, key=guide.learned.get) == 1
+
+    table = pa.table({"costs": pa.array(repeats, type=pa.list_(pa.float64())), "error_no": [0, 0, 0],
+                      "flop": [1e6, 1e6, 1e6]})
+    thrpt, _ = throughput_gflops(table, LABEL_STATISTIC)
+    online = [label_cost(SimpleNamespace(costs=c, error_no=0)) for c in repeats]
+    assert np.allclose(thrpt, [1e6 / c / 1e9 if np.isfinite(c) else 0.0 for c in online])
+    assert label_cost(SimpleNamespace(costs=[1e-3], error_no=4)) == float("inf")

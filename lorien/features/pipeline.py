@@ -44,6 +44,7 @@ from lorien.features.sources import SourceInfo, iter_log_batches, iter_store_bat
 from lorien.features.targets import TARGET_FEATURES, relative_knob_features, target_features
 from lorien.progress import Progress
 from lorien.record import TuningRecord
+from lorien.search.base import LABEL_STATISTIC
 
 SPILL_DIR = "_phase1"
 #: The one template program features (``extractor="program"``) are written under.
@@ -228,7 +229,7 @@ def _featurize_table(table: pa.Table, extractor: str) -> tuple[dict[str, pa.Tabl
         return {}, counts
     # program features: the fastest repeat (a model of the lowered program learns the program's
     # speed, not the machine's hiccups; docs/costmodel.md, "Pre-trained models in tuning")
-    thrpt, reasons = throughput_gflops(table, "min" if extractor.startswith("program") else "mean")
+    thrpt, reasons = throughput_gflops(table, LABEL_STATISTIC if extractor.startswith("program") else "mean")
     for reason, mask in reasons.items():
         hit = int(mask.sum())
         if hit:

@@ -73,6 +73,26 @@ class MixedRadixSpace:
         return index_of_positions(positions, self.dims)
 
 
+#: How a record's repeats reduce to the cost a program-feature model learns from: ``"min"``,
+#: the fastest repeat (a wake-up or preemption spike in one repeat does not move it). Offline
+#: training (:func:`lorien.features.pipeline.throughput_gflops` for program features) and a
+#: pre-trained model's online updates in tuning (:func:`label_cost`) both use it.
+LABEL_STATISTIC = "min"
+
+
+def label_cost(result: MeasuredLike) -> float:
+    """The cost in seconds a cost model learns from a result (its fastest repeat,
+    :data:`LABEL_STATISTIC`), ``inf`` for a failed one or one with a NaN, infinite or
+    non-positive repeat (the records program featurization gives throughput 0)."""
+    costs = np.asarray(list(result.costs), dtype=float)
+    if int(result.error_no) != 0 or costs.size == 0 or not np.all(np.isfinite(costs)):
+        return math.inf
+    if not float(costs.mean()) > 0:
+        return math.inf
+    value = float(costs.min() if LABEL_STATISTIC == "min" else costs.mean())
+    return value if value > 0 else math.inf
+
+
 def result_cost(result: MeasuredLike) -> float:
     """Mean cost in seconds of a valid result, ``inf`` for a failed one."""
     costs = list(result.costs)

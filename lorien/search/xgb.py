@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, result_cost
+from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, label_cost, result_cost
 from lorien.search.evolution import evolve
 from lorien.search.random_search import sample_unvisited
 from lorien.search.sa import anneal
@@ -178,7 +178,8 @@ class XGBTuner(Tuner):
         for index, result in zip(indices, results, strict=True):
             self.measured[int(index)] = result_cost(result)
         if self.guide is not None and len(indices):
-            self.guide.learn([int(i) for i in indices], [result_cost(r) for r in results])
+            # the guide learns what the pre-trained model was trained on: the fastest repeat
+            self.guide.learn([int(i) for i in indices], [label_cost(r) for r in results])
         self._since_fit += len(indices)
         if self._since_fit >= self.plan_size:
             self._fit()
