@@ -202,22 +202,17 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
 
 @contextlib.contextmanager
 def ingest_memory_pool() -> Iterator[None]:
-    """Arrow allocates from jemalloc inside (where its default pool is mimalloc, as in the
-    pyarrow wheels, and jemalloc is built in), and from the pool it had afterwards. mimalloc kept
-    about 100 MiB more of an ingest resident, and more the more batches were committed (each
-    batch's staging threads are new threads, each with a mimalloc heap of its own): 443-470 MiB
-    against 344 at 1M records, 524-558 against 396 for 5M (the C library's malloc: 342 and 471).
-    A buffer is freed to the pool that allocated it, so switching back is safe; the switch is
-    process-wide while it lasts."""
+    """Arrow allocates from the C library's malloc inside (where its default pool is mimalloc,
+    as in the pyarrow wheels), and from the pool it had afterwards. mimalloc kept about 100 MiB
+    more of an ingest resident, and more the more batches were committed (each batch's staging
+    threads are new threads, each with a mimalloc heap of its own): 443-470 MiB against 342 at
+    1M records, 524-558 against 396 (jemalloc) for 5M. A buffer is freed to the pool that
+    allocated it, so switching back is safe; the switch is process-wide while it lasts."""
     pool = pa.default_memory_pool()
-    try:
-        wanted = pa.jemalloc_memory_pool() if pool.backend_name == "mimalloc" else None
-    except NotImplementedError:  # a pyarrow built without jemalloc
-        wanted = None
-    if wanted is None:
+    if pool.backend_name != "mimalloc":
         yield
         return
-    pa.set_memory_pool(wanted)
+    pa.set_memory_pool(pa.system_memory_pool())
     try:
         yield
     finally:
