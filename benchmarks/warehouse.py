@@ -72,7 +72,7 @@ MS_RECORD_FILE = "database_tuning_record.json"
 
 INGEST_CHILD = """
 import json, resource, sys, time
-from lorien.ingest import ingest_memory_pool, ingest_paths
+from lorien.ingest import ingest_paths
 from lorien.warehouse import open_store
 from lorien.warehouse.base import build_serving_indexes_of
 import lorien.formats, lorien.warehouse.parquet
@@ -90,7 +90,7 @@ try:  # the index build's own peak: "5" resets VmHWM to the present RSS (Linux)
 except OSError:
     pass
 index_started = time.perf_counter()
-with ingest_memory_pool(), open_store(sys.argv[2]) as store:  # as ingest_paths builds it
+with open_store(sys.argv[2]) as store:
     build_serving_indexes_of(store)
 index_s = time.perf_counter() - index_started
 print(json.dumps({"records": report.records, "stored": report.stored, "errors": len(report.errors),

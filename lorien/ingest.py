@@ -8,10 +8,9 @@ content-addressed, so one kept by an ingest that is then refused is invisible an
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +178,7 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
         batches.flush()
 
     try:
-        with flop_warnings_counted_by_caller(), ingest_memory_pool():
+        with flop_warnings_counted_by_caller():
             transaction = getattr(store, "transaction", None)
             if transaction is not None:
                 with transaction(nbest, publish_each_batch=not strict, merge_rows=batch_size) as commit:
@@ -188,35 +187,16 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
                 if strict:  # validate every line before committing any
                     ingest_all(_Batches(None, batch_size), lambda entries: 0, announce=False)
                 ingest_all(_Batches(lambda table, parts: store.commit(table, nbest), None), store.put_workloads)
-            report.seconds = time.perf_counter() - started
-            if serving_index:
-                store.close()  # frees the record ids the commits checked first
-                build_serving_indexes_of(store)
-                report.index_seconds = time.perf_counter() - started - report.seconds
+        report.seconds = time.perf_counter() - started
+        if serving_index:
+            store.close()  # frees the record ids the commits checked first
+            build_serving_indexes_of(store)
+            report.index_seconds = time.perf_counter() - started - report.seconds
     finally:
         store.close()
     if not report.seconds:
         report.seconds = time.perf_counter() - started
     return report
-
-
-@contextlib.contextmanager
-def ingest_memory_pool() -> Iterator[None]:
-    """Arrow allocates from the C library's malloc inside (where its default pool is mimalloc,
-    as in the pyarrow wheels), and from the pool it had afterwards. mimalloc kept about 100 MiB
-    more of an ingest resident, and more the more batches were committed (each batch's staging
-    threads are new threads, each with a mimalloc heap of its own): 443-470 MiB against 342 at
-    1M records, 524-558 against 396 (jemalloc) for 5M. A buffer is freed to the pool that
-    allocated it, so switching back is safe; the switch is process-wide while it lasts."""
-    pool = pa.default_memory_pool()
-    if pool.backend_name != "mimalloc":
-        yield
-        return
-    pa.set_memory_pool(pa.system_memory_pool())
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(pool)
 
 
 class _Batches:

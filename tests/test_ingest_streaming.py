@@ -183,28 +183,3 @@ def test_record_ids_are_kept_in_partitions_so_a_merge_holds_only_a_partitions_id
     # every id is found, none twice
     again = pa.array([secrets.token_hex(16) for _ in range(1000)], pa.string())
     assert ids.fresh(again).all()
-
-
-def test_an_ingest_allocates_from_malloc_instead_of_mimalloc_and_gives_the_pool_back(tmp_path, shared_data,
-                                                                                      monkeypatch):
-    import lorien.ingest as ingest_module
-    from lorien.ingest import ingest_memory_pool
-
-    before = pa.default_memory_pool().backend_name
-    if before != "mimalloc":
-        pytest.skip(f"Arrow's default pool here is {before}, not mimalloc")
-    with ingest_memory_pool():
-        assert pa.default_memory_pool().backend_name == "system"
-    assert pa.default_memory_pool().backend_name == "mimalloc"
-
-    seen = []
-    original = ingest_module._ingest_one
-
-    def noting_the_pool(*args, **kwargs):
-        seen.append(pa.default_memory_pool().backend_name)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(ingest_module, "_ingest_one", noting_the_pool)
-    report = ingest_paths([shared_data / TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}")
-    assert report.stored > 0 and seen == ["system"]
-    assert pa.default_memory_pool().backend_name == "mimalloc"
