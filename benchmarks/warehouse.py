@@ -73,17 +73,30 @@ MS_RECORD_FILE = "database_tuning_record.json"
 INGEST_CHILD = """
 import json, resource, sys, time
 from lorien.ingest import ingest_paths
+from lorien.warehouse import open_store
+from lorien.warehouse.base import build_serving_indexes_of
 import lorien.formats, lorien.warehouse.parquet
 def cpu_s():  # this process and its finished children (the codec's decoding workers)
     return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+def peak_mib():  # VmHWM: ru_maxrss survives exec
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) / 1024
 cpu_before = cpu_s()
 started = time.perf_counter()
-report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]))
-seconds = time.perf_counter() - started
+report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]), serving_index=False)
+commit_peak = peak_mib()
+try:  # the index build's own peak: "5" resets VmHWM to the present RSS (Linux)
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+except OSError:
+    pass
+index_started = time.perf_counter()
+with open_store(sys.argv[2]) as store:
+    build_serving_indexes_of(store)
+index_s = time.perf_counter() - index_started
 print(json.dumps({"records": report.records, "stored": report.stored, "errors": len(report.errors),
-                  "seconds": report.seconds, "index_s": report.index_seconds, "cpu_s": cpu_s() - cpu_before,
-                  "peak_rss_mib": next(int(line.split()[1]) for line in open("/proc/self/status")
-                                       if line.startswith("VmHWM")) / 1024,  # ru_maxrss survives exec
+                  "seconds": report.seconds, "index_s": index_s, "cpu_s": cpu_s() - cpu_before,
+                  "peak_rss_mib": max(commit_peak, peak_mib()), "peak_rss_commit_mib": commit_peak,
+                  "peak_rss_index_mib": peak_mib(),
                   "peak_rss_workers_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
@@ -597,7 +610,9 @@ def main() -> int:
               f"{ingest['records'] / ingest['cpu_s']:,.0f} records per CPU second (decoding workers included), "
               f"peak RSS {ingest['peak_rss_mib']:.0f} MiB"
               + (f" (+ decoding workers, largest {workers_rss:.0f} MiB)" if workers_rss else "")
-              + f"; then the persisted serving index built in {ingest.get('index_s', 0):.2f} s")
+              + f"; then the persisted serving index built in {ingest.get('index_s', 0):.2f} s"
+              + (f" (peak RSS of the commits {ingest['peak_rss_commit_mib']:.0f} MiB, of the index build "
+                 f"{ingest['peak_rss_index_mib']:.0f} MiB)" if "peak_rss_commit_mib" in ingest else ""))
         index_bytes = sum(path.stat().st_size for path in (store_dir / "_index").rglob("*.lsi"))
         index_bytes_per_record = index_bytes / ingest["records"]
         print(f"  persisted serving index: {index_bytes / 2**20:,.0f} MiB on disk, {index_bytes_per_record:.0f} bytes "
@@ -613,7 +628,9 @@ def main() -> int:
                 reference_log.unlink()
             reference_rss = reference["peak_rss_mib"]
             print(f"reference ingest: {reference['records']:,} records, "
-                  f"{reference['records'] / reference['seconds']:,.0f} records/s wall, peak RSS {reference_rss:.0f} MiB")
+                  f"{reference['records'] / reference['seconds']:,.0f} records/s wall, peak RSS {reference_rss:.0f} MiB"
+                  + (f" (commits {reference['peak_rss_commit_mib']:.0f}, index build "
+                     f"{reference['peak_rss_index_mib']:.0f})" if "peak_rss_commit_mib" in reference else ""))
         rss_growth = ingest["peak_rss_mib"] / reference_rss
         if options.workdir and not reused:
             saved.write_text(json.dumps([ingest, reference]))

@@ -453,10 +453,11 @@ def _run_tune(args: argparse.Namespace) -> int:
 
         archived = [archive_log(summary.log_path, args.commit_log_to) for summary in summaries
                     if summary.log_path and Path(summary.log_path).is_file()]
-    if any(summary.committed for summary in summaries):
-        from lorien.warehouse.base import build_serving_indexes
+    from lorien.warehouse.base import build_serving_indexes
 
-        build_serving_indexes(store_uri)  # queries of new processes read it (no index written on a read)
+    # as after a network or a master's run: queries of new processes read it (no index written
+    # on a read); an index already up to date is only found
+    build_serving_indexes(store_uri)
     print(show(summaries, archived) if args.json else show(summaries))
     if not args.json:
         from lorien.engine.runtime import chosen_runtime

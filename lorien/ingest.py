@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from lorien.errors import LorienError, RecordParseError
 from lorien.warehouse import CommitResult, open_store
+from lorien.warehouse.base import build_serving_indexes_of
 
 #: Files picked up when a directory is walked (named files are always read).
 LOG_SUFFIXES = (".log", ".json", ".jsonl")
@@ -142,12 +143,15 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
     committed. Records are committed ``batch_size`` at a time as they are decoded, whichever
     logs they come from; memory grows with ``batch_size``, not with the logs (the store's
-    record ids aside: 16 bytes each). ``on_file(report, files_in_all)`` is called as each file
+    record ids it checks against: at most
+    ``lorien.warehouse.parquet.ids.MEMORY_IDS`` of them in memory, 16 bytes each, the others on disk). ``on_file(report, files_in_all)`` is called as each file
     is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one. With ``serving_index`` (the default) a store that keeps a
-    persisted serving index (a local parquet store) builds it once the records are committed,
-    so the next process answers ``best()`` without building one (``report.index_seconds``).
+    persisted serving index (a local parquet store) builds it once the records are committed
+    (:func:`lorien.warehouse.base.build_serving_indexes_of`; when nothing new was stored it finds
+    the index already there, or builds one that is missing), so the next process answers
+    ``best()`` without building one (``report.index_seconds``).
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
@@ -184,10 +188,9 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
                     ingest_all(_Batches(None, batch_size), lambda entries: 0, announce=False)
                 ingest_all(_Batches(lambda table, parts: store.commit(table, nbest), None), store.put_workloads)
         report.seconds = time.perf_counter() - started
-        build = getattr(store, "build_serving_indexes", None)
-        if serving_index and build is not None and report.stored:
-            store.close()  # frees the record ids the commits checked (16 bytes a record) first
-            build()
+        if serving_index:
+            store.close()  # frees the record ids the commits checked first
+            build_serving_indexes_of(store)
             report.index_seconds = time.perf_counter() - started - report.seconds
     finally:
         store.close()

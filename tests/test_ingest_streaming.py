@@ -27,8 +27,10 @@ ANSOR_LOG = Path("ansor") / "resnet-50-NHWC-B1-llvm.json"
 # serving file is in place, before its record files are.
 KILLED_INGEST = """
 import os, signal, sys
+import lorien.warehouse.parquet.ids as ids_module
 import lorien.warehouse.parquet.store as store_module
 from lorien.ingest import ingest_paths
+ids_module.MEMORY_IDS = int(sys.argv[4])
 commits = []
 def die_in_third_commit(point):
     if point == "serving:1":
@@ -44,17 +46,23 @@ def stored_ids(uri: str) -> list[str]:
     return open_store(uri).scan(columns=["record_id"]).column("record_id").to_pylist()
 
 
-def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_path, shared_data):
+# 1 << 21: every id in memory; 50: the record ids a commit checks against go to disk past 50 of them
+@pytest.mark.parametrize("memory_ids", [1 << 21, 50])
+def test_an_ingest_killed_mid_log_and_run_again_stores_every_record_once(tmp_path, shared_data, monkeypatch,
+                                                                          memory_ids):
+    import lorien.warehouse.parquet.ids as ids_module
+
     log = shared_data / TOPHUB_LOG
     uri = f"parquet:{tmp_path / 'warehouse'}"
     expected = {record.record_id for record in read_log(log).records}
-    killed = subprocess.run([sys.executable, "-c", KILLED_INGEST, str(log), uri, "40"],
+    killed = subprocess.run([sys.executable, "-c", KILLED_INGEST, str(log), uri, "40", str(memory_ids)],
                             capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr
     before = stored_ids(uri)
     assert 0 < len(before) < len(expected)  # two whole commits visible, the third not at all
     assert len(set(before)) == len(before)
 
+    monkeypatch.setattr(ids_module, "MEMORY_IDS", memory_ids)
     report = ingest_paths([log], store_uri=uri, batch_size=40)
 
     after = stored_ids(uri)
@@ -97,11 +105,13 @@ def test_a_tree_of_small_logs_is_committed_in_batches_not_one_commit_per_file(tm
     assert [(file.records, file.stored, file.duplicates) for file in again.files] == [(3, 0, 3)] * 30
 
 
-def test_the_compact_record_id_set_answers_as_a_python_set_would():
+# None: every id in memory; 200: at most 200 in memory, the others on disk (merged there again and again)
+@pytest.mark.parametrize("memory_ids", [None, 200])
+def test_the_compact_record_id_set_answers_as_a_python_set_would(memory_ids):
     rng = np.random.default_rng(0)
     pool = ([secrets.token_hex(16) for _ in range(3000)] + ["custom-1", "custom-2", "ABCDEF" * 5 + "00"]
             + ["0123456789abcdef" + secrets.token_hex(8) for _ in range(40)])  # the same high half
-    ids, reference = RecordIds(), set()
+    ids, reference = RecordIds(memory_ids), set()
     for _ in range(40):
         batch = list(dict.fromkeys(rng.choice(pool, 300).tolist()))
         column = pa.array(batch, pa.string())
@@ -110,6 +120,27 @@ def test_the_compact_record_id_set_answers_as_a_python_set_would():
         ids.update(column.filter(pa.array(fresh)))  # as a commit does: only the ids it stores
         reference.update(batch)
         assert len(ids) == len(reference)
+        if memory_ids is not None:
+            assert ids.nbytes <= 16 * memory_ids
+    assert (ids.spilled > 0) == (memory_ids is not None)
+    # a set merged into another, its ids on disk included, is found there
+    merged = RecordIds(memory_ids)
+    merged.update(ids)
+    assert len(merged) == len(ids)
+    assert not merged.fresh(pa.array([rid for rid in reference if rid.startswith("0123")], pa.string())).any()
+    ids.clear()
+    assert len(ids) == 0 and ids.spilled == 0
+    assert ids.fresh(pa.array(sorted(reference)[:50], pa.string())).all()
+
+
+def test_record_ids_beyond_the_memory_bound_are_on_disk_not_in_memory():
+    ids = RecordIds(memory_ids=1000)
+    for _ in range(10):
+        ids.update(pa.array([secrets.token_hex(16) for _ in range(700)], pa.string()))
+    assert len(ids) == 7000
+    assert ids.spilled >= 6000 and ids.nbytes <= 16 * 1000
+    unseen = [secrets.token_hex(16) for _ in range(500)]
+    assert ids.fresh(pa.array(unseen, pa.string())).all()
 
 
 @pytest.mark.parametrize("spelling", ["hex", "upper", "same_high_half", "other"])

@@ -136,21 +136,30 @@ def open_store(uri: str | None = None) -> Store:
     return _REGISTRY[scheme](rest)
 
 
+def build_serving_indexes_of(store: Store) -> dict[str, int]:
+    """Build the persisted serving indexes of an open ``store`` once records were committed to it
+    (``lorien ingest``, ``lorien tune`` and the tuning masters call this after their commits), so
+    that the first warm query of a new process reads them instead of writing them; returns the
+    rows of each index. A store without such indexes (DynamoDB, S3), one this process may only
+    read, or one whose serving files were replaced meanwhile returns {}: the index is a speed-up,
+    and the records are committed whatever happens here (the next query builds it)."""
+    build = getattr(store, "build_serving_indexes", None)
+    if build is None:
+        return {}
+    try:
+        return build()
+    except (StoreError, OSError):
+        return {}
+
+
 def build_serving_indexes(uri: str) -> dict[str, int]:
-    """After a run that committed records (``lorien tune``): build the store's persisted serving
-    indexes, so that the first warm query of a new process reads them instead of writing them.
-    A store without such indexes (DynamoDB, S3) or one this process may only read returns {}:
-    the index is a speed-up, and the records are committed whatever happens here."""
+    """:func:`build_serving_indexes_of` the store at ``uri`` (opened and closed here); {} when it
+    cannot be opened."""
     try:
         store = open_store(uri)
     except (StoreError, OSError):
         return {}
-    build = getattr(store, "build_serving_indexes", None)
     try:
-        return build() if build is not None else {}
-    except (StoreError, OSError):  # e.g. serving files replaced meanwhile: the next query builds it
-        return {}
+        return build_serving_indexes_of(store)
     finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
+        store.close()

@@ -1,12 +1,22 @@
-"""The record ids a writer has seen, kept compact: 16 bytes per id instead of a Python string.
+"""The record ids a writer has seen, kept compact (16 bytes per id instead of a Python string)
+and, beyond :data:`MEMORY_IDS` of them, on disk: a writer's memory does not grow with the store.
 
 Lorien's record ids are 32 hex digits (the first 16 bytes of a SHA-256). They are kept as two
 uint64 halves in a few runs sorted by the high half (each run at most half the size of the one
 before it, so an id is merged about log2(count) times in all, and a merge needs no memory
-beyond the merged run); a membership test is one ``searchsorted`` per run. An id of any other spelling (a caller's own ``record_id``) goes to a plain set.
+beyond the merged run); a membership test is one ``searchsorted`` per run. When more than
+:data:`MEMORY_IDS` ids are in memory they are merged, one partition at a time, with the ids
+already on disk into one sorted pair of files (high halves, low halves) in the system's
+temporary directory (``TMPDIR``); the files are unlinked as they are created, so a killed
+process leaves none behind. A membership test then reads the high halves of the partitions it
+needs, one partition at a time (the low halves only where a high half matches). An id of any
+other spelling (a caller's own ``record_id``) goes to a plain set.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -72,25 +82,91 @@ def _partition_bounds(high: np.ndarray) -> np.ndarray:
     return np.searchsorted(high >> _PARTITION_SHIFT, _PARTITION_NUMBERS)
 
 
-class RecordIds:
-    """A set of record ids: :meth:`update` adds an Arrow column of ids, :meth:`fresh` tells
-    which ids of a column are not in the set."""
+#: Ids a :class:`RecordIds` keeps in memory (16 bytes each: 2**21 ids are 32 MiB); more go to disk.
+MEMORY_IDS = 1 << 21
+
+
+class _SpilledIds:
+    """Ids on disk, sorted by their high halves: two unlinked temporary files (high halves,
+    low halves) and, in memory, where each partition starts in them."""
 
     def __init__(self) -> None:
+        self.bounds = np.zeros(_PARTITIONS + 1, dtype=np.int64)
+        self.files = (tempfile.TemporaryFile(prefix="lorien-record-ids-"),
+                      tempfile.TemporaryFile(prefix="lorien-record-ids-"))
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def read(self, number: int, half: int) -> np.ndarray:
+        """Partition ``number``'s high (``half`` 0) or low (1) halves, read from disk."""
+        start, stop = int(self.bounds[number]), int(self.bounds[number + 1])
+        values = np.empty(stop - start, dtype=np.uint64)
+        view, done = memoryview(values).cast("B"), 0
+        while done < len(view):
+            got = os.preadv(self.files[half].fileno(), [view[done:]], start * 8 + done)
+            if got <= 0:
+                raise OSError(f"record ids on disk end early ({done} of {len(view)} bytes)")
+            done += got
+        return values
+
+    @staticmethod
+    def merged(spilled: _SpilledIds | None, parts: list[list[tuple[np.ndarray, np.ndarray]]]) -> _SpilledIds:
+        """The ids of ``spilled`` (if any) and of ``parts`` (runs per partition) in new files,
+        merged one partition at a time."""
+        merged = _SpilledIds()
+        position = 0
+        for number in range(_PARTITIONS):
+            merged.bounds[number] = position
+            runs = list(parts[number])
+            if spilled is not None and spilled.bounds[number + 1] > spilled.bounds[number]:
+                runs.append((spilled.read(number, 0), spilled.read(number, 1)))
+            if not runs:
+                continue
+            high = np.concatenate([run[0] for run in runs])
+            order = np.argsort(high, kind="stable")
+            merged.files[0].write(memoryview(high[order]))
+            merged.files[1].write(memoryview(np.concatenate([run[1] for run in runs])[order]))
+            position += len(high)
+        merged.bounds[-1] = position
+        for handle in merged.files:
+            handle.flush()
+        return merged
+
+    def close(self) -> None:
+        for handle in self.files:
+            handle.close()
+
+
+class RecordIds:
+    """A set of record ids: :meth:`update` adds an Arrow column of ids, :meth:`fresh` tells
+    which ids of a column are not in the set. At most ``memory_ids`` ids (default
+    :data:`MEMORY_IDS`) are held in memory; the others are on disk (see the module's docstring)."""
+
+    def __init__(self, memory_ids: int | None = None) -> None:
         # per partition, runs of (high, low) sorted by high
         self._parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(_PARTITIONS)]
         self._other: set[str] = set()
+        self.memory_ids = MEMORY_IDS if memory_ids is None else memory_ids
+        self._in_memory = 0
+        self._spilled: _SpilledIds | None = None
 
     @property
     def _runs(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The runs held in memory."""
         return [run for runs in self._parts for run in runs]
 
     def __len__(self) -> int:
-        return sum(len(high) for high, _ in self._runs) + len(self._other)
+        return self._in_memory + (len(self._spilled) if self._spilled is not None else 0) + len(self._other)
+
+    @property
+    def spilled(self) -> int:
+        """How many ids are on disk."""
+        return len(self._spilled) if self._spilled is not None else 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the compact runs (the ids of other spellings are not counted)."""
+        """Bytes held in memory by the compact runs (the ids of other spellings are not counted)."""
         return sum(high.nbytes + low.nbytes for high, low in self._runs)
 
     def update(self, ids: pa.Array | pa.ChunkedArray | RecordIds) -> None:
@@ -98,7 +174,11 @@ class RecordIds:
             for number, runs in enumerate(ids._parts):
                 for high, low in runs:
                     self._add_run(number, high, low)
+            if ids._spilled is not None:
+                for number in np.flatnonzero(np.diff(ids._spilled.bounds)).tolist():
+                    self._add_run(number, ids._spilled.read(number, 0), ids._spilled.read(number, 1))
             self._other |= ids._other
+            self._spill_if_full()
             return
         halves = id_halves(ids)
         if halves is None:
@@ -110,13 +190,27 @@ class RecordIds:
             for number in np.flatnonzero(np.diff(bounds)).tolist():
                 start, stop = bounds[number], bounds[number + 1]
                 self._add_run(number, high[start:stop].copy(), low[start:stop].copy())
+            self._spill_if_full()
 
     def _add_run(self, number: int, high: np.ndarray, low: np.ndarray) -> None:
         runs = self._parts[number]
         runs.append((high, low))
+        self._in_memory += len(high)
         while len(runs) > 1 and len(runs[-2][0]) <= 2 * len(runs[-1][0]):
             newer, older = runs.pop(), runs.pop()
             runs.append(_merged(older, newer))
+
+    def _spill_if_full(self) -> None:
+        """Past ``memory_ids`` in memory: merge them into the ids on disk, memory freed."""
+        if self._in_memory <= self.memory_ids:
+            return
+        spilled = self._spilled
+        self._spilled = _SpilledIds.merged(spilled, self._parts)
+        if spilled is not None:
+            spilled.close()
+        for runs in self._parts:
+            runs.clear()
+        self._in_memory = 0
 
     def fresh(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """A boolean per id: True where the id is not in the set."""
@@ -133,9 +227,30 @@ class RecordIds:
                 continue
             rows = order[bounds[number]:bounds[number + 1]]
             fresh[rows] = ~self._found(self._parts[number], high[rows], low[rows])
+        if self._spilled is not None:
+            self._fresh_on_disk(fresh, high, low, order, bounds)
         if self._other:
             fresh &= np.fromiter((rid not in self._other for rid in ids.to_pylist()), dtype=bool, count=len(ids))
         return fresh
+
+    def _fresh_on_disk(self, fresh: np.ndarray, high: np.ndarray, low: np.ndarray, order: np.ndarray,
+                       bounds: np.ndarray) -> None:
+        """Clear ``fresh`` where an id is on disk: each partition's high halves are read once, its
+        low halves only where some high half matches."""
+        spilled = self._spilled
+        assert spilled is not None
+        for number in np.flatnonzero(np.diff(bounds)).tolist():
+            if spilled.bounds[number + 1] == spilled.bounds[number]:
+                continue
+            rows = order[bounds[number]:bounds[number + 1]]
+            rows = rows[fresh[rows]]
+            if not len(rows):
+                continue
+            run_high = spilled.read(number, 0)
+            at = np.minimum(np.searchsorted(run_high, high[rows]), len(run_high) - 1)
+            rows = rows[run_high[at] == high[rows]]
+            if len(rows):
+                fresh[rows] = ~self._found([(run_high, spilled.read(number, 1))], high[rows], low[rows])
 
     @staticmethod
     def _found(runs: list[tuple[np.ndarray, np.ndarray]], high: np.ndarray, low: np.ndarray) -> np.ndarray:
@@ -162,3 +277,7 @@ class RecordIds:
         for runs in self._parts:
             runs.clear()
         self._other.clear()
+        self._in_memory = 0
+        if self._spilled is not None:
+            self._spilled.close()
+            self._spilled = None
