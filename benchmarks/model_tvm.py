@@ -11,8 +11,8 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
      120 s, and LocalRunner, measuring as Lorien does: number 1, repeat 3, min_repeat_ms 10);
      every record TVM commits also goes through Lorien's adapter into a warehouse
      (``warehouse_database``: the adapter row). TVM builds candidates in forked copies of the
-     benchmark's process by default (``forked_builder``: no import, 30 s per build, as
-     LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
+     benchmark's process by default (``forked_builder``: no import, as many at once as cores, 30 s per
+     build, as LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
      spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
      the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -277,6 +278,52 @@ def test_a_build_worker_that_dies_is_an_error_with_its_exit_code():
 
     with pytest.raises(RuntimeError, match=r"worker died \(exit code 3\)"):
         build_in_fork(lambda: os._exit(3), timeout_s=60)
+
+
+def test_builds_in_forks_give_each_build_its_own_outcome_in_order():
+    import os
+    import time
+
+    from dialects.meta_schedule.tvm_measure import BuildTimeout, build_in_forks
+
+    def fails() -> str:
+        raise ValueError("bad schedule")
+
+    outcomes = build_in_forks([lambda: "/tmp/a.so", fails, lambda: time.sleep(600) or "never", lambda: os._exit(3),
+                               lambda: "/tmp/e.so"], timeout_s=2, parallel=2)
+    assert outcomes[0] == "/tmp/a.so" and outcomes[4] == "/tmp/e.so"
+    assert isinstance(outcomes[1], RuntimeError) and "ValueError: bad schedule" in str(outcomes[1])
+    assert isinstance(outcomes[2], BuildTimeout)
+    assert isinstance(outcomes[3], RuntimeError) and "exit code 3" in str(outcomes[3])
+
+
+def _meet(mine: Path, theirs: Path) -> str:
+    """Leave ``mine`` and wait (up to 5 s) for ``theirs``: only builds that run at once both return."""
+    import time
+
+    mine.touch()
+    deadline = time.monotonic() + 5
+    while not theirs.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{theirs} never appeared")
+        time.sleep(0.01)
+    return str(mine)
+
+
+def test_builds_in_forks_run_parallel_builds_at_once_and_one_at_a_time_when_told(tmp_path):
+    import functools
+
+    from dialects.meta_schedule.tvm_measure import build_in_forks
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    together = build_in_forks([functools.partial(_meet, a, b), functools.partial(_meet, b, a)], timeout_s=60,
+                              parallel=2)
+    assert together == [str(a), str(b)]
+    c, d = tmp_path / "c", tmp_path / "d"
+    alone = build_in_forks([functools.partial(_meet, c, d), functools.partial(_meet, d, c)], timeout_s=60,
+                           parallel=1)
+    assert isinstance(alone[0], RuntimeError) and "TimeoutError" in str(alone[0])
+    assert alone[1] == str(d)
 
 
 @pytest.mark.tvm

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.connection
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -85,26 +87,66 @@ def build_in_fork(build: Callable[[], str], timeout_s: float) -> str:
     copy is killed and :class:`BuildTimeout` raised; an exception in the copy is raised here as
     RuntimeError with its type and message. A build that never returns (LLVM on a huge unrolled
     function) cannot be interrupted in this process's own thread."""
+    outcome = build_in_forks([build], timeout_s, parallel=1)[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def build_in_forks(builds: Sequence[Callable[[], str]], timeout_s: float,
+                   parallel: int | None = None) -> list[str | Exception]:
+    """Each of ``builds`` run as :func:`build_in_fork` runs one, up to ``parallel`` forked copies at
+    a time (default: this machine's CPU count; TVM's LocalBuilder also builds a batch on every
+    core), each under its own ``timeout_s``. One outcome per build, in order: the artifact's path,
+    or the :class:`BuildTimeout` / RuntimeError that build raised."""
     context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-    worker = context.Process(target=_build_child, args=(build, send), daemon=True)
-    worker.start()
-    send.close()
+    outcomes: list[str | Exception | None] = [None] * len(builds)
+    pending = list(enumerate(builds))[::-1]
+    running: dict[Any, tuple[int, Any, float]] = {}  # receiving end -> (index, worker, deadline)
+    limit = max(1, parallel or os.cpu_count() or 1)
     try:
-        if not receive.poll(timeout_s):
-            raise BuildTimeout(f"the build ran past its {timeout_s:g} s limit and was stopped")
+        while pending or running:
+            while pending and len(running) < limit:
+                index, build = pending.pop()
+                receive, send = context.Pipe(duplex=False)
+                worker = context.Process(target=_build_child, args=(build, send), daemon=True)
+                worker.start()
+                send.close()
+                running[receive] = (index, worker, time.monotonic() + timeout_s)
+            nearest = min(deadline for _, _, deadline in running.values())
+            ready = multiprocessing.connection.wait(list(running), max(0.0, nearest - time.monotonic()))
+            now = time.monotonic()
+            for receive in list(running):
+                index, worker, deadline = running[receive]
+                if receive in ready:
+                    outcomes[index] = _received(receive, worker)
+                elif now >= deadline:
+                    outcomes[index] = BuildTimeout(f"the build ran past its {timeout_s:g} s limit and was stopped")
+                else:
+                    continue
+                del running[receive]
+                _stop(worker, receive)
+    finally:
+        for receive, (_, worker, _) in running.items():
+            _stop(worker, receive)
+    return outcomes  # type: ignore[return-value] - every build has its outcome once the loop ends
+
+
+def _received(receive: Any, worker: Any) -> str | Exception:
+    """What a build's forked copy sent: the artifact's path, or RuntimeError with its error (or death)."""
+    try:
         status, value = receive.recv()
     except EOFError:
         worker.join()
-        raise RuntimeError(f"the build's worker died (exit code {worker.exitcode})") from None
-    finally:
-        if worker.is_alive():
-            worker.kill()
-        worker.join()
-        receive.close()
-    if status != "ok":
-        raise RuntimeError(value)
-    return value
+        return RuntimeError(f"the build's worker died (exit code {worker.exitcode})")
+    return value if status == "ok" else RuntimeError(value)
+
+
+def _stop(worker: Any, receive: Any) -> None:
+    if worker.is_alive():
+        worker.kill()
+    worker.join()
+    receive.close()
 
 
 def require_tvm(why: str) -> Any:
@@ -201,9 +243,8 @@ class TvmMeasurer:
 
         results: list[Any] = [None] * len(traces)
         ready: list[tuple[int, Any, list[Any], float]] = []
-        for index, trace in enumerate(traces):
-            started = time.time()
-            prepared = self._prepare(trace)
+        started = time.time()
+        for index, prepared in enumerate(self._prepare(traces)):
             if isinstance(prepared, CandidateFailure):
                 results[index] = MeasureResult([FAILED_COST_S], int(prepared.error_no), time.time() - started,
                                                time.time(), prepared.message[:2000], extra={"build": self.build})
@@ -227,26 +268,35 @@ class TvmMeasurer:
                                            extra={"build": self.build})
         return results
 
-    def _prepare(self, trace: Any) -> tuple[Any, list[Any]] | CandidateFailure:
-        """A trace applied, built and its output checked: ``(kernel, arrays)`` ready to time, or
-        the failure of the stage that failed."""
+    def _prepare(self, traces: Sequence[Any]) -> list[tuple[Any, list[Any]] | CandidateFailure]:
+        """Each trace applied, built and its output checked: ``(kernel, arrays)`` ready to time, or
+        the failure of the stage that failed. The applied traces are built together, in parallel
+        forked copies of this process (:meth:`_build_all`)."""
         # The isolation boundary, as in the engine's workers: whatever TVM raises applying,
         # building or running one candidate becomes that candidate's error, with its message.
-        stage = ErrorNo.INSTANTIATION_ERROR
-        try:
-            schedule = self._schedule(trace)
-            stage = ErrorNo.COMPILE_HOST
-            kernel = self._build(schedule, trace)
-            stage = ErrorNo.RUNTIME_DEVICE
-            arrays = self._arrays()
-            wrong = self._check(kernel, arrays)
-        except BuildTimeout as exc:
-            return CandidateFailure(ErrorNo.BUILD_TIMEOUT, str(exc))
-        except Exception as exc:  # noqa: BLE001 - see above
-            return CandidateFailure(stage, f"{type(exc).__name__}: {exc}")
-        if wrong:
-            return CandidateFailure(ErrorNo.WRONG_ANSWER, wrong)
-        return kernel, arrays
+        prepared: list[Any] = [None] * len(traces)
+        scheduled: dict[int, Any] = {}
+        for index, trace in enumerate(traces):
+            try:
+                scheduled[index] = self._schedule(trace)
+            except Exception as exc:  # noqa: BLE001 - see above
+                prepared[index] = CandidateFailure(ErrorNo.INSTANTIATION_ERROR, f"{type(exc).__name__}: {exc}")
+        built = self._build_all(list(scheduled.values()), [traces[index] for index in scheduled])
+        for index, kernel in zip(scheduled, built, strict=True):
+            if isinstance(kernel, BuildTimeout):
+                prepared[index] = CandidateFailure(ErrorNo.BUILD_TIMEOUT, str(kernel))
+                continue
+            if isinstance(kernel, Exception):
+                prepared[index] = CandidateFailure(ErrorNo.COMPILE_HOST, f"{type(kernel).__name__}: {kernel}")
+                continue
+            try:
+                arrays = self._arrays()
+                wrong = self._check(kernel, arrays)
+            except Exception as exc:  # noqa: BLE001 - see above
+                prepared[index] = CandidateFailure(ErrorNo.RUNTIME_DEVICE, f"{type(exc).__name__}: {exc}")
+                continue
+            prepared[index] = CandidateFailure(ErrorNo.WRONG_ANSWER, wrong) if wrong else (kernel, arrays)
+        return prepared
 
     def _schedule(self, trace: Any) -> Any:
         from tvm import s_tir
@@ -264,21 +314,23 @@ class TvmMeasurer:
         s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
         return schedule
 
-    def _build(self, schedule: Any, trace: Any = None) -> Any:
-        """The scheduled module built as MetaSchedule's ``default_build`` builds it
-        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``) in a forked copy of this process
-        under ``build_timeout_s`` (:func:`build_in_fork`), and loaded here. ``default_build``
-        first imports TVM's tensor intrinsics (hundreds of TVMScript functions, about a minute on
-        a small machine); they are imported, here before the fork, only for a trace that
-        tensorizes."""
-        if trace is None or _tensorizes(trace):
+    def _build_all(self, schedules: Sequence[Any], traces: Sequence[Any]) -> list[Any]:
+        """The scheduled modules built as MetaSchedule's ``default_build`` builds them
+        (``RemoveWeightLayoutRewriteBlock``, then ``tvm.build``), each in a forked copy of this
+        process under ``build_timeout_s``, as many at once as there are cores
+        (:func:`build_in_forks`), and loaded here: one module each, or the exception its build
+        raised. ``default_build`` first imports TVM's tensor intrinsics (hundreds of TVMScript
+        functions, about a minute on a small machine); they are imported, here before the forks,
+        only when a trace tensorizes."""
+        if any(_tensorizes(trace) for trace in traces):
             import tvm.s_tir.tensor_intrin  # noqa: F401 - registers the intrinsics Tensorize names
 
         with tempfile.TemporaryDirectory(prefix="lorien-tvm-build-") as out:
-            library = build_in_fork(functools.partial(_export_built, schedule.mod, self.tvm_target,
-                                                      str(Path(out) / "kernel.so")),
-                                    self.option.build_timeout_s)
-            return self.tvm.runtime.load_module(library)
+            builds = [functools.partial(_export_built, schedule.mod, self.tvm_target, str(Path(out) / f"kernel{i}.so"))
+                      for i, schedule in enumerate(schedules)]
+            libraries = build_in_forks(builds, self.option.build_timeout_s)
+            return [library if isinstance(library, Exception) else self.tvm.runtime.load_module(library)
+                    for library in libraries]
 
     def _arrays(self) -> list[Any]:
         """The kernel's arguments: the reference inputs, zeroed outputs."""
@@ -378,9 +430,10 @@ def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str,
     return [next(measured) if record.measured_by == MEASURED_BY_ENGINE else record for record in records]
 
 
-def forked_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
+def forked_builder(timeout_s: float = BUILD_TIMEOUT_S, parallel: int | None = None) -> Any:
     """A MetaSchedule builder that builds each candidate with ``default_build`` in a forked copy
-    of this process (:func:`build_in_fork`): TVM's LocalBuilder starts fresh workers for every
+    of this process, ``parallel`` copies at a time (default: the CPU count, as LocalBuilder's
+    workers; :func:`build_in_forks`): TVM's LocalBuilder starts fresh workers for every
     batch, and each spends 45 to 80 s on a 2-core machine importing TVM's tensor intrinsics before
     it builds anything. A build past ``timeout_s`` is stopped and its candidate fails with a
     BuilderResult error saying so, as LocalBuilder's timeout does; one TVM cannot build fails
@@ -392,19 +445,12 @@ def forked_builder(timeout_s: float = BUILD_TIMEOUT_S) -> Any:
     @derived_object
     class ForkedBuilder(ms.builder.PyBuilder):
         def build(self, build_inputs: list[Any]) -> list[Any]:
-            results = []
-            for build_input in build_inputs:
-                try:
-                    artifact = build_in_fork(functools.partial(_default_build_export, build_input.mod,
-                                                               build_input.target), timeout_s)
-                except BuildTimeout as exc:
-                    results.append(ms.builder.BuilderResult(None, f"BuildTimeout: {exc}"))
-                    continue
-                except RuntimeError as exc:
-                    results.append(ms.builder.BuilderResult(None, str(exc)))
-                    continue
-                results.append(ms.builder.BuilderResult(artifact, None))
-            return results
+            artifacts = build_in_forks([functools.partial(_default_build_export, build_input.mod, build_input.target)
+                                        for build_input in build_inputs], timeout_s, parallel)
+            return [ms.builder.BuilderResult(None, f"BuildTimeout: {artifact}") if isinstance(artifact, BuildTimeout)
+                    else ms.builder.BuilderResult(None, str(artifact)) if isinstance(artifact, Exception)
+                    else ms.builder.BuilderResult(artifact, None)
+                    for artifact in artifacts]
 
     return ForkedBuilder()
 
