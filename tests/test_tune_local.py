@@ -210,7 +210,7 @@ def test_yaml_python_tags_are_never_loaded(tmp_path):
 def test_sample_configs_parse():
     root = Path(__file__).resolve().parent.parent / "configs" / "samples"
     counts = {name: len(load_tune_config(root / f"{name}.yaml").jobs) for name in ("quick", "resnet18", "matmul")}
-    assert counts == {"quick": 5, "resnet18": 12, "matmul": 4}
+    assert counts == {"quick": 6, "resnet18": 12, "matmul": 4}
 
 
 def test_compile_from_warehouse_uses_the_best_record(store_uri):

@@ -342,7 +342,7 @@ class ConfigEntity:
         length = axis_length(axis)
         return [VirtualAxis(length, f"{name}.{i}") for i in range(num_outputs)]
 
-    def define_knob(self, name: str, candidates: Sequence[Any]) -> None:
+    def define_knob(self, name: str, candidates: Sequence[Any], optional: bool = False) -> None:
         return None
 
     def define_reorder(self, name: str, axes: Sequence[Any], policy: str = "all", **kwargs: Any) -> None:
@@ -388,6 +388,8 @@ class ConfigSpace:
 
     def __init__(self) -> None:
         self.space_map: dict[str, TransformSpace] = {}
+        #: Knobs added after records were written: a config without one takes its first entity.
+        self.optional: set[str] = set()
 
     # -- definition (called by templates) --
     def axis(self, length: Any, name: str = "axis") -> VirtualAxis:
@@ -409,9 +411,13 @@ class ConfigSpace:
         self._add(name, SplitSpace(length, policy, num_outputs, max_factor, filter, candidate, no_tail))
         return [VirtualAxis(length, f"{name}.{i}") for i in range(num_outputs)]
 
-    def define_knob(self, name: str, candidates: Sequence[Any]) -> None:
-        """Define a knob taking one of ``candidates`` (JSON values)."""
+    def define_knob(self, name: str, candidates: Sequence[Any], optional: bool = False) -> None:
+        """Define a knob taking one of ``candidates`` (JSON values). An ``optional`` knob was
+        added to a template after records were written: a config without it (an older record)
+        takes ``candidates[0]``, which must be what the template did before the knob existed."""
         self._add(name, OtherOptionSpace(list(candidates)))
+        if optional:
+            self.optional.add(name)
 
     def define_reorder(self, name: str, axes: Sequence[Any], policy: str = "all",
                        candidate: Sequence[Sequence[Any]] | None = None) -> None:
@@ -485,6 +491,8 @@ class ConfigSpace:
                 raise DialectError(f"malformed entity {item!r}: expected [name, kind, value]")
             name, kind, value = item
             by_name[name] = entity_from_json(kind, value)
+        for name in self.optional:
+            by_name.setdefault(name, self.space_map[name][0])
         missing = [name for name in self.space_map if name not in by_name]
         unknown = [name for name in by_name if name not in self.space_map]
         if missing or unknown:

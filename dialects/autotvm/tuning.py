@@ -103,6 +103,10 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
             continue
         try:
             entity = {item[0]: item for item in orjson.loads(row["config"])["entity"]}
+            for name in task.space.optional:   # a record from before an optional knob: its first value
+                if name not in entity:
+                    first = task.space.space_map[name][0]
+                    entity[name] = [name, "ot", first.to_json()]
             features = []
             for name in names:
                 _, kind, value = entity[name]

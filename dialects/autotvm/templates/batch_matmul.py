@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dialects.autotvm.templates.common import tensor_arg, vectorize_by_lanes
+from dialects.autotvm.templates.common import path_knob, tensor_arg, vectorize_by_lanes
 from dialects.autotvm.templates.registry import register_template
 from lorien.engine import te
 from lorien.engine.schedule import create_schedule
@@ -22,7 +22,11 @@ def _reference(cfg: Any, args: list[Any], x: np.ndarray, y: np.ndarray) -> list[
 
 @register_template("batch_matmul.x86", _reference)
 def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
-    """Register tiles over (M, N) with y packed by column blocks; batch and row blocks run in parallel."""
+    """Register tiles over (M, N) with y packed by column blocks. Knob ``path``: ``packed_y``
+    (y packed whole first, then batch and row blocks in parallel) or ``panel``
+    (:func:`lorien.engine.x86.schedule_batch_matmul`: one parallel loop over (batch, column
+    panel), each ``tile_x[-1]``-column panel of y packed just before its ``tile_y[-1] x
+    tile_x[-1]`` tiles use it; ``tile_k`` is not used there)."""
     (b, m, k_len), dtype = tensor_arg(x_arg, "batch_matmul x")
     (b2, n, k2), _ = tensor_arg(y_arg, "batch_matmul y")
     if k_len != k2 or b2 not in (1, b):
@@ -34,6 +38,16 @@ def batch_matmul(cfg: Any, x_arg: Any, y_arg: Any, *rest: Any):
     cfg.define_split("tile_y", cfg.axis(m), num_outputs=2)
     cfg.define_split("tile_x", cfg.axis(n), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
     cfg.define_split("tile_k", cfg.axis(k_len), num_outputs=2)
+    path = path_knob(cfg, ["packed_y", "panel"])
+    if path == "panel":
+        from lorien.engine import ops
+        from lorien.engine.x86 import schedule_batch_matmul
+
+        nr = cfg["tile_x"].size[-1]
+        out = ops.batch_matmul(x, y, pack_nr=nr)
+        s = create_schedule(out)
+        schedule_batch_matmul(s, out, cfg["tile_y"].size[-1], nr)
+        return s, [x, y, out]
 
     bn = cfg["tile_x"].size[-1]
     # y packed to [B, N/bn, K, bn]: the bn output columns of one k load as one vector.

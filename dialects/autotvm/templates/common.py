@@ -105,3 +105,11 @@ def conv_nchw_numpy(data: np.ndarray, kernel: np.ndarray, stride: tuple[int, int
                 weights = kernel[g * og:(g + 1) * og, :, y, x]
                 out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, weights)
     return out
+
+
+def path_knob(cfg: Any, candidates: Sequence[str]) -> str:
+    """Define the ``path`` knob (which schedule the template builds) and return its value.
+    ``candidates[0]`` is the template's path from before the knob existed: the knob is optional,
+    so an older record's config (without it) still replays, on that path."""
+    cfg.define_knob("path", list(candidates), optional=True)
+    return cfg["path"].val if "path" in cfg else candidates[0]

@@ -23,6 +23,7 @@ from dialects.autotvm.templates.common import (
     pad4,
     pad_nchw_like,
     pair,
+    path_knob,
     scaled,
     schedule_nchw_output,
     tensor_arg,
@@ -154,17 +155,41 @@ def _plain_dims(args: list[Any], layout: str) -> dict[str, Any]:
 
 def _nchw_reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.ndarray) -> list[np.ndarray]:
     d = _plain_dims(args, "NCHW")
+    if data.ndim == 2:  # the matmul path: data [C, H*W], kernel [O, C], output [O, H*W]
+        return [kernel.astype(np.float64) @ data.astype(np.float64)]
     return [conv_nchw_numpy(data, kernel, (d["sh"], d["sw"]), d["pads"], (d["dh"], d["dw"]))]
+
+
+def _matmul_1x1(d: dict[str, Any]) -> bool:
+    """A 1x1, stride-1, unpadded convolution of one image: a matmul on the NCHW tensors as they are."""
+    return (d["n"] == 1 and d["kh"] == 1 and d["kw"] == 1 and (d["sh"], d["sw"]) == (1, 1)
+            and not any(d["pads"]))
 
 
 @register_template("conv2d_nchw.x86", _nchw_reference)
 def conv2d_nchw(cfg: Any, *args: Any):
-    """Direct NCHW convolution: a register tile of (tile_oc[-1] channels x tile_ow[-1] columns)."""
+    """Direct NCHW convolution: a register tile of (tile_oc[-1] channels x tile_ow[-1] columns).
+
+    A 1x1 stride-1 unpadded convolution of one image also has the knob ``path``: ``direct`` or
+    ``matmul`` (:func:`lorien.engine.x86.schedule_matmul` on the tensors as they are: kernel
+    ``[O, C]`` x data ``[C, H*W]`` -> output ``[O, H*W]``, reshaped views of OIHW / NCHW, in
+    ``tile_oc[-1] x tile_ow[-1]`` register tiles; ``tile_ic`` and ``unroll_kw`` are not used
+    there). On the matmul path the kernel's tensors are those 2-d views."""
     d = _plain_dims(list(args), "NCHW")
     cfg.define_split("tile_ic", cfg.axis(d["ic"]), num_outputs=2)
     cfg.define_split("tile_oc", cfg.axis(d["oc"]), num_outputs=2, filter=lambda e: e.size[-1] <= 16)
     cfg.define_split("tile_ow", cfg.axis(d["ow"]), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
     cfg.define_knob("unroll_kw", [True, False])
+    if _matmul_1x1(d) and path_knob(cfg, ["direct", "matmul"]) == "matmul":
+        from lorien.engine import ops
+        from lorien.engine.x86 import schedule_matmul
+
+        kernel2 = te.placeholder((d["oc"], d["ic"]), d["dtype"], name="kernel")
+        data2 = te.placeholder((d["ic"], d["h"] * d["w"]), d["dtype"], name="data")
+        out = ops.matmul(kernel2, data2, name="conv2d_nchw")
+        s = create_schedule(out)
+        schedule_matmul(s, out, cfg["tile_oc"].size[-1], cfg["tile_ow"].size[-1])
+        return s, [data2, kernel2, out]
 
     data = te.placeholder((d["n"], d["ic"], d["h"], d["w"]), d["dtype"], name="data")
     kernel = te.placeholder((d["oc"], d["ic"], d["kh"], d["kw"]), d["dtype"], name="kernel")

@@ -13,6 +13,7 @@ from dialects.autotvm.templates.common import (
     conv_nchw_numpy,
     conv_window,
     pad_nchw_like,
+    path_knob,
     scaled,
     schedule_nchw_output,
     tensor_arg,
@@ -39,12 +40,29 @@ def _reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.ndarray) 
 
 @register_template("depthwise_conv2d_nchw.x86", _reference)
 def depthwise_conv2d_nchw(cfg: Any, *args: Any):
-    """Channel blocks in parallel; tile_ow[-1] output columns vectorized in registers."""
+    """Channel blocks in parallel; tile_ow[-1] output columns vectorized in registers.
+
+    Knob ``path``: ``channel_tile`` (the above: a ``tile_c[-1] x tile_ow[-1]`` register tile)
+    or ``row_tile`` (:func:`lorien.engine.x86.schedule_depthwise_nchw`: parallel over
+    channels, each channel's padded plane made just before its tiles read it, ``tile_ow[-1]``
+    output columns of one row per tile with the kernel window unrolled; ``unroll_kw`` there
+    inlines the padding into the tile instead; ``tile_c`` is not used there)."""
     d = _dims(list(args))
     oc = d["c"] * d["mult"]
     cfg.define_split("tile_c", cfg.axis(oc), num_outputs=2, filter=lambda e: e.size[-1] <= 16)
     cfg.define_split("tile_ow", cfg.axis(d["ow"]), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
     cfg.define_knob("unroll_kw", [True, False])
+    if path_knob(cfg, ["channel_tile", "row_tile"]) == "row_tile":
+        from lorien.engine import ops
+        from lorien.engine.x86 import schedule_depthwise_nchw
+
+        data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
+        kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
+        out = ops.depthwise_conv2d_nchw(data, kernel, (d["sh"], d["sw"]), d["pads"], (d["dh"], d["dw"]),
+                                        name="depthwise_conv2d_nchw")
+        s = create_schedule(out)
+        schedule_depthwise_nchw(s, out, cfg["tile_ow"].size[-1], 1, pad_inline=not cfg["unroll_kw"].val)
+        return s, [data, kernel, out]
 
     data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
     kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
