@@ -66,6 +66,25 @@ def vectorize_by_lanes(stage: Stage, axis: te.IterVar, extent: int) -> None:
         stage.vectorize(axis)
 
 
+def _unroll_rows_vectorize_columns(stage: Stage, rows: te.IterVar, columns: te.IterVar, lanes: int) -> None:
+    """A register tile's store: its rows unrolled, its columns split into unrolled vectors."""
+    outer, inner = stage.split(columns, factor=lanes)
+    stage.unroll(rows)
+    stage.unroll(outer)
+    stage.vectorize(inner)
+
+
+def _accumulate_in_registers(tile: Stage, k: te.IterVar, rows: te.IterVar, columns: te.IterVar,
+                             lanes: int) -> None:
+    """A register tile's accumulation: k outermost, then the rows (unrolled) and the columns in
+    unrolled vectors, so every accumulator stays in a register across k."""
+    outer, inner = tile.split(columns, factor=lanes)
+    tile.reorder(k, rows, outer, inner)
+    tile.unroll(rows)
+    tile.unroll(outer)
+    tile.vectorize(inner)
+
+
 def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:
     """(output stage, stage computing the register tile) for an ops.* output: with a fused
     epilogue the tile is its ``.acc`` reduction; without one a local cache of the output."""
@@ -97,18 +116,11 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     else:
         top.reorder(no, mo, mi, ni)
         top.parallel(no)
-    nio, nii = top.split(ni, factor=lanes)
-    top.unroll(mi)
-    top.unroll(nio)
-    top.vectorize(nii)
+    _unroll_rows_vectorize_columns(top, mi, ni, lanes)
     tile.compute_at(top, no if order == "mn" else mo)
     ti, tj = tile.op.axis
     (tk,) = tile.op.reduce_axis
-    tjo, tji = tile.split(tj, factor=lanes)
-    tile.reorder(tk, ti, tjo, tji)
-    tile.unroll(ti)
-    tile.unroll(tjo)
-    tile.vectorize(tji)
+    _accumulate_in_registers(tile, tk, ti, tj, lanes)
     pack_name = f"{out.name}.weight_pack"
     if any(st.name == pack_name for st in s.stages):
         pack = s[pack_name]
@@ -142,18 +154,11 @@ def schedule_batch_matmul(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32
     mo, mi = top.split(i, factor=mr)
     no, ni = top.split(j, factor=nr)
     top.reorder(bb, no, mo, mi, ni)
-    nio, nii = top.split(ni, factor=lanes)
-    top.unroll(mi)
-    top.unroll(nio)
-    top.vectorize(nii)
+    _unroll_rows_vectorize_columns(top, mi, ni, lanes)
     tile.compute_at(top, mo)
     _, ti, tj = tile.op.axis
     (tk,) = tile.op.reduce_axis
-    tjo, tji = tile.split(tj, factor=lanes)
-    tile.reorder(tk, ti, tjo, tji)
-    tile.unroll(ti)
-    tile.unroll(tjo)
-    tile.vectorize(tji)
+    _accumulate_in_registers(tile, tk, ti, tj, lanes)
     pack_name = f"{out.name}.y_pack"
     if any(st.name == pack_name for st in s.stages):
         pack = s[pack_name]
@@ -176,18 +181,11 @@ def schedule_matmul(s: Schedule, out: te.Tensor, mr: int = 6, nr: int = 32) -> S
     no, ni = top.split(j, factor=nr)
     top.reorder(no, mo, mi, ni)
     top.parallel(no)
-    nio, nii = top.split(ni, factor=lanes)
-    top.unroll(mi)
-    top.unroll(nio)
-    top.vectorize(nii)
+    _unroll_rows_vectorize_columns(top, mi, ni, lanes)
     tile.compute_at(top, mo)
     ti, tj = tile.op.axis
     (tk,) = tile.op.reduce_axis
-    tjo, tji = tile.split(tj, factor=lanes)
-    tile.reorder(tk, ti, tjo, tji)
-    tile.unroll(ti)
-    tile.unroll(tjo)
-    tile.vectorize(tji)
+    _accumulate_in_registers(tile, tk, ti, tj, lanes)
     return s
 
 
