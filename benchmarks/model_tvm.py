@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import subprocess
 
+    from dialects.meta_schedule.tvm_measure import keeping_thread_affinity
     from lorien.engine.cpu import host_cpu_name
 
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -439,7 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="lorien-model-tvm-"))
     os.environ.setdefault("LORIEN_JOURNAL_DIR", str(root / "journal"))
     try:
-        runs = [run_model(name, args, root, target, target_json) for name in models]
+        runs = []
+        for name in models:
+            # the timed builds run relax VMs here, and TVM's pool pins this thread to one core:
+            # the next model's tuning (and the engine's build workers it starts) must not inherit it
+            with keeping_thread_affinity():
+                runs.append(run_model(name, args, root, target, target_json))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     applied = sum(run.applied["lorien"] for run in runs)

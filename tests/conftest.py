@@ -34,6 +34,17 @@ def auto_scheduler_job(**changes) -> dict:
 
 
 @pytest.fixture(autouse=True)
+def main_thread_cpus():
+    """The CPUs the test process's main thread may run on, given back after each test: TVM's
+    thread pool pins the thread that runs a parallel TVM kernel to one core (a test that runs a
+    relax VM or a TVM kernel itself), which would leave every later test on that core."""
+    before = os.sched_getaffinity(0)
+    yield
+    if os.sched_getaffinity(0) != before:
+        os.sched_setaffinity(0, before)
+
+
+@pytest.fixture(autouse=True)
 def journal_dir(tmp_path: Path, monkeypatch) -> Path:
     """Each test's MetaSchedule commit journals (dialects.meta_schedule.database.CommitJournal)
     in its own temporary folder, never under the user's home."""

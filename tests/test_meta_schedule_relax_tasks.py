@@ -3,6 +3,7 @@ extracted for TVM is tuned by Lorien and built by TVM with every task's record (
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -135,7 +136,9 @@ def test_relax_tasks_tuned_on_the_engine_and_remeasured_by_tvm_export_tvm_latenc
     spec = yaml.safe_load(config.read_text())
     spec.update({"remeasure_with_tvm": 1, "measure": {"number": 2, "repeat": 2}})
     config.write_text(yaml.safe_dump(spec))
+    cpus = os.sched_getaffinity(0)
     assert main(["tune", str(config), "--store", store, "--trials", "2", "--tuner", "random", "--no-progress"]) == 0
+    assert os.sched_getaffinity(0) == cpus  # TVM's pool pinned this thread while it timed; given back
     with open_store(store) as opened:
         records = [TuningRecord.from_row(row) for row in opened.scan({}).to_pylist()]
     timed = {record.workload_key for record in records if record.measured_by == MEASURED_BY_TVM}

@@ -280,7 +280,7 @@ def test_online_updates_learn_the_label_training_used():
             return np.zeros(len(indices))
 
         def learn(self, indices, costs):
-            self.learned.update(zip(indices, costs))
+            self.learned.update(zip(indices, costs, strict=True))
 
     repeats = [[0.5e-3, 0.5e-3], [0.9e-3, 0.2e-3], [1e-3, float("nan")]]
     guide = RecordingGuide()

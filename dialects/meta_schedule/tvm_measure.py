@@ -30,13 +30,14 @@ decides (``TVM_NUM_THREADS``), as it will when the model runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import multiprocessing.connection
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,19 @@ RUNNER = "tvm default_build + time_evaluator, in process"
 EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
 #: :func:`forked_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
 BUILD_TIMEOUT_S = 30.0
+
+
+@contextlib.contextmanager
+def keeping_thread_affinity() -> Iterator[None]:
+    """Run the body, then give the calling thread back the CPUs it was allowed before (where
+    the system has affinities at all)."""
+    getter = getattr(os, "sched_getaffinity", None)
+    before = getter(0) if getter is not None else None
+    try:
+        yield
+    finally:
+        if before is not None and os.sched_getaffinity(0) != before:
+            os.sched_setaffinity(0, before)
 
 
 @dataclass(frozen=True)
@@ -185,9 +199,11 @@ def tvm_build_info(target: str) -> str:
     tvm_target = tvm_target_dict(target)
     fields = cpu_target(f"llvm -mcpu={tvm_target['mcpu']}").build_fields()
     del fields["engine"]
+    with keeping_thread_affinity():  # asking for TVM's threads starts its pool, which pins this thread
+        threads = int(tvm.get_global_func("runtime.NumThreads")())
     fields.update({"measured_by": MEASURED_BY_TVM, "tvm_version": tvm.__version__, "runner": RUNNER,
                    "tvm_target": tvm_target, "llvm": str(tvm.target.codegen.llvm_version_major()),
-                   "threads": int(tvm.get_global_func("runtime.NumThreads")())})
+                   "threads": threads})
     return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -238,7 +254,15 @@ class TvmMeasurer:
         timings taken in turns: every trace once (``number`` runs, at least ``min_repeat_ms``),
         then every trace again, ``repeat`` rounds. A burst of load from another process then
         falls on all of them alike rather than on the one trace being timed, which matters
-        where their TVM latencies choose between them (``remeasure_with_tvm``)."""
+        where their TVM latencies choose between them (``remeasure_with_tvm``).
+
+        TVM's thread pool pins the thread that runs a parallel kernel to one core (its
+        ``TVM_BIND_THREADS`` default); that thread's CPU affinity is given back afterwards, so
+        the rest of the process (Lorien's engine, NumPy) is not left on one core."""
+        with keeping_thread_affinity():
+            return self._measure_taking_turns(traces)
+
+    def _measure_taking_turns(self, traces: Sequence[Any]) -> list[Any]:
         from lorien.engine.measure import MeasureResult
 
         results: list[Any] = [None] * len(traces)
