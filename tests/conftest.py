@@ -83,3 +83,19 @@ def featurized(tmp_path_factory):
         return root / "features"
 
     return make
+
+
+def run_template(task, config, rng):
+    """An autotvm template's ``config`` built and run on random inputs: ``(output, NumPy
+    reference, schedule, tensors)``."""
+    import numpy as np
+
+    from lorien.engine.build import build
+
+    schedule, tensors = task.instantiate(config)
+    kernel = build(schedule, tensors)
+    inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in tensors[:-1]]
+    output = np.zeros(tensors[-1].shape, dtype=tensors[-1].dtype)
+    kernel(*inputs, output)
+    (expected,) = task.reference(config, *inputs)
+    return output, expected, schedule, tensors

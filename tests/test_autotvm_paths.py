@@ -9,10 +9,10 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_template
 
 from dialects.autotvm.features import config_entity
 from dialects.autotvm.templates import instantiate
-from lorien.engine.build import build
 from lorien.errors import DialectError
 from lorien.tune.loop import tune_job
 
@@ -36,12 +36,7 @@ PATHS = [
 
 
 def _run(task, config, rng):
-    schedule, tensors = task.instantiate(config)
-    kernel = build(schedule, tensors)
-    inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in tensors[:-1]]
-    output = np.zeros(tensors[-1].shape, dtype=tensors[-1].dtype)
-    kernel(*inputs, output)
-    (expected,) = task.reference(config, *inputs)
+    output, expected, schedule, tensors = run_template(task, config, rng)
     np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4, err_msg=f"{task.name} {config}")
     return schedule, tensors
 

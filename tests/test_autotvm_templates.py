@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_template
 
 from dialects.autotvm.templates import instantiate, template_names
-from lorien.engine.build import build
 
 T = "TENSOR"
 SMALL_WORKLOADS = {
@@ -30,13 +30,7 @@ CONV_1X1 = [[T, [1, 8, 6, 6], "float32"], [T, [8, 8, 1, 1], "float32"], [1, 1], 
 
 
 def run_config(task, index, rng):
-    config = task.config(index)
-    schedule, tensors = task.instantiate(config)
-    kernel = build(schedule, tensors)
-    inputs = [rng.standard_normal(t.shape).astype(t.dtype) for t in tensors[:-1]]
-    output = np.zeros(tensors[-1].shape, dtype=tensors[-1].dtype)
-    kernel(*inputs, output)
-    (expected,) = task.reference(config, *inputs)
+    output, expected, _, _ = run_template(task, task.config(index), rng)
     return output, expected
 
 
