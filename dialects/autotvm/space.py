@@ -483,16 +483,25 @@ class ConfigSpace:
         entity_map = {name: space[pos] for (name, space), pos in zip(self.space_map.items(), positions, strict=True)}
         return ConfigEntity(index, entity_map)
 
+    def complete_entity(self, entity: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """An AutoTVM entity list with the :attr:`optional` knobs it lacks (a record written
+        before they existed) added at their first entity, which is what the template did then."""
+        named = {item[0] for item in entity if len(item) == 3}
+        added = []
+        for name, space in self.space_map.items():
+            if name in self.optional and name not in named:
+                first = space[0]
+                added.append([name, KIND_OF[type(first)], first.to_json()])
+        return [*entity, *added]
+
     def from_json_entity(self, entity: Sequence[Sequence[Any]]) -> ConfigEntity:
-        """The config of an AutoTVM entity list, with its index in this space."""
+        """The config of an AutoTVM entity list (:meth:`complete_entity`), with its index in this space."""
         by_name = {}
-        for item in entity:
+        for item in self.complete_entity(entity):
             if len(item) != 3:
                 raise DialectError(f"malformed entity {item!r}: expected [name, kind, value]")
             name, kind, value = item
             by_name[name] = entity_from_json(kind, value)
-        for name in self.optional:
-            by_name.setdefault(name, self.space_map[name][0])
         missing = [name for name in self.space_map if name not in by_name]
         unknown = [name for name in by_name if name not in self.space_map]
         if missing or unknown:

@@ -102,11 +102,8 @@ def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000)
         if row["error_no"] != 0 or not row["costs"]:
             continue
         try:
-            entity = {item[0]: item for item in orjson.loads(row["config"])["entity"]}
-            for name in task.space.optional:   # a record from before an optional knob: its first value
-                if name not in entity:
-                    first = task.space.space_map[name][0]
-                    entity[name] = [name, "ot", first.to_json()]
+            # a record from before an optional knob takes its first value
+            entity = {item[0]: item for item in task.space.complete_entity(orjson.loads(row["config"])["entity"])}
             features = []
             for name in names:
                 _, kind, value = entity[name]
