@@ -52,20 +52,18 @@ def depthwise_conv2d_nchw(cfg: Any, *args: Any):
     cfg.define_split("tile_c", cfg.axis(oc), num_outputs=2, filter=lambda e: e.size[-1] <= 16)
     cfg.define_split("tile_ow", cfg.axis(d["ow"]), num_outputs=2, filter=lambda e: e.size[-1] <= 64)
     cfg.define_knob("unroll_kw", [True, False])
+    data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
+    kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
     if path_knob(cfg, ["channel_tile", "row_tile"]) == "row_tile":
         from lorien.engine import ops
         from lorien.engine.x86 import schedule_depthwise_nchw
 
-        data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
-        kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
         out = ops.depthwise_conv2d_nchw(data, kernel, (d["sh"], d["sw"]), d["pads"], (d["dh"], d["dw"]),
                                         name="depthwise_conv2d_nchw")
         s = create_schedule(out)
         schedule_depthwise_nchw(s, out, cfg["tile_ow"].size[-1], 1, pad_inline=not cfg["unroll_kw"].val)
         return s, [data, kernel, out]
 
-    data = te.placeholder((d["n"], d["c"], d["h"], d["w"]), d["dtype"], name="data")
-    kernel = te.placeholder((d["c"], d["mult"], d["kh"], d["kw"]), d["dtype"], name="kernel")
     top, left, bottom, right = d["pads"]
     padded = pad_nchw_like(data, [(0, 0), (0, 0), (top, bottom), (left, right)], "data_pad")
     ry = te.reduce_axis(d["kh"], name="kh")
