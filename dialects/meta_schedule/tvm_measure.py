@@ -266,25 +266,25 @@ class TvmMeasurer:
         from lorien.engine.measure import MeasureResult
 
         results: list[Any] = [None] * len(traces)
-        ready: list[tuple[int, Any, list[Any], float]] = []
+        ready: list[tuple[int, Any, list[Any]]] = []
         started = time.time()
         for index, prepared in enumerate(self._prepare(traces)):
             if isinstance(prepared, CandidateFailure):
                 results[index] = MeasureResult([FAILED_COST_S], int(prepared.error_no), time.time() - started,
                                                time.time(), prepared.message[:2000], extra={"build": self.build})
             else:
-                ready.append((index, *prepared, started))
+                ready.append((index, *prepared))
         costs: dict[int, list[float]] = {index: [] for index, *_ in ready}
         failed: dict[int, str] = {}
         for _ in range(max(1, int(self.option.repeat))):
-            for index, kernel, arrays, _ in ready:
+            for index, kernel, arrays in ready:
                 if index in failed:
                     continue
                 try:
                     costs[index].append(self._time_once(kernel, arrays))
                 except Exception as exc:  # noqa: BLE001 - the candidate's runtime error, as in measure_one
                     failed[index] = f"{type(exc).__name__}: {exc}"
-        for index, _, _, started in ready:
+        for index, _, _ in ready:
             error_no, message = ((ErrorNo.RUNTIME_DEVICE, failed[index]) if index in failed
                                  else (ErrorNo.NO_ERROR, ""))
             results[index] = MeasureResult(costs[index] if index not in failed else [FAILED_COST_S], int(error_no),
@@ -425,20 +425,23 @@ def remeasure_with_tvm(records: Sequence[TuningRecord], measure: dict[str, Any] 
     module is refused: its latency is the log's, not the engine's."""
     from dialects.meta_schedule.compile import is_lorien_entry, workload_dag, workload_entry
 
-    measurers: dict[tuple[str, str], TvmMeasurer] = {}
-    measured = []
-    for record in records:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index, record in enumerate(records):
         if not is_lorien_entry(workload_entry(record, store, entries)):
             raise DialectError(f"record {record.record_id} ({record.task_name}): its workload is a TVM module; "
                                f"re-measuring with TVM is for workloads tuned by Lorien's meta_schedule dialect")
-        key = (record.workload_key, record.target)
-        if key not in measurers:
-            measurers[key] = TvmMeasurer(workload_dag(record, store, entries), measure, record.target)
-        result = measurers[key].measure_one(orjson.loads(record.config))
-        measured.append(record.with_changes(costs=list(result.costs), error_no=int(result.error_no),
-                                            all_cost=float(result.all_cost), timestamp=float(result.timestamp),
-                                            build=result.extra["build"], source=source or record.source))
-    return measured
+        groups.setdefault((record.workload_key, record.target), []).append(index)
+    measured: list[TuningRecord | None] = [None] * len(records)
+    for indices in groups.values():  # one measuring call per workload: built together, timed in turns
+        first = records[indices[0]]
+        measurer = TvmMeasurer(workload_dag(first, store, entries), measure, first.target)
+        results = measurer([orjson.loads(records[index].config) for index in indices])
+        for index, result in zip(indices, results, strict=True):
+            record = records[index]
+            measured[index] = record.with_changes(costs=list(result.costs), error_no=int(result.error_no),
+                                                  all_cost=float(result.all_cost), timestamp=float(result.timestamp),
+                                                  build=result.extra["build"], source=source or record.source)
+    return measured  # type: ignore[return-value] - every record is in one group
 
 
 def remeasure_engine_records(records: Sequence[TuningRecord], entries: dict[str, str] | None = None,
