@@ -282,16 +282,16 @@ def test_online_updates_learn_the_label_training_used():
         def learn(self, indices, costs):
             self.learned.update(zip(indices, costs, strict=True))
 
-    repeats = [[0.5e-3, 0.5e-3], [0.9e-3, 0.2e-3], [1e-3, float("nan")]]
+    repeats = [[0.5e-3, 0.5e-3], [0.9e-3, 0.2e-3], [1e-3, float("nan")], [0.0, 1e-3]]
     guide = RecordingGuide()
     tuner = XGBTuner(Line(), seed=0, plan_size=16)
     tuner.set_guide(guide, pool=1)
-    tuner.update([0, 1, 2], [SimpleNamespace(costs=c, error_no=0) for c in repeats])
-    assert guide.learned == {0: 0.5e-3, 1: 0.2e-3, 2: float("inf")}
+    tuner.update([0, 1, 2, 3], [SimpleNamespace(costs=c, error_no=0) for c in repeats])
+    assert guide.learned == {0: 0.5e-3, 1: 0.2e-3, 2: float("inf"), 3: float("inf")}
     assert min(guide.learned, key=guide.learned.get) == 1
 
-    table = pa.table({"costs": pa.array(repeats, type=pa.list_(pa.float64())), "error_no": [0, 0, 0],
-                      "flop": [1e6, 1e6, 1e6]})
+    table = pa.table({"costs": pa.array(repeats, type=pa.list_(pa.float64())), "error_no": [0, 0, 0, 0],
+                      "flop": [1e6, 1e6, 1e6, 1e6]})
     thrpt, _ = throughput_gflops(table, LABEL_STATISTIC)
     online = [label_cost(SimpleNamespace(costs=c, error_no=0)) for c in repeats]
     assert np.allclose(thrpt, [1e6 / c / 1e9 if np.isfinite(c) else 0.0 for c in online])

@@ -123,16 +123,12 @@ def throughput_gflops(table: pa.Table, cost: str = "mean") -> tuple[np.ndarray, 
         mean_cost = sums / counts
     latency = mean_cost
     if cost == "min":
-        latency = np.full(n, np.nan)
-        if len(values):
-            finite = np.where(np.isfinite(values), values, np.inf)
-            order = np.lexsort((finite, parents))
-            first = np.unique(parents[order], return_index=True)
-            latency[first[0]] = finite[order][first[1]]
+        latency = np.full(n, np.inf)
+        np.minimum.at(latency, parents, values)  # rows with a non-finite repeat are bad_cost below
     error_no = table["error_no"].to_numpy(zero_copy_only=False)
     flop = table["flop"].to_numpy(zero_copy_only=False).astype(np.float64)  # nulls -> nan
     failed = error_no != 0
-    bad_cost = ~failed & ((counts == 0) | (finite_each != counts) | ~(mean_cost > 0))
+    bad_cost = ~failed & ((counts == 0) | (finite_each != counts) | ~(latency > 0))
     no_flop = ~failed & ~bad_cost & ~(np.isfinite(flop) & (flop > 0))
     valid = ~failed & ~bad_cost & ~no_flop
     thrpt = np.zeros(n, dtype=np.float64)

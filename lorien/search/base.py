@@ -87,8 +87,6 @@ def label_cost(result: MeasuredLike) -> float:
     costs = np.asarray(list(result.costs), dtype=float)
     if int(result.error_no) != 0 or costs.size == 0 or not np.all(np.isfinite(costs)):
         return math.inf
-    if not float(costs.mean()) > 0:
-        return math.inf
     value = float(costs.min() if LABEL_STATISTIC == "min" else costs.mean())
     return value if value > 0 else math.inf
 
