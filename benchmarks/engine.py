@@ -73,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,6 +142,13 @@ def paired_samples(calls: dict[str, Callable[[], object]], samples: int, block: 
                 call()
                 times[name].append(time.perf_counter() - start)
     return times
+
+
+def fastest_path(times: dict[str, list[float]], paths: Sequence[str], baseline_s: float) -> tuple[str, float]:
+    """Which of Lorien's ``paths`` (names in ``times``) has the fastest median, and the baseline's
+    median over it: a layer counts the faster of Lorien's paths, as of PyTorch's layouts."""
+    path = min(paths, key=lambda name: statistics.median(times[name]))
+    return path, baseline_s / statistics.median(times[path])
 
 
 def describe(name: str, seconds: list[float], flop: float | None = None) -> str:
@@ -406,12 +413,9 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
     torch_s = statistics.median(times[torch_layout])
     # each of Lorien's paths from NCHW: packed NCHW[x]c (kernel only / with the layout kernels) and,
     # for 1x1 stride 1, the NCHW matmul (its own end to end); the faster median counts
-    kernel_path = min(("lorien kernel", "lorien NCHW") if nchw else ("lorien kernel",),
-                      key=lambda name: statistics.median(times[name]))
-    e2e_path = min(("lorien e2e", "lorien NCHW") if nchw else ("lorien e2e",),
-                   key=lambda name: statistics.median(times[name]))
-    kernel_ratio = torch_s / statistics.median(times[kernel_path])
-    e2e_ratio = torch_s / statistics.median(times[e2e_path])
+    others = ("lorien NCHW",) if nchw else ()
+    kernel_path, kernel_ratio = fastest_path(times, ("lorien kernel", *others), torch_s)
+    e2e_path, e2e_ratio = fastest_path(times, ("lorien e2e", *others), torch_s)
     print(f"conv{kernel_size}x{kernel_size} {channels}x{size}x{size}->{out_channels} s{stride} "
           f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)={config}"
           + (f", NCHW matmul {nchw[0]}" if nchw else "")
@@ -511,10 +515,8 @@ def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, sa
     torch_layout = torch_best(times)
     torch_s = statistics.median(times[torch_layout])
     # the faster median of Lorien's paths counts (NCHW[x]c packed, or NCHW with no transform)
-    kernel_path = min(("lorien kernel", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
-    e2e_path = min(("lorien e2e", "lorien NCHW"), key=lambda name: statistics.median(times[name]))
-    kernel_ratio = torch_s / statistics.median(times[kernel_path])
-    e2e_ratio = torch_s / statistics.median(times[e2e_path])
+    kernel_path, kernel_ratio = fastest_path(times, ("lorien kernel", "lorien NCHW"), torch_s)
+    e2e_path, e2e_ratio = fastest_path(times, ("lorien e2e", "lorien NCHW"), torch_s)
     print(f"depthwise3x3 {channels}x{size}x{size} s{stride} (bn,tile_ow,tile_oh,pad_inline)={config}, "
           f"NCHW {nchw_label}: kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
           f"against {torch_layout}")
