@@ -38,10 +38,10 @@ def main_thread_cpus():
     """The CPUs the test process's main thread may run on, given back after each test: TVM's
     thread pool pins the thread that runs a parallel TVM kernel to one core (a test that runs a
     relax VM or a TVM kernel itself), which would leave every later test on that core."""
-    before = os.sched_getaffinity(0)
-    yield
-    if os.sched_getaffinity(0) != before:
-        os.sched_setaffinity(0, before)
+    from dialects.meta_schedule.tvm_measure import keeping_thread_affinity
+
+    with keeping_thread_affinity():
+        yield
 
 
 @pytest.fixture(autouse=True)
