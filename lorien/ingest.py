@@ -142,10 +142,10 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     ``format`` is ``autotvm``, ``ansor`` or ``meta_schedule``; None or ``auto`` detects it per
     file. With ``strict`` the first bad line raises :class:`RecordParseError` and nothing is
     committed. Records are committed ``batch_size`` at a time as they are decoded, whichever
-    logs they come from; memory grows with ``batch_size``, not with the logs (the store's
-    record ids it checks against: at most
-    ``lorien.warehouse.parquet.ids.MEMORY_IDS`` of them in memory, 16 bytes each, the others on disk). ``on_file(report, files_in_all)`` is called as each file
-    is read (progress; its stored count may still wait on the batch it is in).
+    logs they come from; memory grows with ``batch_size``, not with the logs (of the store's
+    record ids it checks against, at most ``lorien.warehouse.parquet.ids.MEMORY_IDS`` are in
+    memory, 16 bytes each, the others on disk). ``on_file(report, files_in_all)`` is called as
+    each file is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one. With ``serving_index`` (the default) a store that keeps a
     persisted serving index (a local parquet store) builds it once the records are committed
