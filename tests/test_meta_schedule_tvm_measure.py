@@ -98,10 +98,11 @@ def test_export_measure_with_tvm_without_tvm_is_an_error_and_writes_nothing(tmp_
 
 
 def _same_order(measured_s, direct_s):
-    """Whether a latency in a record is TVM's for that trace, as far as timing allows: two
-    timings of one kernel on a busy 2-core machine differ by 2x at times, so this only catches
-    a wrong unit or a different program (an engine latency is checked apart, by value)."""
-    return direct_s / 4 <= measured_s <= direct_s * 4
+    """Whether a latency in a record is in TVM's unit and magnitude for that trace: a check of
+    units (ms or us written as seconds are 1000x off), never of speed. Two timings of one kernel
+    on a busy shared machine differ by 2-5x at times, so the bound is 20x either way; that the
+    latency is TVM's and not the engine's is checked apart, by value."""
+    return direct_s / 20 <= measured_s <= direct_s * 20
 
 
 def _tvm_latency_s(dag, trace, measure):
