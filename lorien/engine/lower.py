@@ -212,26 +212,22 @@ class _Lowering:
 
     def alu(self, op: str, *srcs: int) -> int:
         us = [self.uops[s] for s in srcs]
-        if all(u.op == "CONST" and u.lanes == 1 for u in us) and op in _FOLD:
+        scalar_consts = [u.op == "CONST" and u.lanes == 1 for u in us]
+        if all(scalar_consts) and op in _FOLD:
             value = _FOLD[op](*[u.arg for u in us])
             return self.const(value, "bool" if op in te.BinOp.COMPARE else us[0].dtype)
-        if op in ("add", "sub") and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 0:
-            return srcs[0]
-        if op == "add" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 0:
-            return srcs[1]
-        if op == "mul" and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 1:
-            return srcs[0]
-        if op == "mul" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 1:
-            return srcs[1]
+        unit = _UNIT.get(op)  # x + 0, x - 0, 0 + x, x * 1, 1 * x
+        if unit is not None:
+            if scalar_consts[1] and us[1].arg == unit:
+                return srcs[0]
+            if op != "sub" and scalar_consts[0] and us[0].arg == unit:
+                return srcs[1]
         lanes = max(u.lanes for u in us)
-        srcs = tuple(self.broadcast(s, lanes) for s in srcs)
-        if op in te.BinOp.COMPARE or op == "not":
-            dtype = "bool"
-        elif op == "where":
-            dtype = us[1].dtype
-        else:
-            dtype = us[0].dtype
-        return self.emit("ALU", dtype, lanes, srcs, op)
+        if any(u.lanes != lanes for u in us):
+            srcs = tuple(self.broadcast(s, lanes) for s in srcs)
+        dtype = "bool" if op in _BOOL_RESULT else us[1].dtype if op == "where" else us[0].dtype
+        idx = self._cse.get(("ALU", dtype, lanes, srcs, op))
+        return self.emit("ALU", dtype, lanes, srcs, op) if idx is None else idx
 
     # ---------------------------------------------------------------- bodies and bounds
     def body_of(self, name: str) -> te.Expr:
@@ -581,6 +577,8 @@ class _Lowering:
 
     # ---------------------------------------------------------------- expressions
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
+        if type(e) is te.BinOp:  # the most common node first
+            return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
         if isinstance(e, te.Const):
             return self.const(e.value, e.dtype)
         if isinstance(e, te.Var):
@@ -700,6 +698,8 @@ class _Lowering:
             self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(index), part))
 
 
+_UNIT = {"add": 0, "sub": 0, "mul": 1}
+_BOOL_RESULT = frozenset((*te.BinOp.COMPARE, "not"))
 _FOLD = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min,
