@@ -154,7 +154,15 @@ class _Lowering:
     def __init__(self, sch: Schedule, args: list[te.Tensor], name: str):
         self.sch, self.args, self.name = sch, list(args), name
         self.uops: list[UOp] = []
-        self.cse: list[dict] = [{}]
+        # common subexpressions: one table of the pure ops visible here, and per open scope (loop
+        # body, guarded block) the keys it added, dropped when the scope closes
+        self._cse: dict[tuple, int] = {}
+        self._cse_scopes: list[list[tuple]] = [[]]
+        # per (buffer, index expressions) its flat index; per (flat index, vector loop) how it is
+        # accessed: pure functions of expressions that unrolled iterations emit again and again.
+        # Keyed by identity; each value holds its key's objects, so an id is never reused meanwhile.
+        self._flat: dict[tuple, tuple] = {}
+        self._access: dict[tuple, tuple] = {}
         self.stages = {st.name: st for st in sch.stages}
         self.env: dict = {}
         self.var_ext: dict = {}
@@ -166,19 +174,30 @@ class _Lowering:
 
     # ---------------------------------------------------------------- emission helpers
     def emit(self, op: str, dtype: str, lanes: int = 1, src: tuple = (), arg=None) -> int:
-        uop = UOp(op, dtype, lanes, tuple(src), arg)
-        if op in PURE_OPS:
-            for scope in reversed(self.cse):
-                if uop in scope:
-                    return scope[uop]
-        self.uops.append(uop)
-        idx = len(self.uops) - 1
-        if op in PURE_OPS:
-            self.cse[-1][uop] = idx
+        src = tuple(src)
+        if op not in PURE_OPS:
+            self.uops.append(UOp(op, dtype, lanes, src, arg))
+            return len(self.uops) - 1
+        key = (op, dtype, lanes, src, arg)  # a UOp's fields: equal and hashed as the UOp would be
+        idx = self._cse.get(key)
+        if idx is None:
+            self.uops.append(UOp(op, dtype, lanes, src, arg))
+            idx = self._cse[key] = len(self.uops) - 1
+            self._cse_scopes[-1].append(key)
         return idx
 
+    def open_scope(self) -> None:
+        """Pure ops emitted from here on are reused only until :meth:`close_scope`."""
+        self._cse_scopes.append([])
+
+    def close_scope(self) -> None:
+        for key in self._cse_scopes.pop():
+            del self._cse[key]
+
     def const(self, value, dtype: str = te.INDEX_DTYPE) -> int:
-        return self.emit("CONST", dtype, 1, (), value)
+        key = ("CONST", dtype, 1, (), value)
+        idx = self._cse.get(key)
+        return self.emit("CONST", dtype, 1, (), value) if idx is None else idx
 
     def lanes(self, i: int) -> int:
         return self.uops[i].lanes
@@ -193,26 +212,22 @@ class _Lowering:
 
     def alu(self, op: str, *srcs: int) -> int:
         us = [self.uops[s] for s in srcs]
-        if all(u.op == "CONST" and u.lanes == 1 for u in us) and op in _FOLD:
+        scalar_consts = [u.op == "CONST" and u.lanes == 1 for u in us]
+        if all(scalar_consts) and op in _FOLD:
             value = _FOLD[op](*[u.arg for u in us])
             return self.const(value, "bool" if op in te.BinOp.COMPARE else us[0].dtype)
-        if op in ("add", "sub") and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 0:
-            return srcs[0]
-        if op == "add" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 0:
-            return srcs[1]
-        if op == "mul" and us[1].op == "CONST" and us[1].lanes == 1 and us[1].arg == 1:
-            return srcs[0]
-        if op == "mul" and us[0].op == "CONST" and us[0].lanes == 1 and us[0].arg == 1:
-            return srcs[1]
+        unit = _UNIT.get(op)  # x + 0, x - 0, 0 + x, x * 1, 1 * x
+        if unit is not None:
+            if scalar_consts[1] and us[1].arg == unit:
+                return srcs[0]
+            if op != "sub" and scalar_consts[0] and us[0].arg == unit:
+                return srcs[1]
         lanes = max(u.lanes for u in us)
-        srcs = tuple(self.broadcast(s, lanes) for s in srcs)
-        if op in te.BinOp.COMPARE or op == "not":
-            dtype = "bool"
-        elif op == "where":
-            dtype = us[1].dtype
-        else:
-            dtype = us[0].dtype
-        return self.emit("ALU", dtype, lanes, srcs, op)
+        if any(u.lanes != lanes for u in us):
+            srcs = tuple(self.broadcast(s, lanes) for s in srcs)
+        dtype = "bool" if op in _BOOL_RESULT else us[1].dtype if op == "where" else us[0].dtype
+        idx = self._cse.get(("ALU", dtype, lanes, srcs, op))
+        return self.emit("ALU", dtype, lanes, srcs, op) if idx is None else idx
 
     # ---------------------------------------------------------------- bodies and bounds
     def body_of(self, name: str) -> te.Expr:
@@ -412,11 +427,11 @@ class _Lowering:
         label = "parallel" if parallel else unrolled_label if kind == "unrolled" else "serial"
         loop_id = self.emit("LOOP", te.INDEX_DTYPE, 1, (), (var.name, extent, label))
         self.env[var] = loop_id
-        self.cse.append({})
+        self.open_scope()
         was_parallel, self.in_parallel = self.in_parallel, self.in_parallel or parallel
         fn()
         self.in_parallel = was_parallel
-        self.cse.pop()
+        self.close_scope()
         self.emit("ENDLOOP", te.INDEX_DTYPE, 1, (loop_id,))
         self.env.pop(var, None)
 
@@ -537,9 +552,9 @@ class _Lowering:
         for g in guards[1:]:
             cond = self.alu("and", cond, self.ex(g))
         self.emit("IF", "bool", 1, (cond,))
-        self.cse.append({})
+        self.open_scope()
         fn()
-        self.cse.pop()
+        self.close_scope()
         self.emit("ENDIF", "bool", 1, ())
 
     def emit_body(self, nest: _Nest) -> None:
@@ -562,6 +577,8 @@ class _Lowering:
 
     # ---------------------------------------------------------------- expressions
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
+        if type(e) is te.BinOp:  # the most common node first
+            return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
         if isinstance(e, te.Const):
             return self.const(e.value, e.dtype)
         if isinstance(e, te.Var):
@@ -590,7 +607,16 @@ class _Lowering:
         raise ScheduleError(f"cannot lower expression {e!r}")
 
     def flat_index(self, name: str, indices) -> te.Expr:
-        _, offsets, strides, _ = self.buffers[name]
+        entry = self.buffers[name]
+        key = (id(entry), *map(id, indices))
+        hit = self._flat.get(key)
+        if hit is None:
+            hit = self._flat[key] = (entry, tuple(indices), self._flat_index(entry, indices))
+        return hit[2]
+
+    @staticmethod
+    def _flat_index(entry: tuple, indices) -> te.Expr:
+        _, offsets, strides, _ = entry
         form: dict | None = {}
         for idx, off, stride in zip(indices, offsets, strides, strict=False):
             li, lo = linear(idx), linear(off)
@@ -613,9 +639,29 @@ class _Lowering:
             raise ScheduleError(f"tensor {name!r} is used where it is not computed (check compute_at)")
         return self.buffers[name]
 
+    def vector_access(self, flat: te.Expr) -> tuple[str, Any]:
+        """How the vectorized loop (if any) reaches flat index ``flat``: ``("scalar", flat)`` (it
+        does not vary), ``("vector", base)`` (one contiguous vector from ``base``) or ``("lanes",
+        [index per lane])``. Cached: it depends only on the expressions."""
+        key = (id(flat), None if self.vec is None else (id(self.vec[0]), self.vec[1]))
+        hit = self._access.get(key)
+        if hit is not None:
+            return hit[1]
+        if self.vec is None or not contains(flat, self.vec[0]):
+            plan: tuple[str, Any] = ("scalar", flat)
+        else:
+            var, lanes = self.vec
+            form = linear(flat)
+            if form is not None and form.get(var) == 1 and not depends({k: c for k, c in form.items() if k is not var}, var):
+                plan = ("vector", from_linear({v: c for v, c in form.items() if v is not var}))
+            else:
+                plan = ("lanes", [te.substitute(flat, {var: te.const(lane)}) for lane in range(lanes)])
+        self._access[key] = ((flat, self.vec), plan)
+        return plan
+
     def load(self, e: te.Load, mask: int | None) -> int:
         buf, _, _, size = self._buffer(e.tensor.name)
-        flat = self.flat_index(e.tensor.name, e.indices)
+        kind, where = self.vector_access(self.flat_index(e.tensor.name, e.indices))
         dtype = e.tensor.dtype
 
         def scalar(index: te.Expr) -> int:
@@ -624,37 +670,36 @@ class _Lowering:
                 idx = self.alu("min", self.alu("max", idx, self.const(0)), self.const(size - 1))
             return self.emit("LOAD", dtype, 1, (buf, idx))
 
-        if self.vec is None or not contains(flat, self.vec[0]):
-            return scalar(flat)
-        var, lanes = self.vec
-        form = linear(flat)
-        if form is not None and form.get(var) == 1 and not depends({k: c for k, c in form.items() if k is not var}, var):
-            base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
+        if kind == "scalar":
+            return scalar(where)
+        lanes = self.vec[1]
+        if kind == "vector":
+            base = self.ex(where)
             src = (buf, base) if mask is None else (buf, base, self.broadcast(mask, lanes))
             return self.emit("LOAD", dtype, lanes, src)
-        parts = [scalar(te.substitute(flat, {var: te.const(lane)})) for lane in range(lanes)]
+        parts = [scalar(index) for index in where]
         return self.emit("VECTOR", dtype, lanes, tuple(parts))
 
     def store(self, name: str, indices, value: int) -> None:
         buf = self._buffer(name)[0]
-        flat = self.flat_index(name, indices)
-        if self.vec is None or not contains(flat, self.vec[0]):
+        kind, where = self.vector_access(self.flat_index(name, indices))
+        if kind == "scalar":
             if self.lanes(value) > 1:
                 raise ScheduleError(f"stage {name!r}: vectorized axis does not index the output")
-            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(flat), value))
+            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(where), value))
             return
-        var, lanes = self.vec
-        value = self.broadcast(value, lanes)
-        form = linear(flat)
-        if form is not None and form.get(var) == 1 and not depends({k: c for k, c in form.items() if k is not var}, var):
-            base = self.ex(from_linear({v: c for v, c in form.items() if v is not var}))
-            self.emit("STORE", self.uops[value].dtype, lanes, (buf, base, value))
+        value = self.broadcast(value, self.vec[1])
+        if kind == "vector":
+            base = self.ex(where)
+            self.emit("STORE", self.uops[value].dtype, self.vec[1], (buf, base, value))
             return
-        for lane in range(lanes):
+        for lane, index in enumerate(where):
             part = self.emit("EXTRACT", self.uops[value].dtype, 1, (value,), lane)
-            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(te.substitute(flat, {var: te.const(lane)})), part))
+            self.emit("STORE", self.uops[value].dtype, 1, (buf, self.ex(index), part))
 
 
+_UNIT = {"add": 0, "sub": 0, "mul": 1}
+_BOOL_RESULT = frozenset((*te.BinOp.COMPARE, "not"))
 _FOLD = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min,
