@@ -638,11 +638,11 @@ def _print_records(records: list, output_format: str) -> None:
 
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'#':>3}  {'cost_us':>12}  {'gflops':>9}  {'layout':<8}  {'target':<32}  config")
+    print(f"{'#':>3}  {'cost_us':>12}  {'gflops':>9}  {'layout':<8}  {'target':<32}  {'path':<18}  config")
     for rank, row in enumerate(rows, 1):
         gflops = "-" if row["gflops"] is None else f"{row['gflops']:.2f}"
         print(f"{rank:>3}  {row['cost_us']:>12.3f}  {gflops:>9}  {row['layout']:<8}  "
-              f"{row['target']:<32}  {row['config']}")
+              f"{row['target']:<32}  {row['path'] or '-':<18}  {row['config']}")
 
 
 def _say_matched_targets(target: str, records: list) -> None:

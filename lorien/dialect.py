@@ -99,6 +99,13 @@ class Dialect(ABC):
         fallback; :func:`dialect_of_workload_key` refuses a key two dialects claim)."""
         return False
 
+    def schedule_path(self, record: TuningRecord) -> str | None:
+        """Which of the workload's schedule paths a record's config took (a template's ``path``
+        knob, the rfactor sketch or rule, ...), in a word a user reads; ``lorien query`` shows
+        it. None where the config does not choose one. Reads the config only (no numpy: a
+        query answers without it)."""
+        return None
+
     def template_of(self, record: TuningRecord) -> str:
         """The template (group) a record is featurized under; the task name by default."""
         return record.task_name

@@ -234,7 +234,8 @@ def table_to_records(table: pa.Table) -> list[TuningRecord]:
 
 
 def record_summary(record: TuningRecord) -> dict[str, object]:
-    """The fields a person reads first, for table and JSON output."""
+    """The fields a person reads first, for table and JSON output; ``path`` is the schedule path
+    the config took, as its dialect names it (:meth:`lorien.dialect.Dialect.schedule_path`)."""
     cost_s = record.cost_s
     gflops = record.gflops
     return {
@@ -244,6 +245,20 @@ def record_summary(record: TuningRecord) -> dict[str, object]:
         "target": record.target,
         "measured_by": record.measured_by,
         "workload_key": record.workload_key,
+        "path": schedule_path(record),
         "config": record.config,
         "record_id": record.record_id,
     }
+
+
+def schedule_path(record: TuningRecord) -> str | None:
+    """The schedule path a record's config took, as its dialect names it; None where the
+    dialect names none or is not installed."""
+    from lorien.errors import DialectError
+    from lorien.plugins import get_dialect
+
+    try:
+        dialect = get_dialect(record.dialect)
+    except DialectError:
+        return None
+    return dialect.schedule_path(record)

@@ -121,6 +121,47 @@ def test_tuning_finds_the_gemv_path_and_the_records_name_it(store_uri, dialect, 
     assert any(names_path(r.config) for r in valid)
 
 
+@pytest.mark.parametrize("dialect, args, paths", [
+    ("auto_scheduler", [1, 48, 64, False, False, F32], {"rfactor", "multi_level_tiling"}),
+    ("meta_schedule", [1, 48, 64, False, False, F32], {"rfactor", "multi_level_tiling"}),
+])
+def test_the_first_batch_measures_both_rules_and_query_names_each_records_path(store_uri, capsys, dialect, args, paths):
+    from lorien.cli import main
+
+    # the xgb tuner's first batch (plan_size) is the only one not guided by a model: both rules in it
+    job = {"dialect": dialect, "task_name": "dense_layer", "args": args, "target": "llvm", "trials": 6,
+           "batch_size": 6, "measure": MEASURE, "seed": 0, "tuner": "xgb", "tuner_options": {"plan_size": 6}}
+    result = tune_job(job, store_uri)
+    valid = [r for r in result.records if r.error_no == 0]
+    rfactor = {r.record_id for r in valid if names_path(dialect, r.config)}
+    assert main(["query", "--store", store_uri, "--workload-key", valid[0].workload_key, "--target", "llvm",
+                 "--nbest", "6", "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {row["path"] for row in shown} == paths
+    assert {row["record_id"] for row in shown if row["path"] == "rfactor"} == rfactor
+
+
+def names_path(dialect: str, config) -> bool:
+    """Whether a config took the rfactor path, by its own steps or instructions."""
+    return ('["RF",' if dialect == "auto_scheduler" else '"RFactor"') in _text(config)
+
+
+def test_query_names_the_path_knob_of_an_autotvm_record(store_uri, capsys):
+    from lorien.cli import main
+
+    args = [["TENSOR", [2, 8, 16], "float32"], ["TENSOR", [2, 24, 16], "float32"], None]
+    job = {"dialect": "autotvm", "task_name": "batch_matmul.x86", "args": args, "target": "llvm", "trials": 6,
+           "batch_size": 6, "measure": MEASURE, "seed": 0, "tuner": "random"}
+    valid = [r for r in tune_job(job, store_uri).records if r.error_no == 0]
+    assert main(["query", "--store", store_uri, "--workload-key", valid[0].workload_key, "--target", "llvm",
+                 "--nbest", "6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[5] == "path"
+    knob = {r.record_id: dict((name, value) for name, _, value in json.loads(_text(r.config))["entity"])["path"]
+            for r in valid}
+    assert sorted(line.split()[6] for line in lines[1:]) == sorted(knob.values())
+
+
 @pytest.mark.tvm
 def test_tvm_applies_and_builds_the_rfactor_rule_trace_and_it_computes_the_dense():
     tvm = pytest.importorskip("tvm")

@@ -6,7 +6,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dialects.auto_scheduler import features
 from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.errors import WorkloadError
 from lorien.record import TuningRecord
@@ -31,7 +30,17 @@ class AutoSchedulerDialect(Dialect):
         return ["ansor"]
 
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
+        from dialects.auto_scheduler import features
+
         return features.featurize(record)
+
+    def schedule_path(self, record: TuningRecord) -> str | None:
+        """``rfactor`` for the GEMV sketch (its steps factor the reduction: RF), else
+        ``multi_level_tiling`` where a split step tiles a loop in levels, else None."""
+        steps = record.config_value()
+        if any(step[0] == "RF" for step in steps):
+            return "rfactor"
+        return "multi_level_tiling" if any(step[0] == "SP" and len(step[4]) > 1 for step in steps) else None
 
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from dialects.autotvm import features, workloads
 from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.record import TuningRecord
 
@@ -28,7 +27,16 @@ class AutoTVMDialect(Dialect):
         return ["autotvm"]
 
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
+        from dialects.autotvm import features
+
         return features.featurize(record)
+
+    def schedule_path(self, record: TuningRecord) -> str | None:
+        """The template's ``path`` knob (e.g. batch_matmul.x86's ``panel``); a config without it
+        replays on the template's first path, which the template names (None here)."""
+        config = record.config_value()
+        entities = config.get("entity", []) if isinstance(config, dict) else []
+        return next((str(entity[2]) for entity in entities if entity[0] == "path"), None)
 
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         from lorien.workload import autotvm_workload_key
@@ -50,6 +58,8 @@ class AutoTVMDialect(Dialect):
 
     def expand_workload(self, op: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
         """(task_name, args) of a tuning-YAML op shorthand (``dense: {M:.., N:.., K:..}``)."""
+        from dialects.autotvm import workloads
+
         return workloads.expand_workload(op, params)
 
     def compile_record(self, record: TuningRecord, target: str | None = None, store: Any = None):
@@ -100,6 +110,8 @@ class AutoTVMDialect(Dialect):
         return KnobProposalSpace(*parse_autotvm_workload_key(workload_key))
 
     def featurize_batch(self, records: Any) -> tuple[list[tuple[list[int], dict[str, Any]]], list[tuple[int, str]]]:
+        from dialects.autotvm import features
+
         return features.featurize_batch(records)
 
 

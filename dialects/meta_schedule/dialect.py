@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dialects.meta_schedule import features
 from lorien.dialect import AppliedConfig, Dialect, JobOption
 from lorien.errors import DialectError
 from lorien.record import TuningRecord
@@ -36,7 +35,22 @@ class MetaScheduleDialect(Dialect):
         return ["meta_schedule"]
 
     def featurize(self, record: TuningRecord) -> dict[str, Any]:
+        from dialects.meta_schedule import features
+
         return features.featurize(record)
+
+    def schedule_path(self, record: TuningRecord) -> str | None:
+        """The rule of each tiled block, in trace order: ``rfactor`` (an RFactor instruction, the
+        GEMV rule) or ``multi_level_tiling`` (a ``meta_schedule.tiling_structure`` annotation
+        such as SSRSRS), joined by ``+`` where blocks took different rules; None for neither."""
+        instructions = record.config_value()[0]
+        rules: list[str] = []
+        for kind, inputs, attrs, _ in instructions:
+            if kind == "RFactor":
+                rules.append("rfactor")
+            elif kind == "Annotate" and attrs == ["meta_schedule.tiling_structure"] and inputs[1] != '"rfactor"':
+                rules.append("multi_level_tiling")
+        return "+".join(dict.fromkeys(rules)) or None
 
     def __init__(self) -> None:
         self._described: dict[str, tuple[str, float | None]] = {}
