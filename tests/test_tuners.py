@@ -238,3 +238,35 @@ def test_xgb_tunes_a_real_small_dense_with_every_candidate_valid_and_distinct(st
     assert len(set(configs)) == 24
     assert all(record.error_no == 0 for record in progress.records)
     assert progress.best_cost_s == min(record.cost_s for record in progress.records)
+
+
+class PathSpace:
+    """A small mixed-radix space whose knob 1 is a path knob of three values."""
+
+    dims = [16, 3, 16]
+    path_knobs = [1]
+
+    def __len__(self) -> int:
+        return math.prod(self.dims)
+
+    def knob_indices(self, index: int) -> list[int]:
+        from lorien.search.base import knob_positions
+
+        return knob_positions(index, self.dims)
+
+    def index_of_knobs(self, positions) -> int:
+        from lorien.search.base import index_of_positions
+
+        return index_of_positions(positions, self.dims)
+
+    def get(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.parametrize("kind, options", [("random", {}), ("xgb", {"plan_size": 3})])
+def test_the_first_batch_holds_every_value_of_a_path_knob(kind, options):
+    space = PathSpace()
+    for seed in range(20):
+        batch = create(kind, space, seed=seed, **options).next_batch(3)
+        assert len(set(batch)) == 3
+        assert sorted(space.knob_indices(i)[1] for i in batch) == [0, 1, 2], seed

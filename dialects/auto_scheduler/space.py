@@ -69,6 +69,9 @@ class TileKnob:
 class SketchSpace(MixedRadixSpace):
     """All programs of a workload's sketches, as an indexed space (first knob least significant)."""
 
+    #: The sketch knob: a tuner's first batch measures each sketch (the rfactor one among them).
+    path_knobs = (0,)
+
     def __init__(self, dag: ComputeDAG, args: Sequence[Any] = (), max_innermost: int = MAX_INNERMOST):
         self.dag = dag
         self.shape_features = shape_features(args)

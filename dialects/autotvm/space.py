@@ -445,6 +445,12 @@ class ConfigSpace:
     def __len__(self) -> int:
         return math.prod(self.dims)
 
+    @property
+    def path_knobs(self) -> list[int]:
+        """The position of the template's ``path`` knob, if it has one (a tuner's first batch
+        measures each path)."""
+        return [list(self.space_map).index("path")] if "path" in self.space_map else []
+
     def knob_indices(self, index: int) -> list[int]:
         """Per-knob entity positions of a config index (first knob least significant)."""
         if not 0 <= index < len(self):

@@ -167,6 +167,12 @@ def _epilogue(stages: Sequence[Any], stage: Any, outputs: set[str]) -> tuple[str
 class TraceSpace(MixedRadixSpace):
     """Every trace the rules give a workload, as an indexed space."""
 
+    @property
+    def path_knobs(self) -> list[int]:
+        """The knobs choosing a block's rule (rfactor or multi-level tiling): a tuner's first
+        batch measures each."""
+        return [tiled.rule_knob for tiled in self.tiled if tiled.rule_knob >= 0]
+
     def __init__(self, dag: ComputeDAG, cores: int | None = None, max_innermost: int = MAX_INNERMOST):
         self.dag = dag
         self.cores = cores or os.cpu_count() or 1

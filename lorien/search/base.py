@@ -21,7 +21,9 @@ from lorien.errors import ConfigError
 class IndexedSpace(Protocol):
     """A search space of ``len(space)`` points addressed by index, one position per knob.
     Optional: ``mutate(index, rng)`` (the evolution's move) and ``sample(rng)`` (a random
-    point from the space's prior; random search and evolution draw from it, else uniformly)."""
+    point from the space's prior; random search and evolution draw from it, else uniformly) and
+    ``path_knobs`` (the knobs that choose the schedule's path -- a template's ``path``, a sketch,
+    a rule: the first batch of the random and xgb tuners holds each of their values)."""
 
     dims: list[int]
 

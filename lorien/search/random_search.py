@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
+
 import numpy as np
 
 from lorien.search.base import IndexedSpace, Tuner
@@ -14,7 +17,10 @@ class RandomTuner(Tuner):
         super().__init__(space, seed)
 
     def next_batch(self, n: int) -> list[int]:
-        return [self._mark(i) for i in sample_unvisited(self, n)]
+        batch = sample_unvisited(self, n)
+        if not self.visited:
+            batch = cover_paths(self.space, batch, self.visited)
+        return [self._mark(i) for i in batch]
 
 
 def sample_unvisited(tuner: Tuner, n: int) -> list[int]:
@@ -40,6 +46,30 @@ def sample_unvisited(tuner: Tuner, n: int) -> list[int]:
             seen.add(index)
             chosen.append(index)
     return chosen
+
+
+def cover_paths(space: IndexedSpace, plan: list[int], exclude: Collection[int], start: int = 0) -> list[int]:
+    """``plan`` with every value of the space's path knobs (``space.path_knobs``: a template's
+    ``path``, a sketch, a rule) in it where the plan is long enough: a missing value takes the
+    place of a value held by more than one point, from position ``start`` on (the points
+    before it, e.g. seeds, are kept). A tuner's first, unguided batch thus measures every path,
+    and the model learns each one from the start."""
+    plan = list(plan)
+    for knob in getattr(space, "path_knobs", ()):
+        for value in range(space.dims[knob]):
+            counts = Counter(space.knob_indices(index)[knob] for index in plan)
+            if value in counts:
+                continue
+            for slot in range(start, len(plan)):
+                positions = space.knob_indices(plan[slot])
+                if counts[positions[knob]] < 2:
+                    continue
+                positions[knob] = value
+                index = space.index_of_knobs(positions)
+                if index not in exclude and index not in plan:
+                    plan[slot] = index
+                    break
+    return plan
 
 
 def draw(space: IndexedSpace, rng: np.random.Generator) -> int:

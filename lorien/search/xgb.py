@@ -28,7 +28,7 @@ import numpy as np
 
 from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, label_cost, result_cost
 from lorien.search.evolution import evolve
-from lorien.search.random_search import sample_unvisited
+from lorien.search.random_search import cover_paths, sample_unvisited
 from lorien.search.sa import anneal
 
 OPTIMIZERS = ("sa", "evolution")
@@ -208,7 +208,8 @@ class XGBTuner(Tuner):
         seeds = self._seeded()
         first, rest = seeds[: self.seed_quota], seeds[self.seed_quota:]  # measured in this plan; search starts
         if self.booster_ is None:
-            return (first + [i for i in sample_unvisited(self, self.plan_size) if i not in seeds])[: self.plan_size]
+            plan = (first + [i for i in sample_unvisited(self, self.plan_size) if i not in seeds])[: self.plan_size]
+            return cover_paths(self.space, plan, self.visited, start=len(first))
         n_random = int(math.ceil(self.epsilon * self.plan_size))
         best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                                key=self.measured.__getitem__)[:16]
