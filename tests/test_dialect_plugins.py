@@ -36,6 +36,16 @@ def test_builtin_dialects_are_registered():
     assert {"autotvm", "auto_scheduler", "meta_schedule"} <= set(available_dialects())
 
 
+def test_the_builtin_table_is_what_pyproject_registers_and_loads_the_same_objects():
+    from importlib.metadata import entry_points
+
+    from lorien.plugins import BUILTIN_DIALECTS, ENTRY_POINT_GROUP
+
+    registered = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name in BUILTIN_DIALECTS}
+    assert {name: ep.value for name, ep in registered.items()} == BUILTIN_DIALECTS
+    assert all(get_dialect(name) is ep.load() for name, ep in registered.items())
+
+
 def test_unknown_dialect_names_the_value_and_the_known_ones():
     with pytest.raises(DialectError, match="'nosuch'.*autotvm"):
         get_dialect("nosuch")
