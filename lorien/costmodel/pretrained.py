@@ -9,14 +9,11 @@ with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tune
   tuner's own search once it has measured something) is lowered, featurized and ranked, the
   best measured, kept apart in feature space so one region the model likes does not take the
   whole plan (:meth:`ProgramGuide.choose`, :meth:`lorien.search.xgb.XGBTuner.set_guide`);
-- keeps learning online: once the run has :data:`MIN_ONLINE` measurements, after every batch
-  the pre-trained booster is boosted further on them (throughput relative to the run's best),
-  and a model of the run's measurements alone (same program features) is fitted beside it; a
-  candidate's score blends the two by rank, the run's own model weighing
-  ``n / (n + PRIOR_WEIGHT)`` after ``n`` measurements, so the guide starts from the warehouse
-  and ends on this workload's evidence. Before that the pre-trained model ranks unchanged: the
-  first batch is its own top picks, programs it scores alike, whose differences are mostly
-  measurement noise, and updating on them ranked the rest worse than the untouched model;
+- keeps learning online: after every batch the pre-trained booster is boosted further on the
+  run's own measurements (its throughput relative to the run's best), and a model of the
+  run's measurements alone (same program features) is fitted beside it; a candidate's score
+  blends the two by rank, the run's own model weighing ``n / (n + PRIOR_WEIGHT)`` after ``n``
+  measurements, so the guide starts from the warehouse and ends on this workload's evidence;
 - stamps every record it measured with the model (``build`` JSON: ``cost_model`` with the
   model's name, path and content digest).
 """
@@ -39,11 +36,8 @@ from lorien.features.program import FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dic
 ONLINE_ROUNDS = 20
 #: Measurements at which the run's own model weighs as much as the pre-trained one.
 PRIOR_WEIGHT = 16
-#: Measurements a run has before the pre-trained model is updated online and the run's own
-#: model is fitted (:meth:`ProgramModel.learn`): with fewer (one batch of 8, the model's own top
-#: picks), the update ranked the unmeasured rest of the pool worse than the untouched model
-#: (auto_scheduler, 7 measured pools of 128 programs; docs/costmodel.md).
-MIN_ONLINE = 16
+#: Measurements before the run's own model is fitted.
+MIN_LOCAL = 8
 #: A guided plan's picks keep this fraction of the candidate pool's median feature distance
 #: apart while enough candidates allow (:meth:`ProgramGuide.choose`; 0: the model's top-k as is).
 DIVERSITY = 0.25
@@ -122,12 +116,11 @@ class ProgramModel:
         return (1 - weight) * _ranks(prior) + weight * _ranks(local)
 
     def learn(self, vectors: np.ndarray, costs: Sequence[float]) -> None:
-        """Boost the pre-trained model further on a run's measurements (failed: throughput 0) and
-        fit the run's own model on them; nothing changes before :data:`MIN_ONLINE` measurements."""
+        """Boost the pre-trained model further on a run's measurements (failed: throughput 0)."""
         import xgboost as xgb
 
         costs = np.asarray(costs, dtype=float)
-        if len(costs) < MIN_ONLINE:
+        if len(costs) < 2:
             return
         throughput = np.where(np.isfinite(costs) & (costs > 0), 1.0 / np.where(costs > 0, costs, 1.0), 0.0)
         if throughput.max() <= 0:
@@ -141,9 +134,10 @@ class ProgramModel:
             matrix = xgb.DMatrix(self.matrix(vectors), label=label)
         self.booster = xgb.train(params, matrix, num_boost_round=self.online_rounds, xgb_model=self.base.copy())
         self.measured = len(label)
-        local = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.3, "nthread": 1, "verbosity": 0,
-                 "tree_method": "hist", "seed": 0}
-        self.local = xgb.train(local, xgb.DMatrix(self.matrix(vectors), label=label), num_boost_round=60)
+        if len(label) >= MIN_LOCAL:
+            local = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.3, "nthread": 1, "verbosity": 0,
+                     "tree_method": "hist", "seed": 0}
+            self.local = xgb.train(local, xgb.DMatrix(self.matrix(vectors), label=label), num_boost_round=60)
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
