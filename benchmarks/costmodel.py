@@ -69,6 +69,9 @@ that order); the full run the 8 layers of PRETRAINED_FULL in every dialect
 layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
 and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
 writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
+--pretrained-dialects auto_scheduler tunes one dialect's layers only (the others' figures are
+nan); --pretrained-seeds N makes each layer's pair of runs with seeds 0 .. N-1 (the geomeans
+are over layers and seeds): one layer's count on one seed is mostly luck.
 The model's ranking quality on each held-out layer is printed too: NDCG@8 of its order of
 the scratch run's configs (as trained, before any online update; gain = throughput / best,
 from each config's fastest first-measurement repeat) beside the chance level of random orders.
@@ -830,8 +833,8 @@ RETIME_ROUNDS = 5
 RETIME_TOP = 16
 
 
-def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str) -> dict:
-    """Tune one held-out layer from scratch and with the model, the same budget and seed; then
+def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str, seed: int = 0) -> dict:
+    """Tune one held-out layer from scratch and with the model, the same budget and ``seed``; then
     re-time both runs' candidate best configs together (:func:`retime_configs`) and count trials
     on the re-timed latencies: the target is 95 % of the throughput of the scratch run's re-timed
     best, and a run's count is the first trial by which it had measured a config whose re-timed
@@ -842,7 +845,7 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
     for label, cost_model in (("scratch", None), ("pretrained", model)):
         records: list = []
         start = time.perf_counter()
-        tune_job(_job(dialect, op, params, "xgb", trials, seed=0, cost_model=cost_model), None,
+        tune_job(_job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model), None,
                  on_batch=lambda state, batch, records=records: records.extend(batch))
         runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
     candidates = retime_candidates({k: v["records"] for k, v in runs.items()}, RETIME_TOP)
@@ -875,7 +878,7 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
     first_latency = latency.get(first.config) if first.is_valid else None
     random_costs = sorted(r.cost_s for r in runs["scratch"]["records"][:8] if r.is_valid)  # the scratch run's random first batch
     spread = random_costs[-1] / random_costs[0] if len(random_costs) > 1 else math.nan
-    entry = {"dialect": dialect, "layer": name, "trials": trials, "scratch_best_ms": best * 1e3,
+    entry = {"dialect": dialect, "layer": name, "seed": seed, "trials": trials, "scratch_best_ms": best * 1e3,
              "pretrained_best_ms": guided[-1] * 1e3, "trials_scratch": without, "trials_pretrained": with_count,
              "censored": censored, "speedup": without / with_count, "final_vs_scratch": best / guided[-1],
              "known_trials_scratch": known_without, "known_trials_pretrained": known_with,
@@ -889,7 +892,7 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
              "raw_curve_scratch_ms": [c * 1e3 for c in runs["scratch"]["raw_curve"]],
              "raw_curve_pretrained_ms": [c * 1e3 for c in runs["pretrained"]["raw_curve"]],
              "seconds": {**{k: round(v["seconds"], 1) for k, v in runs.items()}, "retime": round(retime_s, 1)}}
-    log(f"  {dialect:15s} {name:40s} 95% of {best * 1e3:.4f} ms (re-timed, {len(latency)} configs): {without} trials "
+    log(f"  {dialect:15s} {name:40s} seed {seed}: 95% of {best * 1e3:.4f} ms (re-timed, {len(latency)} configs): {without} trials "
         f"from scratch, {'>' if censored else ''}{with_count if not censored else trials} with the model "
         f"(x{entry['speedup']:.2f}; to 95% of the best of both runs: {known_without} vs {known_with}, "
         f"x{entry['known_speedup']:.2f}; first measurements: {raw_without} vs "
@@ -906,12 +909,15 @@ def geomean(values: list[float]) -> float:
 
 
 def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
-                         train_s: float | None = None, train_store: Path | None = None) -> dict:
+                         train_s: float | None = None, train_store: Path | None = None,
+                         dialects: tuple[str, ...] = PRETRAINED_DIALECTS, seeds: int = 1) -> dict:
     """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
     ``one`` (one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three layers in
     every dialect, --quick's; the spread measured with 16 trials each), ``some``
     (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks).
-    ``train_store``: the training spread's store, kept between runs (:func:`train_program_model`)."""
+    ``train_store``: the training spread's store, kept between runs (:func:`train_program_model`).
+    ``dialects``: the dialects whose layers are tuned (the others' figures are NaN); ``seeds``: each
+    layer's pair of runs is made with seeds 0 .. seeds - 1, the geomeans taken over all of them."""
     spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
     spread_trials = 16 if layer_set in ("one", "three") else 48
@@ -921,7 +927,7 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
                                        store_path=train_store)
     layers = network_layers()
     entries = []
-    for dialect in PRETRAINED_DIALECTS:
+    for dialect in dialects:
         if layer_set == "one":
             chosen = [layer for layer in layers if layer[0] == PRETRAINED_QUICK[dialect]]
         elif layer_set == "three":
@@ -929,8 +935,9 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
         else:
             chosen = layers if layer_set == "all" else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
         for name, op, params in chosen:
-            entries.append(pretrained_layer(dialect, name, op, params, trials, model))
-    result = {"training": facts, "layers": entries, "trials": trials}
+            for seed in range(seeds):
+                entries.append(pretrained_layer(dialect, name, op, params, trials, model, seed))
+    result = {"training": facts, "layers": entries, "trials": trials, "seeds": seeds}
     for dialect in PRETRAINED_DIALECTS:
         result[f"pretrained_trials_speedup_{dialect}"] = geomean([e["speedup"] for e in entries
                                                                    if e["dialect"] == dialect])
@@ -988,10 +995,23 @@ def main() -> int:
                              "runs: jobs whose records it holds are not measured again (the same training set and "
                              "model every run); missing ones are measured into it. Default: a fresh store in the "
                              "work directory")
+    parser.add_argument("--pretrained-dialects", metavar="DIALECT[,DIALECT]",
+                        default=",".join(PRETRAINED_DIALECTS),
+                        help="pre-trained section: tune only these dialects' layers (comma-separated; default all "
+                             "three); the others' figures on the last line are nan")
+    parser.add_argument("--pretrained-seeds", type=int, default=1, metavar="N",
+                        help="pre-trained section: tune each layer's pair of runs (scratch, guided) with seeds 0 .. "
+                             "N-1; the speedups are geomeans over layers and seeds (default 1: seed 0)")
     parser.add_argument("--curves", metavar="JSON",
                         help="write the pre-trained benchmark's per-layer curves (best so far per trial) here")
     parser.add_argument("--workdir", help="keep intermediate stores here (default: a temporary directory)")
     args = parser.parse_args()
+    pretrained_dialects = tuple(name.strip() for name in args.pretrained_dialects.split(",") if name.strip())
+    unknown = sorted(set(pretrained_dialects) - set(PRETRAINED_DIALECTS))
+    if unknown or not pretrained_dialects:
+        parser.error(f"--pretrained-dialects: unknown dialect(s) {unknown} (known: {', '.join(PRETRAINED_DIALECTS)})")
+    if args.pretrained_seeds < 1:
+        parser.error(f"--pretrained-seeds must be at least 1, got {args.pretrained_seeds}")
 
     tune_trials = args.tune_trials or (48 if args.quick else 300)
     speed_records = 100_000 if args.quick else 500_000
@@ -1058,7 +1078,7 @@ def main() -> int:
             with section("pretrained"):
                 result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
                                               Path(args.pretrained_train_store) if args.pretrained_train_store
-                                              else None)
+                                              else None, pretrained_dialects, args.pretrained_seeds)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))

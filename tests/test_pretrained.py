@@ -117,6 +117,13 @@ def test_the_guide_keeps_learning_from_the_runs_measurements(program_model):
     assert spearmanr(after, truth).statistic > spearmanr(before, truth).statistic
 
 
+def test_rank_blending_gives_tied_scores_one_rank():
+    """Points a model scores alike share a rank, whatever their place in the pool."""
+    from lorien.costmodel.pretrained import _ranks
+
+    assert _ranks(np.array([1.0, 1.0, 0.0, 2.0])).tolist() == [1 / 3, 1 / 3, 0.0, 1.0]
+
+
 def test_guided_records_round_trip_through_their_native_log(program_model, tmp_path):
     from lorien.formats import encode_record, read_log
     from lorien.tune.loop import tune_job

@@ -141,11 +141,11 @@ class ProgramModel:
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks scaled to [0, 1] (ties share the lowest)."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    return ranks / max(1, len(values) - 1)
+    """Ranks scaled to [0, 1]; ties share the lowest (a model that scores points alike does not
+    order them by where they stand in the pool)."""
+    from scipy.stats import rankdata
+
+    return (rankdata(values, method="min") - 1) / max(1, len(values) - 1)
 
 
 class ProgramGuide:
