@@ -72,7 +72,7 @@ MS_RECORD_FILE = "database_tuning_record.json"
 
 INGEST_CHILD = """
 import json, resource, sys, time
-from lorien.allocator import set_ingest_allocator_env
+from lorien.allocator import release_freed_memory, set_ingest_allocator_env
 set_ingest_allocator_env()  # as `lorien ingest` does, before pyarrow loads
 from lorien.ingest import ingest_paths
 from lorien.warehouse import open_store
@@ -86,6 +86,7 @@ cpu_before = cpu_s()
 started = time.perf_counter()
 report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]), serving_index=False)
 commit_peak = peak_mib()
+release_freed_memory()  # as ingest_paths does before its index build
 try:  # the index build's own peak: "5" resets VmHWM to the present RSS (Linux)
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lorien.allocator import release_freed_memory
 from lorien.errors import LorienError, RecordParseError
 from lorien.warehouse import CommitResult, open_store
 from lorien.warehouse.base import build_serving_indexes_of
@@ -190,6 +191,7 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
         report.seconds = time.perf_counter() - started
         if serving_index:
             store.close()  # frees the record ids the commits checked first
+            release_freed_memory()  # what the commits freed, so the build does not sit on it
             build_serving_indexes_of(store)
             report.index_seconds = time.perf_counter() - started - report.seconds
     finally:

@@ -220,3 +220,18 @@ def test_lorien_ingest_loads_arrows_allocator_with_the_ingest_options_unless_the
     purge_delay = user_purge_delay or INGEST_ALLOCATOR_ENV["MIMALLOC_PURGE_DELAY"]
     assert f"option 'purge_delay': {purge_delay}" in ingest.stderr
     assert f"option 'allow_thp': {INGEST_ALLOCATOR_ENV['MIMALLOC_ALLOW_THP']}" in ingest.stderr
+
+
+def test_an_ingest_gives_freed_memory_back_before_it_builds_the_serving_index(tmp_path, shared_data, monkeypatch):
+    import lorien.ingest as ingest_module
+
+    calls = []
+    monkeypatch.setattr(ingest_module, "release_freed_memory", lambda: calls.append("release"))
+    real_build = ingest_module.build_serving_indexes_of
+    monkeypatch.setattr(ingest_module, "build_serving_indexes_of",
+                        lambda store: calls.append("build") or real_build(store))
+
+    ingest_paths([shared_data / TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}")
+
+    assert calls == ["release", "build"]
+
