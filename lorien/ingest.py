@@ -149,10 +149,10 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     each file is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one. With ``serving_index`` (the default) a store that keeps a
-    persisted serving index (a local parquet store) builds it once the records are committed
-    (:func:`lorien.warehouse.base.build_serving_indexes_of`; when nothing new was stored it finds
-    the index already there, or builds one that is missing), so the next process answers
-    ``best()`` without building one (``report.index_seconds``).
+    persisted serving index (a local parquet store) builds it once the records are committed and
+    the memory the commits freed is given back (:func:`lorien.warehouse.base.build_serving_indexes_of`;
+    when nothing new was stored it finds the index already there, or builds one that is missing),
+    so the next process answers ``best()`` without building one (``report.index_seconds``).
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
