@@ -5,7 +5,7 @@ A synthetic AutoTVM log of N records (1,000,000 by default) is made by varying t
 logs in ../shared/data/tophub: each real line becomes several workloads (the batch size of
 its first tensor changes) and each workload many measured configs (index, cost, timestamp
 change). The log is ingested into a fresh local parquet store in a child process (so its
-peak memory is its own), then:
+peak memory is its own; with the allocator options `lorien ingest` sets, lorien.allocator), then:
 
 - ``best()`` is timed warm in this process over random workloads (p50 / p99), after its
   serving index is built (build time printed and on the last line);
@@ -72,6 +72,8 @@ MS_RECORD_FILE = "database_tuning_record.json"
 
 INGEST_CHILD = """
 import json, resource, sys, time
+from lorien.allocator import release_freed_memory, set_ingest_allocator_env
+set_ingest_allocator_env()  # as `lorien ingest` does, before pyarrow loads
 from lorien.ingest import ingest_paths
 from lorien.warehouse import open_store
 from lorien.warehouse.base import build_serving_indexes_of
@@ -84,6 +86,7 @@ cpu_before = cpu_s()
 started = time.perf_counter()
 report = ingest_paths([sys.argv[1]], store_uri=sys.argv[2], nbest=int(sys.argv[3]), serving_index=False)
 commit_peak = peak_mib()
+release_freed_memory()  # as ingest_paths does before its index build
 try:  # the index build's own peak: "5" resets VmHWM to the present RSS (Linux)
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")

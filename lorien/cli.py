@@ -698,6 +698,9 @@ def _build_queried(args: argparse.Namespace, found: bool) -> None:
 # ---- run functions: ingest ---------------------------------------------------------------
 
 def _run_ingest(args: argparse.Namespace) -> int:
+    from lorien.allocator import set_ingest_allocator_env
+
+    set_ingest_allocator_env()  # before pyarrow loads: mimalloc reads its options then
     from lorien.errors import RecordParseError
     from lorien.ingest import expand_paths, ingest_paths
     from lorien.progress import Progress

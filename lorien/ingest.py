@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lorien.allocator import release_freed_memory
 from lorien.errors import LorienError, RecordParseError
 from lorien.warehouse import CommitResult, open_store
 from lorien.warehouse.base import build_serving_indexes_of
@@ -148,10 +149,10 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
     each file is read (progress; its stored count may still wait on the batch it is in).
     Tasks whose FLOPs are unknown are counted per file (``FileReport.flop_unknown``) instead
     of being warned about one by one. With ``serving_index`` (the default) a store that keeps a
-    persisted serving index (a local parquet store) builds it once the records are committed
-    (:func:`lorien.warehouse.base.build_serving_indexes_of`; when nothing new was stored it finds
-    the index already there, or builds one that is missing), so the next process answers
-    ``best()`` without building one (``report.index_seconds``).
+    persisted serving index (a local parquet store) builds it once the records are committed and
+    the memory the commits freed is given back (:func:`lorien.warehouse.base.build_serving_indexes_of`;
+    when nothing new was stored it finds the index already there, or builds one that is missing),
+    so the next process answers ``best()`` without building one (``report.index_seconds``).
     """
     from lorien.formats import codec_of
     from lorien.workload import flop_warnings_counted_by_caller
@@ -190,6 +191,7 @@ def ingest_paths(paths: Iterable[str | Path], store_uri: str | None = None, stri
         report.seconds = time.perf_counter() - started
         if serving_index:
             store.close()  # frees the record ids the commits checked first
+            release_freed_memory()  # what the commits freed, so the build does not sit on it
             build_serving_indexes_of(store)
             report.index_seconds = time.perf_counter() - started - report.seconds
     finally:

@@ -41,6 +41,7 @@ import os
 import struct
 import uuid
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 
 from lorien.record import TuningRecord, compute_record_id, mean_cost_s
@@ -192,8 +193,9 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
         offsets_part.write(np.zeros(1, dtype=np.int64).tobytes())
         end = 0  # of the rows written so far, in rows.data
         carried: dict[str, str] = {}  # the strings of the head of the group the last table ended in
-        hashes: list[int] = []
-        starts: list[int] = []
+        # 8 bytes a group each (two lists of Python ints take about 88 bytes a group: 34 MiB at 400,000)
+        hashes = array("Q")
+        starts = array("Q")
         rows = 0
         last_key = None
         for table, group_heads in tables():
@@ -224,9 +226,9 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
             rows += table.num_rows
         offsets_part.close()
         data_part.close()
-        row_starts = np.array(starts, dtype=np.uint64)
+        row_starts = np.frombuffer(starts, dtype=np.uint64)
         stops = np.append(row_starts[1:], np.uint64(rows)).astype(np.uint64)
-        key_hashes = np.array(hashes, dtype=np.uint64)
+        key_hashes = np.frombuffer(hashes, dtype=np.uint64)
         order = np.argsort(key_hashes, kind="stable")
         spans = np.stack([row_starts[order], stops[order]], axis=1).reshape(-1)
         groups = {"hashes": key_hashes[order], "spans": spans, "row_starts": row_starts}

@@ -183,3 +183,55 @@ def test_record_ids_are_kept_in_partitions_so_a_merge_holds_only_a_partitions_id
     # every id is found, none twice
     again = pa.array([secrets.token_hex(16) for _ in range(1000)], pa.string())
     assert ids.fresh(again).all()
+
+
+def test_the_ingest_allocator_options_are_set_only_where_the_user_left_them_unset():
+    from lorien.allocator import INGEST_ALLOCATOR_ENV, set_ingest_allocator_env
+
+    environ = {"MIMALLOC_PURGE_DELAY": "250", "PATH": "/bin"}
+    chosen = set_ingest_allocator_env(environ)
+
+    assert environ["MIMALLOC_PURGE_DELAY"] == "250"
+    assert "MIMALLOC_PURGE_DELAY" not in chosen
+    assert chosen == {name: value for name, value in INGEST_ALLOCATOR_ENV.items() if name != "MIMALLOC_PURGE_DELAY"}
+    assert all(environ[name] == value for name, value in chosen.items())
+
+
+# mimalloc prints the options it runs with (MIMALLOC_VERBOSE=1) when pyarrow loads it; the decoding
+# workers are forked from the ingest's process, allocator and options included
+@pytest.mark.parametrize("user_purge_delay", [None, "250"])
+def test_lorien_ingest_loads_arrows_allocator_with_the_ingest_options_unless_the_user_set_them(
+        tmp_path, shared_data, user_purge_delay):
+    import os
+
+    from lorien.allocator import INGEST_ALLOCATOR_ENV
+
+    if pa.default_memory_pool().backend_name != "mimalloc":
+        pytest.skip(f"Arrow's default pool here is {pa.default_memory_pool().backend_name}, not mimalloc")
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("MIMALLOC_")}
+    environ["MIMALLOC_VERBOSE"] = "1"
+    if user_purge_delay is not None:
+        environ["MIMALLOC_PURGE_DELAY"] = user_purge_delay
+    ingest = subprocess.run([sys.executable, "-m", "lorien.cli", "ingest", str(shared_data / TOPHUB_LOG), "--store",
+                             f"parquet:{tmp_path / 'warehouse'}", "--no-progress", "--no-serving-index"],
+                            capture_output=True, text=True, env=environ)
+
+    assert ingest.returncode == 0, ingest.stderr
+    purge_delay = user_purge_delay or INGEST_ALLOCATOR_ENV["MIMALLOC_PURGE_DELAY"]
+    assert f"option 'purge_delay': {purge_delay}" in ingest.stderr
+    assert f"option 'allow_thp': {INGEST_ALLOCATOR_ENV['MIMALLOC_ALLOW_THP']}" in ingest.stderr
+
+
+def test_an_ingest_gives_freed_memory_back_before_it_builds_the_serving_index(tmp_path, shared_data, monkeypatch):
+    import lorien.ingest as ingest_module
+
+    calls = []
+    monkeypatch.setattr(ingest_module, "release_freed_memory", lambda: calls.append("release"))
+    real_build = ingest_module.build_serving_indexes_of
+    monkeypatch.setattr(ingest_module, "build_serving_indexes_of",
+                        lambda store: calls.append("build") or real_build(store))
+
+    ingest_paths([shared_data / TOPHUB_LOG], store_uri=f"parquet:{tmp_path / 'warehouse'}")
+
+    assert calls == ["release", "build"]
+

@@ -82,8 +82,8 @@ def _partition_bounds(high: np.ndarray) -> np.ndarray:
     return np.searchsorted(high >> _PARTITION_SHIFT, _PARTITION_NUMBERS)
 
 
-#: Ids a :class:`RecordIds` keeps in memory (16 bytes each: 2**21 ids are 32 MiB); more go to disk.
-MEMORY_IDS = 1 << 21
+#: Ids a :class:`RecordIds` keeps in memory (16 bytes each: 2**20 ids are 16 MiB); more go to disk.
+MEMORY_IDS = 1 << 20
 
 
 class _SpilledIds:
