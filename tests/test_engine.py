@@ -593,3 +593,25 @@ def test_threads_calling_one_kernel_on_their_own_arrays_each_get_their_own_resul
     finally:
         sys.setswitchinterval(interval)
     assert not failures
+
+
+def test_a_bound_kernel_runs_on_the_arrays_it_was_bound_to_and_keeps_them_alive():
+    import gc
+
+    data, weight, out = _dense(m=4, n=8, k=5)
+    kernel = build(create_schedule(out), [data, weight, out])
+    a, b = RNG.standard_normal((4, 5)).astype("float32"), RNG.standard_normal((8, 5)).astype("float32")
+    result = np.zeros((4, 8), "float32")
+    call = kernel.bind(a, b, result)
+    expected = reference.dense(a, b)
+    b *= 2  # the bound call reads the arrays as they are at each call
+    del a
+    gc.collect()
+    call()
+    np.testing.assert_allclose(result, 2 * expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(LorienError, match="argument 'weight'"):
+        kernel.bind(np.zeros((4, 5), "float32"), np.zeros((5, 8), "float32"), result)
+    fixed = build(create_schedule(out), [data, weight, out], target="llvm -num-cores=1")  # sets its threads
+    result.fill(0)
+    fixed.bind(2 * np.ones((4, 5), "float32"), np.ones((8, 5), "float32"), result)()
+    assert np.all(result == 10)

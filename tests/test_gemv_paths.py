@@ -18,6 +18,7 @@ from lorien import workload_registry
 from lorien.engine import build, ops, reference, runtime, te
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import dense_candidate, dense_gemv_candidate, schedule_dense_gemv
+from lorien.errors import WorkloadError
 from lorien.tune.loop import tune_job
 
 MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
@@ -183,3 +184,24 @@ def test_tvm_applies_and_builds_the_rfactor_rule_trace_and_it_computes_the_dense
     out = tvm.runtime.tensor(np.zeros((1, 48), "float32"))
     kernel(tvm.runtime.tensor(data), tvm.runtime.tensor(weight), out)
     np.testing.assert_allclose(out.numpy(), reference.dense(data, weight), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, n, k, nr, parts", [(1, 64, 48, 32, 2), (1, 96, 37, 16, None), (2, 64, 40, 16, 3)])
+def test_dense_on_a_weight_packed_beforehand_matches_numpy(m, n, k, nr, parts):
+    rng = np.random.default_rng(4)
+    data, weight = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (n, k)).astype("float32")
+    s, args = dense_candidate(m, n, k, m, nr, "nm", prepacked_weight=True, parts=parts)
+    assert args[1].shape == (n // nr, k, nr) and not any(st.name.endswith("weight_pack") for st in s.stages)
+    kernel = build(s, args)
+    out = np.zeros((m, n), "float32")
+    with runtime.threads(2):
+        kernel(*kernel.pack_arguments(data, weight, out))
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
+
+
+def test_dense_refuses_a_pack_nr_other_than_the_packed_weights():
+    data = te.placeholder((1, 32), name="data")
+    with pytest.raises(WorkloadError, match="panels of 16, not pack_nr=32"):
+        ops.dense(data, ops.packed_dense_weight(64, 32, 16), pack_nr=32)
+    with pytest.raises(WorkloadError, match="not a multiple of nr=48"):
+        ops.packed_dense_weight(64, 32, 48)

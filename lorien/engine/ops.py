@@ -83,6 +83,18 @@ def _acc_name(name: str, fused: bool) -> str:
     return f"{name}.acc" if fused else name
 
 
+def packed_dense_weight(n: int, k: int, nr: int, name: str = "weight", dtype: str = "float32") -> te.Tensor:
+    """A dense weight ``[N, K]`` that the kernel takes already packed in panels ``[N/nr, K, nr]``
+    (its ``packing`` says how: ``kernel.pack_arguments`` packs it), for a constant weight packed
+    once outside the kernel, as TVM's layout rewrite does; :func:`dense` reads it as such."""
+    from lorien.engine.arrays import Packing
+
+    if n % nr:
+        raise WorkloadError(f"packed_dense_weight: N={n} is not a multiple of nr={nr}")
+    packing = Packing((n, k), (n // nr, nr, k), (0, 2, 1))
+    return te.Tensor(packing.shape, dtype, name, te.PlaceholderOp(name, packing))
+
+
 def dense(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None, relu: bool = False,
           residual: te.Tensor | None = None, pack_nr: int | None = None, name: str = "dense",
           pack_mr: int | None = None) -> te.Tensor:
@@ -92,9 +104,17 @@ def dense(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None, rel
     so a register tile reads contiguous vectors. ``pack_mr`` (with ``pack_nr``) packs the data
     into row blocks ``[M/mr, K, mr]`` (stage ``<name>.data_pack``): the ``mr`` values a tile
     broadcasts at one k are adjacent, instead of ``mr`` rows K floats apart (with K a multiple of
-    1024 those rows fall in one L1 set and evict each other).
+    1024 those rows fall in one L1 set and evict each other). A 3-d ``weight`` is already in
+    panels ``[N/nr, K, nr]`` (:func:`packed_dense_weight`): no packing stage, ``pack_nr`` is nr.
     """
-    (m, k_dim), (n, k2) = data.shape, weight.shape
+    (m, k_dim), prepacked = data.shape, len(weight.shape) == 3
+    if prepacked:
+        panels, k2, nr = weight.shape
+        if pack_nr not in (None, nr):
+            raise WorkloadError(f"dense: the weight is packed in panels of {nr}, not pack_nr={pack_nr}")
+        n, pack_nr = panels * nr, nr
+    else:
+        n, k2 = weight.shape
     if k_dim != k2:
         raise WorkloadError(f"dense: data {data.shape} and weight {weight.shape} disagree on K")
     if pack_nr and n % pack_nr:
@@ -105,7 +125,9 @@ def dense(data: te.Tensor, weight: te.Tensor, bias: te.Tensor | None = None, rel
         raise WorkloadError(f"dense: M={m} is not a multiple of pack_mr={pack_mr}")
     fused = bias is not None or relu or residual is not None
     k = te.reduce_axis(k_dim, name="k")
-    if pack_nr:
+    if prepacked:
+        packed = weight
+    elif pack_nr:
         packed = te.compute((n // pack_nr, k_dim, pack_nr), lambda jo, kk, ji: weight[jo * pack_nr + ji, kk],
                             name=f"{name}.weight_pack", tag="layout_pack")
     if pack_mr:

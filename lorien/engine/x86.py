@@ -96,7 +96,7 @@ def _output_and_tile(s: Schedule, out: te.Tensor) -> tuple[Stage, Stage]:
 
 
 def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order: str = "mn",
-                   pack_inner: bool = False) -> Schedule:
+                   pack_inner: bool = False, parts: int | None = None) -> Schedule:
     """Register-tiled dense for ``ops.dense(..., pack_nr=nr)``: an ``mr x nr`` accumulator tile in
     vector registers (k innermost outside the tile), parallel over the outer M (or N) blocks.
 
@@ -104,7 +104,11 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     the parallel N loop, just before all M rows use it, instead of the whole weight up front:
     the panel (K x nr floats) stays in cache, and the weight is read from memory once (small M).
     With ``ops.dense(..., pack_mr=mr)`` each ``mr``-row block of the data is packed in the
-    parallel M loop (``order="mn"``) just before the tiles of that block use it."""
+    parallel M loop (``order="mn"``) just before the tiles of that block use it.
+
+    ``parts`` (``order="nm"``): the parallel loop has that many iterations, one contiguous slice of
+    the N panels each, instead of one per panel (with a weight packed beforehand,
+    ``ops.packed_dense_weight``, and M = 1 this is a GEMV that vectorizes N: no horizontal sums)."""
     lanes = min(vector_lanes(), nr)
     top, tile = _output_and_tile(s, out)
     i, j = top.op.axis
@@ -113,6 +117,10 @@ def schedule_dense(s: Schedule, out: te.Tensor, mr: int = 8, nr: int = 32, order
     if order == "mn":
         top.reorder(mo, no, mi, ni)
         top.parallel(mo)
+    elif parts:
+        po, no = top.split(no, nparts=parts)
+        top.reorder(po, no, mo, mi, ni)
+        top.parallel(po)
     else:
         top.reorder(no, mo, mi, ni)
         top.parallel(no)
@@ -358,15 +366,18 @@ def dense_gemv_candidate(m: int, n: int, k: int, rows: int = 4, k_vectors: int =
 
 
 def dense_candidate(m: int, n: int, k: int, mr: int = 8, nr: int = 32, order: str = "mn", pack_inner: bool = False,
-                    pack_data: bool = False):
+                    pack_data: bool = False, prepacked_weight: bool = False, parts: int | None = None):
     """(schedule, args) of a register-tiled dense (``pack_data``: the data packed in ``mr``-row
-    blocks too, see ``ops.dense``); a picklable builder for ``MeasureInput``."""
+    blocks too, see ``ops.dense``; ``prepacked_weight``: the kernel takes the weight already in
+    its panels, ``ops.packed_dense_weight``; ``parts``: see :func:`schedule_dense`); a picklable
+    builder for ``MeasureInput``."""
     from lorien.engine import ops
 
-    data, weight = te.placeholder((m, k), name="data"), te.placeholder((n, k), name="weight")
+    data = te.placeholder((m, k), name="data")
+    weight = ops.packed_dense_weight(n, k, nr) if prepacked_weight else te.placeholder((n, k), name="weight")
     out = ops.dense(data, weight, pack_nr=nr, pack_mr=mr if pack_data else None)
     s = create_schedule(out)
-    schedule_dense(s, out, mr, nr, order, pack_inner)
+    schedule_dense(s, out, mr, nr, order, pack_inner, parts)
     return s, [data, weight, out]
 
 
