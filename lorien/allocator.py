@@ -33,7 +33,6 @@ def set_ingest_allocator_env(environ: MutableMapping[str, str] | None = None) ->
     return chosen
 
 
-
 def release_freed_memory() -> None:
     """Give memory this process has freed back to the system: Python's cycles collected, Arrow's
     pool told to release what it keeps, and the C library's free pages returned (``malloc_trim``,
