@@ -124,7 +124,8 @@ def throughput_gflops(table: pa.Table, cost: str = "mean") -> tuple[np.ndarray, 
     latency = mean_cost
     if cost == "min":
         latency = np.full(n, np.inf)
-        np.minimum.at(latency, parents, values)  # rows with a non-finite repeat are bad_cost below
+        with np.errstate(invalid="ignore"):  # a NaN repeat makes its row NaN: bad_cost below
+            np.minimum.at(latency, parents, values)
     error_no = table["error_no"].to_numpy(zero_copy_only=False)
     flop = table["flop"].to_numpy(zero_copy_only=False).astype(np.float64)  # nulls -> nan
     failed = error_no != 0
