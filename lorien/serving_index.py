@@ -260,11 +260,13 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
 
 class PersistedIndex:
     """A memory-mapped index file; answers as :class:`~lorien.warehouse.parquet.serving.ServingIndex`
-    (with the standard library only)."""
+    (with the standard library only). The group arrays are read into memory at open, the rows are
+    read from the map as lookups touch them; with ``preload`` the kernel is asked to read the whole
+    file into the page cache at once (``madvise(MADV_WILLNEED)``, where the platform has it)."""
 
     persisted = True
 
-    def __init__(self, path: str, target_key: str):
+    def __init__(self, path: str, target_key: str, preload: bool = False):
         self.path = path
         self.target_key = target_key
         self.verified: set[str] = set()  # record ids checked (or confirmed from the serving files)
@@ -273,6 +275,11 @@ class PersistedIndex:
             if size < len(MAGIC) + TAIL.size:
                 raise IndexDamaged(f"{size} bytes, shorter than an empty index")
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        #: whether the kernel was asked to read the whole file into the page cache now, in the
+        #: background, so that the first lookups of a serving process do not wait for the disk
+        self.preloaded = preload and hasattr(mmap, "MADV_WILLNEED")
+        if self.preloaded:
+            self._map.madvise(mmap.MADV_WILLNEED)
         view = memoryview(self._map)
         header_len, header_crc, version, magic = TAIL.unpack_from(view, size - TAIL.size)
         if magic != MAGIC or view[:len(MAGIC)] != MAGIC:
@@ -297,13 +304,21 @@ class PersistedIndex:
             if at < len(MAGIC) or at + length > header_at:
                 raise IndexDamaged(f"section {name} outside the file")
             sections[name] = view[at:at + length]
+        # The group arrays (24 bytes a group) are copied into this process's memory, not left
+        # mapped: every lookup searches them, and a page of them evicted from the page cache
+        # (by a large write beside the server, say) would cost a lookup a read from disk.
         crc = 0
+        group_arrays = []
         for name in ("hashes", "spans", "row_starts"):
-            crc = zlib.crc32(sections[f"group.{name}"], crc)
+            if len(sections[f"group.{name}"]) % 8:
+                raise IndexDamaged(f"section group.{name} is not of 8-byte values")
+            values = array("Q")
+            values.frombytes(sections[f"group.{name}"])
+            crc = zlib.crc32(values, crc)
+            group_arrays.append(values)
         if crc != header["groups_crc"]:
             raise IndexDamaged("group arrays checksum mismatch")
-        self.hashes, self.spans, self.row_starts = (
-            sections[f"group.{name}"].cast("Q") for name in ("hashes", "spans", "row_starts"))
+        self.hashes, self.spans, self.row_starts = group_arrays
         if not len(self.hashes) == len(self.spans) // 2 == len(self.row_starts) == groups:
             raise IndexDamaged("group arrays of different lengths")
         self.offsets = sections["rows.offsets"].cast("q")

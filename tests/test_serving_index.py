@@ -359,3 +359,34 @@ def test_an_index_of_another_format_version_is_rebuilt_without_a_warning(root, r
     assert not [warning for warning in recwarn if issubclass(warning.category, ServingIndexWarning)]
     (rebuilt,) = index_files(root)
     assert struct.unpack_from("<I", rebuilt.read_bytes(), rebuilt.stat().st_size - TAIL.size + 12)[0] == VERSION
+
+
+def test_the_group_arrays_are_read_at_open_and_lookups_do_not_touch_them_in_the_file(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    store = open_store(uri)
+    expected = [store.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert isinstance(store._indexes["llvm_cpu"], PersistedIndex)
+    data = path.read_bytes()
+    header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
+    header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+    with open(path, "r+b") as handle:  # in place: the open map sees it, a copy does not
+        for name in ("group.hashes", "group.spans", "group.row_starts"):
+            at, length = header["sections"][name]
+            handle.seek(at)
+            handle.write(b"\0" * length)
+    assert [store.best(target=SKYLAKE, **query) for query in QUERIES] == expected
+
+
+def test_a_store_opened_with_preload_asks_for_its_index_pages_at_once(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    preloading = open_store(f"{uri}?preload=true")
+    answers = [preloading.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert preloading._indexes["llvm_cpu"].preloaded
+    plain = open_store(uri)
+    assert [plain.best(target=SKYLAKE, **query) for query in QUERIES] == answers
+    assert not plain._indexes["llvm_cpu"].preloaded

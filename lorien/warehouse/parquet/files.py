@@ -24,9 +24,11 @@ class LocalFiles:
 
     is_local = True
 
-    def __init__(self, root: str, fsync: bool = False):
+    def __init__(self, root: str, fsync: bool = False, preload: bool = False):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.fsync = fsync
+        #: read each persisted serving index into the page cache as it is opened (``?preload=true``)
+        self.preload = preload
 
     def _path(self, rel: str) -> str:
         return os.path.join(self.root, *rel.split("/"))
@@ -293,7 +295,8 @@ def open_files(location: str) -> LocalFiles | S3Files:
     if not path:
         raise StoreError("empty parquet store path")
     query = {name: values[-1] for name, values in parse_qs(query_text).items()}
-    unknown = set(query) - {"fsync"}
+    unknown = set(query) - {"fsync", "preload"}
     if unknown:
-        raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync)")
-    return LocalFiles(path, fsync=query.get("fsync", "false").lower() in ("1", "true", "yes"))
+        raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync, preload)")
+    return LocalFiles(path, fsync=query.get("fsync", "false").lower() in ("1", "true", "yes"),
+                      preload=query.get("preload", "false").lower() in ("1", "true", "yes"))

@@ -459,7 +459,7 @@ class ParquetStore(Store):
             return None
         path = self._files._path(index_rel(serving_dir(target_key), listed))
         try:
-            return PersistedIndex(path, target_key)
+            return PersistedIndex(path, target_key, preload=self._files.preload)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             return None  # none built for this listing (or none can be read here)
         except IndexOfOtherVersion:
@@ -571,7 +571,7 @@ class ParquetStore(Store):
                     os.remove(os.path.join(directory, name))
                 except FileNotFoundError:
                     pass
-        return PersistedIndex(final, target_key)
+        return PersistedIndex(final, target_key, preload=self._files.preload)
 
     def build_serving_indexes(self) -> dict[str, int]:
         """Build (or find) the persisted serving index of every target key, so that a new
