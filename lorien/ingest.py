@@ -266,5 +266,7 @@ def _ingest_one(log: Path, chosen_format: str | None, strict: bool, batch_size: 
         if table.num_rows:
             unknown = table.filter(pc.is_null(table.column("flop"))).column("task_name")
             file_report.flop_unknown.update(pc.unique(pc.cast(unknown, pa.string())).to_pylist())
+            del unknown
             batches.put(table, file_report)
+        del table  # a committed batch is not kept while the next one is decoded
     return file_report

@@ -203,3 +203,48 @@ def test_a_decoder_that_starts_over_between_blocks_gives_the_same_tables(shared_
     as_rows = [row for table in expected for row in table.to_pylist()]
     assert [row for table in in_process for row in table.to_pylist()] == as_rows
     assert [row for table in in_workers for row in table.to_pylist()] == as_rows
+
+
+class _InlineExecutor:
+    """A ProcessPoolExecutor stand-in that decodes each block as it is submitted and counts the
+    blocks decoded but not yet taken by the consumer (what the committing process holds)."""
+
+    held_at_most = 0
+
+    def __init__(self, workers, mp_context=None):
+        self.done = 0
+
+    def submit(self, function, *args):
+        from concurrent.futures import Future
+
+        future, taken = Future(), self
+        future.set_result(function(*args))
+        future.result = lambda original=future.result: taken.took() or original()
+        self.done += 1
+        _InlineExecutor.held_at_most = max(_InlineExecutor.held_at_most, self.done)
+        return future
+
+    def took(self):
+        self.done -= 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_blocks_decoded_ahead_of_the_consumer_are_bounded_by_bytes_not_by_workers(shared_data, monkeypatch):
+    """However fast the workers decode, the committing process holds at most DECODE_AHEAD_BYTES
+    of log decoded ahead (and one block a worker, plus one), and every record still comes out."""
+    log = shared_data / "tophub" / "rocm_v0.05.log"
+    expected = [row for tables, _ in autotvm._decode_in_process(log, 16 << 10) for table in tables
+                for row in table.to_pylist()]
+    monkeypatch.setattr(autotvm, "ProcessPoolExecutor", _InlineExecutor)
+    monkeypatch.setattr(autotvm, "DECODE_AHEAD_BYTES", 4 * (16 << 10))
+    for workers, bound in ((4, 5), (2, 4)):  # the log is 8 blocks of 16 KiB
+        _InlineExecutor.held_at_most = 0
+        rows = [row for tables, _ in autotvm._decode_in_workers(str(log), workers, 16 << 10) for table in tables
+                for row in table.to_pylist()]
+        assert rows == expected
+        assert _InlineExecutor.held_at_most == bound

@@ -359,7 +359,12 @@ def iter_records(path: str | Path, strict: bool = False) -> Iterator[TuningRecor
 #: Logs at least this large are decoded by worker processes when more than one core is free.
 PARALLEL_MIN_BYTES = 64 << 20
 #: Bytes of log one worker task decodes.
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
+#: Bytes of log handed to the decoding workers and not yet taken by the consumer: what a decoded
+#: block waits in (the committing process holds the blocks that are done), so the consumer's
+#: memory does not depend on how much faster than it the workers decode. At least one block a
+#: worker, plus one, are in flight.
+DECODE_AHEAD_BYTES = 16 << 20
 
 
 def iter_tables(path: str | Path, strict: bool = False, batch_size: int = 65536, workers: int | None = None,
@@ -640,16 +645,19 @@ def _decode_in_workers(source: str, workers: int, chunk_bytes: int, dictionary: 
     # the native scanner and finding libcrypto
     pa.array(np.zeros(0))
     native.sha256_functions()
+    ahead = max(workers + 1, DECODE_AHEAD_BYTES // chunk_bytes)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         try:
-            for start, end in itertools.islice(bounds, 2 * workers):
+            for start, end in itertools.islice(bounds, ahead):
                 pending.append(pool.submit(_decode_chunk, source, start, end))
             while pending:
                 tables, chunk_errors, n_lines = pending.popleft().result()
                 for start, end in itertools.islice(bounds, 1):
                     pending.append(pool.submit(_decode_chunk, source, start, end))
-                yield [table if dictionary else _from_wire(table) for table in tables], [
-                    RecordParseError(message, source, line_offset + line) for line, message in chunk_errors]
+                block = [table if dictionary else _from_wire(table) for table in tables]
+                del tables  # the consumer holds the block's tables while this waits for the next
+                yield block, [RecordParseError(message, source, line_offset + line) for line, message in chunk_errors]
+                del block
                 line_offset += n_lines
         finally:
             for future in pending:
@@ -683,12 +691,17 @@ def _rebatch_blocks(blocks: Iterator[tuple[list[pa.Table], list[RecordParseError
         for table in tables:
             held.append(table)
             held_rows += table.num_rows
+        del tables
         while held_rows >= batch_size:
             merged = pa.concat_tables(held)
-            yield merged.slice(0, batch_size), errors
-            errors = []
-            rest = merged.slice(batch_size)
+            batch, rest = merged.slice(0, batch_size), merged.slice(batch_size)
+            del merged
             held, held_rows = ([rest] if rest.num_rows else []), rest.num_rows
+            del rest
+            yield batch, errors
+            # nothing here keeps a batch handed out while the next one is decoded
+            del batch
+            errors = []
     if held_rows or errors:
         merged = pa.concat_tables(held) if held else _Batch().table(Decoder(source), [], strict)
         yield merged, errors
