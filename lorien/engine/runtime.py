@@ -116,9 +116,9 @@ static void run_parts(unsigned id) {
         if ((unsigned)(cur >> 32) != id || part >= (unsigned)job.parts) return;
         if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, cur + 1,
                                                    memory_order_acq_rel, memory_order_acquire)) continue;
-        int64_t chunk = (job.n + job.parts - 1) / job.parts;
-        int64_t begin = (int64_t)part * chunk, end = begin + chunk;
-        if (end > job.n) end = job.n;
+        /* balanced: part sizes differ by at most one iteration (28 rows in 8 parts: 3 or 4,
+           not seven parts of 4 and an empty one, which left one thread 16 rows and the other 12) */
+        int64_t begin = (int64_t)part * job.n / job.parts, end = ((int64_t)part + 1) * job.n / job.parts;
         if (begin < end) job.fn(job.ctx, begin, end);
         atomic_fetch_add_explicit(&done_parts, 1, memory_order_release);
     }
@@ -225,15 +225,27 @@ void lorien_set_num_threads(int n) {
     pthread_mutex_unlock(&pool_lock);
 }
 
+/* How many parts a loop of n iterations is cut into: a few per thread, so that a descheduled
+   thread holds back only a small part while the others claim the rest; of those counts
+   (multiples of threads, 2 to PARTS_PER_THREAD per thread) the largest that divides n, so
+   that every thread's share is the same number of iterations (28 rows: 4 parts of 7, not 8
+   parts of 3 or 4, which two threads claiming in turn split 12 / 16); else that many parts of
+   sizes differing by one; n when it is smaller. */
+static int part_count(int64_t n, int threads) {
+    int64_t most = (int64_t)threads * PARTS_PER_THREAD;
+    if (n < most) return (int)n;
+    for (int64_t p = most; p >= 2 * (int64_t)threads; p -= threads)
+        if (n % p == 0) return (int)p;
+    return (int)most;
+}
+
 void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     if (n <= 0) return;
     if (pthread_mutex_trylock(&pool_lock) != 0) { fn(ctx, 0, n); return; }
     start_pool();
     int threads = wanted_threads < started_threads + 1 ? wanted_threads : started_threads + 1;
     if (threads <= 1 || n == 1) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
-    /* A few parts per thread: a thread that is descheduled (a shared machine) holds back at
-       most a small part while the others claim the rest. */
-    int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
+    int parts = part_count(n, threads);
     keep_workers_off(sched_getcpu(), started_threads);
     unsigned id = atomic_load(&generation) + 1;
     job.fn = fn; job.ctx = ctx; job.n = n; job.parts = parts;

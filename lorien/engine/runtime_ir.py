@@ -143,7 +143,8 @@ define internal void @unlock() {{
 }}
 
 ; Claim and run parts of job %id until none is left; a thread that wakes late never runs a
-; part twice or a part of a later job (the claim names the job).
+; part twice or a part of a later job (the claim names the job). Part p is [p*n/parts,
+; (p+1)*n/parts): sizes differ by at most one iteration.
 define internal void @run_parts(i32 %id) {{
 entry:
   br label %claim
@@ -165,14 +166,12 @@ try:
 run:
   %n = load i64, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
   %parts64 = zext i32 %parts to i64
-  %rounded = add i64 %n, %parts64
-  %rounded1 = sub i64 %rounded, 1
-  %chunk = sdiv i64 %rounded1, %parts64
   %part64 = zext i32 %part to i64
-  %begin = mul i64 %part64, %chunk
-  %end_unclipped = add i64 %begin, %chunk
-  %past = icmp sgt i64 %end_unclipped, %n
-  %end = select i1 %past, i64 %n, i64 %end_unclipped
+  %begin_scaled = mul i64 %part64, %n
+  %begin = sdiv i64 %begin_scaled, %parts64
+  %after64 = add i64 %part64, 1
+  %end_scaled = mul i64 %after64, %n
+  %end = sdiv i64 %end_scaled, %parts64
   %nonempty = icmp slt i64 %begin, %end
   br i1 %nonempty, label %call, label %count
 call:
@@ -438,6 +437,39 @@ define void @lorien_set_num_threads(i32 %n) {{
   ret void
 }}
 
+; How many parts a loop of %n iterations is cut into: a few per thread, so that a descheduled
+; thread holds back at most a small part; of those counts (multiples of %threads, 2 to
+; {parts_per_thread} per thread) the largest that divides %n, so that every thread's share is the same
+; number of iterations (28 rows: 4 parts of 7, not 8 parts of 3 or 4, which two threads
+; claiming in turn split 12 / 16); else that many parts of sizes differing by one; %n itself
+; when it is smaller.
+define internal i32 @part_count(i64 %n, i32 %threads) {{
+entry:
+  %threads64 = sext i32 %threads to i64
+  %most = mul i64 %threads64, {parts_per_thread}
+  %few = icmp slt i64 %n, %most
+  br i1 %few, label %all, label %search
+all:
+  %n32 = trunc i64 %n to i32
+  ret i32 %n32
+search:
+  %p = phi i64 [ %most, %entry ], [ %p_next, %next ]
+  %rest = urem i64 %n, %p
+  %divides = icmp eq i64 %rest, 0
+  br i1 %divides, label %found, label %next
+next:
+  %p_next = sub i64 %p, %threads64
+  %fewest = mul i64 %threads64, 2
+  %more = icmp sge i64 %p_next, %fewest
+  br i1 %more, label %search, label %fallback
+found:
+  %p32 = trunc i64 %p to i32
+  ret i32 %p32
+fallback:
+  %most32 = trunc i64 %most to i32
+  ret i32 %most32
+}}
+
 ; fn(ctx, begin, end) over [0, n): on the pool, or serially inside another parallel loop.
 define void @lorien_parallel_for(ptr %fn, ptr %ctx, i64 %n) {{
 entry:
@@ -467,12 +499,7 @@ run_alone:
   call void %fn(ptr %ctx, i64 0, i64 %n)
   br label %return
 launch:
-  ; a few parts per thread: a descheduled thread holds back at most a small part
-  %threads64 = sext i32 %threads to i64
-  %most_parts = mul i64 %threads64, {parts_per_thread}
-  %few = icmp slt i64 %n, %most_parts
-  %parts64 = select i1 %few, i64 %n, i64 %most_parts
-  %parts = trunc i64 %parts64 to i32
+  %parts = call i32 @part_count(i64 %n, i32 %threads)
   %caller_cpu = call i32 @sched_getcpu()
   call void @keep_workers_off(i32 %caller_cpu, i32 %started)
   %last_id = load atomic i32, ptr @generation monotonic, align 4
