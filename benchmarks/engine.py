@@ -236,7 +236,8 @@ def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[s
     the weight per thread, ``parts``), below M = 4 the register tile on a weight packed
     beforehand in panels of 4 or 8 vectors (N vectorized: no horizontal sums; packed once, as a
     constant weight is), and, from M = 4, the register tile with each weight panel packed just
-    before use."""
+    before use, or on a weight packed beforehand (``mr`` of 4-8 rows, ``nr`` of 2-4 vectors,
+    both loop orders)."""
     lanes, threads = vector_lanes(), runtime.num_threads()
     gemv = ((2, 1), (4, 1)) if quick else ((1, 2), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (4, 2))
     out = [(f"gemv rows={rows} k_vectors={kv} parts={parts or 'rows'}",
@@ -252,6 +253,13 @@ def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[s
             if n % nr == 0:
                 out.append((f"panel-packed tile mr={mr} nr={nr}",
                             functools.partial(dense_candidate, m, n, k, mr, nr, "nm", True)))
+        # the register tile on a weight packed beforehand: no panel packing (a transposing
+        # gather of the [N, K] weight) on every call
+        for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 8), 3 * lanes), (min(m, 4), 4 * lanes)):
+            for order in ("mn", "nm") if n % nr == 0 else ():
+                pack_data = order == "mn" and m % mr == 0
+                out.append((f"weight packed beforehand mr={mr} nr={nr} {order}" + (" packed data" if pack_data else ""),
+                            functools.partial(dense_candidate, m, n, k, mr, nr, order, False, pack_data, True)))
     return out
 
 
