@@ -54,7 +54,9 @@ get the same number of samples; the ratio is of medians, and minimums are printe
 - ``launch_warm_us`` / ``launch_cold_us``: fork-join overhead of a 2-thread parallel loop
   (a 2-row parallel loop minus one row run serially), with the pool's threads spinning (warm)
   or asleep after 50 ms idle (cold); ``launch_*_vs_omp`` against the same loop compiled with
-  ``gcc -O3 -fopenmp`` (libgomp), timed by the same native loop.
+  ``gcc -O3 -fopenmp`` (libgomp), timed by the same native loop, the two sides taking turns
+  in every round (each after a 20 ms pause, so that neither side's spinning workers hold a
+  core through the other's turn).
 - ``launch_us_c`` / ``dense512_vs_numpy_c``: the engine runtime built from C instead of LLVM IR
   (``$LORIEN_RUNTIME=c``), measured in a child process.
 
@@ -821,41 +823,49 @@ def _rows_kernel(rows: int, width: int, parallel: bool):
     return build(s, [a, out]), [np.ones((rows, width), "float32"), np.zeros((rows, width), "float32")]
 
 
-def _launch_overheads(parallel_s: Callable[[int], float], serial_s: Callable[[int], float],
-                      rounds: int) -> tuple[float, float]:
-    """(warm, cold) fork-join overhead in microseconds: the best 2-row parallel run minus the
-    best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S."""
-    warm_par = warm_one = math.inf
+#: Idle time before each side's warm rounds: longer than either side's workers spin after a
+#: loop (Lorien's 1 ms, libgomp's GOMP_SPINCOUNT), so neither holds the other's second core.
+SIDE_PAUSE_S = 0.02
+
+
+def _launch_overheads(sides: dict[str, tuple[Callable[[int], float], Callable[[int], float]]],
+                      rounds: int) -> dict[str, tuple[float, float]]:
+    """Per side, (warm, cold) fork-join overhead in microseconds: the best 2-row parallel run
+    minus the best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S.
+    ``sides`` maps a name to (parallel_s, serial_s): seconds of ``number`` runs. The sides take
+    turns in every warm and cold round, so a load that comes and goes reaches both alike."""
+    warm_par = dict.fromkeys(sides, math.inf)
+    warm_one = dict.fromkeys(sides, math.inf)
     for _ in range(7):
-        warm_par = min(warm_par, parallel_s(2000) / 2000)
-        warm_one = min(warm_one, serial_s(2000) / 2000)
-    cold = []
+        for name, (parallel_s, serial_s) in sides.items():
+            time.sleep(SIDE_PAUSE_S)
+            warm_par[name] = min(warm_par[name], parallel_s(2000) / 2000)
+            warm_one[name] = min(warm_one[name], serial_s(2000) / 2000)
+    cold: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
-        time.sleep(COLD_IDLE_S)
-        cold.append(parallel_s(1))
-    return max(0.0, (warm_par - warm_one) * 1e6), max(0.0, (statistics.median(cold) - warm_one) * 1e6)
+        for name, (parallel_s, _) in sides.items():
+            time.sleep(COLD_IDLE_S)
+            cold[name].append(parallel_s(1))
+    return {name: (max(0.0, (warm_par[name] - warm_one[name]) * 1e6),
+                   max(0.0, (statistics.median(cold[name]) - warm_one[name]) * 1e6)) for name in sides}
 
 
-def bench_launch(rounds: int) -> tuple[float, float]:
-    """Lorien's (warm, cold) fork-join overhead in microseconds."""
+def _lorien_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]]:
     par, par_arrays = _rows_kernel(2, LAUNCH_WIDTH, True)
     one, one_arrays = _rows_kernel(1, LAUNCH_WIDTH, False)
-    warm, cold = _launch_overheads(lambda number: par.time(*par_arrays, number=number)[0] * number,
-                                   lambda number: one.time(*one_arrays, number=number)[0] * number, rounds)
-    print(f"parallel launch (lorien, {runtime.backend()} runtime, {runtime.num_threads()} threads): "
-          f"warm {warm:.2f} us, cold {cold:.2f} us")
-    return warm, cold
+    return (lambda number: par.time(*par_arrays, number=number)[0] * number,
+            lambda number: one.time(*one_arrays, number=number)[0] * number)
 
 
-def bench_launch_omp(rounds: int) -> tuple[float, float]:
-    """The same loop with OpenMP (gcc -fopenmp); nan when there is no compiler."""
+def _omp_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]] | None:
+    """The same loop with OpenMP (gcc -fopenmp); None when there is no compiler."""
     from lorien.native import NativeBuildError, load_shared
 
     try:
         lib = load_shared(OMP_SOURCE, "bench_omp_rows", ("-O3", "-march=native", "-fopenmp"), libs=("-fopenmp",))
     except NativeBuildError as exc:
         print(f"parallel launch (OpenMP): skipped ({str(exc).splitlines()[0]})")
-        return NAN, NAN
+        return None
     lib.omp_time_rows.restype = ctypes.c_double
     lib.omp_time_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                   ctypes.c_long, ctypes.c_int]
@@ -865,10 +875,28 @@ def bench_launch_omp(rounds: int) -> tuple[float, float]:
     def timed(count: int, number: int, use: int) -> float:
         return lib.omp_time_rows(a.ctypes.data, out.ctypes.data, count, LAUNCH_WIDTH, number, use)
 
-    warm, cold = _launch_overheads(lambda number: timed(2, number, threads), lambda number: timed(1, number, 1),
-                                   rounds)
-    print(f"parallel launch (OpenMP, libgomp, {threads} threads): warm {warm:.2f} us, cold {cold:.2f} us")
-    return warm, cold
+    return lambda number: timed(2, number, threads), lambda number: timed(1, number, 1)
+
+
+def bench_launch(rounds: int, with_omp: bool = False) -> dict[str, tuple[float, float]]:
+    """(warm, cold) fork-join overhead in microseconds of Lorien's pool (``lorien``) and, with
+    ``with_omp``, of the same loop on OpenMP (``omp``; nan when there is no compiler), measured
+    in turns."""
+    sides = {"lorien": _lorien_launch_side()}
+    omp = _omp_launch_side() if with_omp else None
+    if omp:
+        sides["omp"] = omp
+    found = _launch_overheads(sides, rounds)
+    warm, cold = found["lorien"]
+    print(f"parallel launch (lorien, {runtime.backend()} runtime, {runtime.num_threads()} threads): "
+          f"warm {warm:.2f} us, cold {cold:.2f} us")
+    if omp:
+        warm, cold = found["omp"]
+        print(f"parallel launch (OpenMP, libgomp, {runtime.num_threads()} threads): warm {warm:.2f} us, "
+              f"cold {cold:.2f} us")
+    elif with_omp:
+        found["omp"] = (NAN, NAN)
+    return found
 
 
 # ---- the other runtime ----------------------------------------------------------------------
@@ -889,7 +917,7 @@ def bench_other_runtime(name: str, quick: bool) -> tuple[float, float]:
 def runtime_child(quick: bool) -> None:
     """--runtime-child: warm launch overhead and dense 512 on this process's runtime, then JSON."""
     limiter = pin_blas_threads(runtime.num_threads())
-    launch_us, _ = bench_launch(rounds=5)
+    launch_us, _ = bench_launch(rounds=5)["lorien"]
     dense512 = bench_dense(512, 512, 512, dense_grid(quick), 30 if quick else 120)["numpy"]
     limiter.restore_original_limits()
     print(json.dumps({"runtime": runtime.backend(), "launch_us": launch_us, "dense512": dense512}))
@@ -931,8 +959,9 @@ def main() -> None:
         print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
     peak = host_peak(threads)
-    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
-    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
+    launches = (bench_launch(rounds=10 if quick else 40, with_omp=True) if "launch" in wanted
+                else {"lorien": (NAN, NAN), "omp": (NAN, NAN)})
+    (launch_warm, launch_cold), (omp_warm, omp_cold) = launches["lorien"], launches["omp"]
     dense_samples = 30 if quick else 150
     lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
     skipped = {"numpy": NAN, "torch": NAN, "gflops": NAN, "numpy_gflops": NAN}
