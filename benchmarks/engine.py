@@ -54,7 +54,9 @@ get the same number of samples; the ratio is of medians, and minimums are printe
 - ``launch_warm_us`` / ``launch_cold_us``: fork-join overhead of a 2-thread parallel loop
   (a 2-row parallel loop minus one row run serially), with the pool's threads spinning (warm)
   or asleep after 50 ms idle (cold); ``launch_*_vs_omp`` against the same loop compiled with
-  ``gcc -O3 -fopenmp`` (libgomp), timed by the same native loop.
+  ``gcc -O3 -fopenmp`` (libgomp), timed by the same native loop, the two sides taking turns
+  in every round (each after a 20 ms pause, so that neither side's spinning workers hold a
+  core through the other's turn).
 - ``launch_us_c`` / ``dense512_vs_numpy_c``: the engine runtime built from C instead of LLVM IR
   (``$LORIEN_RUNTIME=c``), measured in a child process.
 
@@ -236,7 +238,8 @@ def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[s
     the weight per thread, ``parts``), below M = 4 the register tile on a weight packed
     beforehand in panels of 4 or 8 vectors (N vectorized: no horizontal sums; packed once, as a
     constant weight is), and, from M = 4, the register tile with each weight panel packed just
-    before use."""
+    before use, or on a weight packed beforehand (``mr`` of 4-8 rows, ``nr`` of 2-4 vectors,
+    both loop orders)."""
     lanes, threads = vector_lanes(), runtime.num_threads()
     gemv = ((2, 1), (4, 1)) if quick else ((1, 2), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (4, 2))
     out = [(f"gemv rows={rows} k_vectors={kv} parts={parts or 'rows'}",
@@ -252,6 +255,13 @@ def dense_skinny_candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[s
             if n % nr == 0:
                 out.append((f"panel-packed tile mr={mr} nr={nr}",
                             functools.partial(dense_candidate, m, n, k, mr, nr, "nm", True)))
+        # the register tile on a weight packed beforehand: no panel packing (a transposing
+        # gather of the [N, K] weight) on every call
+        for mr, nr in ((min(m, 8), 2 * lanes), (min(m, 8), 3 * lanes), (min(m, 4), 4 * lanes)):
+            for order in ("mn", "nm") if n % nr == 0 else ():
+                pack_data = order == "mn" and m % mr == 0
+                out.append((f"weight packed beforehand mr={mr} nr={nr} {order}" + (" packed data" if pack_data else ""),
+                            functools.partial(dense_candidate, m, n, k, mr, nr, order, False, pack_data, True)))
     return out
 
 
@@ -371,7 +381,10 @@ def channel_block(channels: int) -> int:
 
 
 def conv_grid(out_size: int, quick: bool, channels: int = 64, out_channels: int = 64,
-              kernel: int = 3) -> list[tuple[int, int, int, bool, int]]:
+              kernel: int = 3) -> list[tuple[int, int, int, bool, int, bool]]:
+    """(ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh, pad_rows) configs of a layer's NCHW[x]c kernel;
+    a padded (3x3) layer has each both ways: the padding a parallel pass of its own, or
+    ``pad_rows`` (parallel over output rows, each padding the input rows it reads)."""
     ic_bn, oc_bn = channel_block(channels), channel_block(out_channels)
     tiles = [t for t in _divisors(out_size, 28) if t >= 4] or [out_size]
     tiles = sorted(tiles, key=lambda t: abs(t - 8))[: 2 if quick else 4]
@@ -382,7 +395,7 @@ def conv_grid(out_size: int, quick: bool, channels: int = 64, out_channels: int 
             grid += [(ic_bn, 2 * oc_bn, t, kw, 1) for t in tiles if t <= 14 for kw in unroll]
         if out_size % 2 == 0:
             grid += [(ic_bn, oc_bn, t, kw, 2) for t in tiles if t <= 8 for kw in unroll]
-    return grid
+    return [(*config, pad_rows) for config in grid for pad_rows in ((False, True) if kernel > 1 else (False,))]
 
 
 def torch_best(times: dict[str, list[float]]) -> str:
@@ -407,18 +420,20 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
     expected = conv(t_data, t_weight, stride=stride, padding=pad).numpy()
     flop = 2.0 * out_channels * out_size * out_size * channels * kernel_size * kernel_size
     screened = []
-    for ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh in conv_grid(out_size, quick, channels, out_channels, kernel_size):
+    for config in conv_grid(out_size, quick, channels, out_channels, kernel_size):
+        ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh, pad_rows = config
         s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw,
-                                         kernel=kernel_size, pad=pad, tile_oh=tile_oh)
+                                         kernel=kernel_size, pad=pad, tile_oh=tile_oh, pad_rows=pad_rows)
         kernel = build(s, args)
         packed = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
                   aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
         out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
-        screened.append((native_best_s(kernel, [*packed, out]), (ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh),
-                         kernel, packed, out))
-    _, config, kernel, (packed_data, packed_weight), packed_out = min(screened, key=lambda item: item[0])
+        screened.append((native_best_s(kernel, [*packed, out]), str(config), kernel, config, [*packed, out]))
+    # the native loop's fastest runs screen; the finalists' medians of calls timed as below pick
+    _, kernel, config, (packed_data, packed_weight, packed_out) = pick_by_calls(
+        sorted(screened, key=lambda item: item[0])[:1 if quick else FINALISTS])
     pack, unpack = layout_kernels(channels, size, out_channels, out_size, config[0], config[1])
     plain_out = aligned_zeros((1, out_channels, out_size, out_size), "float32")
 
@@ -429,8 +444,7 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
 
     end_to_end()
     np.testing.assert_allclose(plain_out, expected, rtol=1e-3, atol=1e-2)
-    calls = {"lorien kernel": functools.partial(kernel, packed_data, packed_weight, packed_out),
-             "lorien e2e": end_to_end}
+    calls = {"lorien kernel": kernel.bind(packed_data, packed_weight, packed_out), "lorien e2e": end_to_end}
     nchw = conv1x1_nchw_call(data, weight, expected) if kernel_size == 1 and stride == 1 else None
     if nchw:
         calls["lorien NCHW"] = nchw[1]
@@ -448,7 +462,7 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
     kernel_path, kernel_ratio = fastest_path(times, ("lorien kernel", *others), torch_s)
     e2e_path, e2e_ratio = fastest_path(times, ("lorien e2e", *others), torch_s)
     print(f"conv{kernel_size}x{kernel_size} {channels}x{size}x{size}->{out_channels} s{stride} "
-          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh)={config}"
+          f"(ic_bn,oc_bn,tile_ow,unroll_kw,tile_oh,pad_rows)={config}"
           + (f", NCHW matmul {nchw[0]}" if nchw else "")
           + f": kernel {kernel_ratio:.2f}x ({kernel_path}), end to end {e2e_ratio:.2f}x ({e2e_path}) "
           f"against {torch_layout}")
@@ -809,41 +823,49 @@ def _rows_kernel(rows: int, width: int, parallel: bool):
     return build(s, [a, out]), [np.ones((rows, width), "float32"), np.zeros((rows, width), "float32")]
 
 
-def _launch_overheads(parallel_s: Callable[[int], float], serial_s: Callable[[int], float],
-                      rounds: int) -> tuple[float, float]:
-    """(warm, cold) fork-join overhead in microseconds: the best 2-row parallel run minus the
-    best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S."""
-    warm_par = warm_one = math.inf
+#: Idle time before each side's warm rounds: longer than either side's workers spin after a
+#: loop (Lorien's 1 ms, libgomp's GOMP_SPINCOUNT), so neither holds the other's second core.
+SIDE_PAUSE_S = 0.02
+
+
+def _launch_overheads(sides: dict[str, tuple[Callable[[int], float], Callable[[int], float]]],
+                      rounds: int) -> dict[str, tuple[float, float]]:
+    """Per side, (warm, cold) fork-join overhead in microseconds: the best 2-row parallel run
+    minus the best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S.
+    ``sides`` maps a name to (parallel_s, serial_s): seconds of ``number`` runs. The sides take
+    turns in every warm and cold round, so a load that comes and goes reaches both alike."""
+    warm_par = dict.fromkeys(sides, math.inf)
+    warm_one = dict.fromkeys(sides, math.inf)
     for _ in range(7):
-        warm_par = min(warm_par, parallel_s(2000) / 2000)
-        warm_one = min(warm_one, serial_s(2000) / 2000)
-    cold = []
+        for name, (parallel_s, serial_s) in sides.items():
+            time.sleep(SIDE_PAUSE_S)
+            warm_par[name] = min(warm_par[name], parallel_s(2000) / 2000)
+            warm_one[name] = min(warm_one[name], serial_s(2000) / 2000)
+    cold: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
-        time.sleep(COLD_IDLE_S)
-        cold.append(parallel_s(1))
-    return max(0.0, (warm_par - warm_one) * 1e6), max(0.0, (statistics.median(cold) - warm_one) * 1e6)
+        for name, (parallel_s, _) in sides.items():
+            time.sleep(COLD_IDLE_S)
+            cold[name].append(parallel_s(1))
+    return {name: (max(0.0, (warm_par[name] - warm_one[name]) * 1e6),
+                   max(0.0, (statistics.median(cold[name]) - warm_one[name]) * 1e6)) for name in sides}
 
 
-def bench_launch(rounds: int) -> tuple[float, float]:
-    """Lorien's (warm, cold) fork-join overhead in microseconds."""
+def _lorien_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]]:
     par, par_arrays = _rows_kernel(2, LAUNCH_WIDTH, True)
     one, one_arrays = _rows_kernel(1, LAUNCH_WIDTH, False)
-    warm, cold = _launch_overheads(lambda number: par.time(*par_arrays, number=number)[0] * number,
-                                   lambda number: one.time(*one_arrays, number=number)[0] * number, rounds)
-    print(f"parallel launch (lorien, {runtime.backend()} runtime, {runtime.num_threads()} threads): "
-          f"warm {warm:.2f} us, cold {cold:.2f} us")
-    return warm, cold
+    return (lambda number: par.time(*par_arrays, number=number)[0] * number,
+            lambda number: one.time(*one_arrays, number=number)[0] * number)
 
 
-def bench_launch_omp(rounds: int) -> tuple[float, float]:
-    """The same loop with OpenMP (gcc -fopenmp); nan when there is no compiler."""
+def _omp_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]] | None:
+    """The same loop with OpenMP (gcc -fopenmp); None when there is no compiler."""
     from lorien.native import NativeBuildError, load_shared
 
     try:
         lib = load_shared(OMP_SOURCE, "bench_omp_rows", ("-O3", "-march=native", "-fopenmp"), libs=("-fopenmp",))
     except NativeBuildError as exc:
         print(f"parallel launch (OpenMP): skipped ({str(exc).splitlines()[0]})")
-        return NAN, NAN
+        return None
     lib.omp_time_rows.restype = ctypes.c_double
     lib.omp_time_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                   ctypes.c_long, ctypes.c_int]
@@ -853,10 +875,28 @@ def bench_launch_omp(rounds: int) -> tuple[float, float]:
     def timed(count: int, number: int, use: int) -> float:
         return lib.omp_time_rows(a.ctypes.data, out.ctypes.data, count, LAUNCH_WIDTH, number, use)
 
-    warm, cold = _launch_overheads(lambda number: timed(2, number, threads), lambda number: timed(1, number, 1),
-                                   rounds)
-    print(f"parallel launch (OpenMP, libgomp, {threads} threads): warm {warm:.2f} us, cold {cold:.2f} us")
-    return warm, cold
+    return lambda number: timed(2, number, threads), lambda number: timed(1, number, 1)
+
+
+def bench_launch(rounds: int, with_omp: bool = False) -> dict[str, tuple[float, float]]:
+    """(warm, cold) fork-join overhead in microseconds of Lorien's pool (``lorien``) and, with
+    ``with_omp``, of the same loop on OpenMP (``omp``; nan when there is no compiler), measured
+    in turns."""
+    sides = {"lorien": _lorien_launch_side()}
+    omp = _omp_launch_side() if with_omp else None
+    if omp:
+        sides["omp"] = omp
+    found = _launch_overheads(sides, rounds)
+    warm, cold = found["lorien"]
+    print(f"parallel launch (lorien, {runtime.backend()} runtime, {runtime.num_threads()} threads): "
+          f"warm {warm:.2f} us, cold {cold:.2f} us")
+    if omp:
+        warm, cold = found["omp"]
+        print(f"parallel launch (OpenMP, libgomp, {runtime.num_threads()} threads): warm {warm:.2f} us, "
+              f"cold {cold:.2f} us")
+    elif with_omp:
+        found["omp"] = (NAN, NAN)
+    return found
 
 
 # ---- the other runtime ----------------------------------------------------------------------
@@ -877,7 +917,7 @@ def bench_other_runtime(name: str, quick: bool) -> tuple[float, float]:
 def runtime_child(quick: bool) -> None:
     """--runtime-child: warm launch overhead and dense 512 on this process's runtime, then JSON."""
     limiter = pin_blas_threads(runtime.num_threads())
-    launch_us, _ = bench_launch(rounds=5)
+    launch_us, _ = bench_launch(rounds=5)["lorien"]
     dense512 = bench_dense(512, 512, 512, dense_grid(quick), 30 if quick else 120)["numpy"]
     limiter.restore_original_limits()
     print(json.dumps({"runtime": runtime.backend(), "launch_us": launch_us, "dense512": dense512}))
@@ -919,8 +959,9 @@ def main() -> None:
         print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
     peak = host_peak(threads)
-    launch_warm, launch_cold = bench_launch(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
-    omp_warm, omp_cold = bench_launch_omp(rounds=10 if quick else 40) if "launch" in wanted else (NAN, NAN)
+    launches = (bench_launch(rounds=10 if quick else 40, with_omp=True) if "launch" in wanted
+                else {"lorien": (NAN, NAN), "omp": (NAN, NAN)})
+    (launch_warm, launch_cold), (omp_warm, omp_cold) = launches["lorien"], launches["omp"]
     dense_samples = 30 if quick else 150
     lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
     skipped = {"numpy": NAN, "torch": NAN, "gflops": NAN, "numpy_gflops": NAN}

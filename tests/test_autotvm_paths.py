@@ -1,5 +1,6 @@
 """The engine's newer schedules as a ``path`` knob of the autotvm templates: the packed-panel
-batch_matmul, the 1x1 NCHW convolution as a matmul, the row-tiled NCHW depthwise. Each path
+batch_matmul, the 1x1 NCHW convolution as a matmul, the row-tiled NCHW depthwise, the NCHW[x]c
+convolution padding per output row. Each path
 matches NumPy, tuning finds it and its records name it, and a config written before the knob
 existed still replays, on the old path."""
 
@@ -18,20 +19,33 @@ from lorien.tune.loop import tune_job
 
 T = "TENSOR"
 MEASURE = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
-# (task, args, old path, new path, the new path's tell-tale in the schedule's stages)
+
+
+def _has_stage(name: str):
+    return lambda schedule: name in {stage.name for stage in schedule.stages}
+
+
+def _pads_per_row(schedule) -> bool:
+    """The NCHW[x]c convolution pads inside its parallel row loop (no parallel pass of its own)."""
+    return schedule["data_pad"].attach is not None and "parallel" not in schedule["data_pad"].annotations.values()
+
+
+# (task, args, old path, new path, the new path's tell-tale in the schedule, or None: the 2-d views)
 PATHS = [
     ("batch_matmul.x86", [[T, [2, 8, 16], "float32"], [T, [2, 24, 16], "float32"], None],
-     "packed_y", "panel", "batch_matmul.y_pack"),
+     "packed_y", "panel", _has_stage("batch_matmul.y_pack")),
     ("batch_matmul.x86", [[T, [3, 4, 8], "float32"], [T, [1, 16, 8], "float32"], None],   # y broadcast over B
-     "packed_y", "panel", "batch_matmul.y_pack"),
+     "packed_y", "panel", _has_stage("batch_matmul.y_pack")),
     ("conv2d_nchw.x86", [[T, [1, 8, 6, 6], "float32"], [T, [12, 8, 1, 1], "float32"], [1, 1], [0, 0, 0, 0], [1, 1],
                          "float32"], "direct", "matmul", None),
     ("depthwise_conv2d_nchw.x86", [[T, [1, 4, 9, 9], "float32"], [T, [4, 1, 3, 3], "float32"], [1, 1],
                                    [1, 1, 1, 1], [1, 1], "float32"], "channel_tile", "row_tile",
-     "depthwise_conv2d_nchw.pad"),
+     _has_stage("depthwise_conv2d_nchw.pad")),
     ("depthwise_conv2d_nchw.x86", [[T, [1, 4, 8, 8], "float32"], [T, [4, 2, 3, 3], "float32"], [2, 2],
                                    [1, 1, 1, 1], [1, 1], "float32"], "channel_tile", "row_tile",
-     "depthwise_conv2d_nchw.pad"),
+     _has_stage("depthwise_conv2d_nchw.pad")),
+    ("conv2d_NCHWc.x86", [[T, [1, 8, 9, 9], "float32"], [T, [16, 8, 3, 3], "float32"], [2, 2], [1, 1, 1, 1],
+                          [1, 1], "NCHW", "NCHW", "float32"], "direct", "pad_rows", _pads_per_row),
 ]
 
 
@@ -39,10 +53,6 @@ def _run(task, config, rng):
     output, expected, schedule, tensors = run_template(task, config, rng)
     np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-4, err_msg=f"{task.name} {config}")
     return schedule, tensors
-
-
-def _stage_names(schedule) -> set[str]:
-    return {stage.name for stage in schedule.stages}
 
 
 @pytest.mark.parametrize("task_name, args, old, new, stage", PATHS)
@@ -58,7 +68,7 @@ def test_the_new_path_is_a_knob_and_matches_numpy(task_name, args, old, new, sta
         if stage is None:   # the 1x1 convolution's matmul runs on the 2-d views
             assert [len(t.shape) for t in tensors] == [2, 2, 2]
         else:
-            assert stage in _stage_names(schedule)
+            assert stage(schedule)
 
 
 @pytest.mark.parametrize("task_name, args, old, new, stage", PATHS)
@@ -72,8 +82,9 @@ def test_a_config_from_before_the_knob_replays_on_the_old_path(task_name, args, 
         replayed = task.space.from_json_entity(entity)
         assert replayed.index == index and replayed["path"].val == old
         schedule, tensors = _run(task, replayed, rng)
-        assert [[int(x) for x in t.shape] for t in tensors[:2]] == [a[1] for a in args[:2]]   # the args' tensors
-        assert stage is None or stage not in _stage_names(schedule)
+        if "NCHWc" not in task_name:   # the args' tensors (NCHW[x]c packs them in every config)
+            assert [[int(x) for x in t.shape] for t in tensors[:2]] == [a[1] for a in args[:2]]
+        assert stage is None or not stage(schedule)
         with pytest.raises(DialectError, match="missing"):   # other missing knobs are still an error
             task.space.from_json_entity(entity[1:])
 
@@ -86,7 +97,15 @@ def test_conv2d_nchw_has_no_path_knob_where_the_matmul_does_not_apply():
     assert "path" not in strided.space and "path" not in padded3x3.space
 
 
-@pytest.mark.parametrize("task_name, args, old, new, stage", [PATHS[0], PATHS[2], PATHS[3]])
+def test_conv2d_nchwc_has_no_path_knob_without_padding():
+    unpadded = instantiate("conv2d_NCHWc.x86", [[T, [1, 8, 8, 8], "float32"], [T, [16, 8, 3, 3], "float32"], [1, 1],
+                                                [0, 0, 0, 0], [1, 1], "NCHW", "NCHW", "float32"])
+    pointwise = instantiate("conv2d_NCHWc.x86", [[T, [1, 8, 6, 6], "float32"], [T, [8, 8, 1, 1], "float32"], [1, 1],
+                                                 [0, 0, 0, 0], [1, 1], "NCHW", "NCHW", "float32"])
+    assert "path" not in unpadded.space and "path" not in pointwise.space
+
+
+@pytest.mark.parametrize("task_name, args, old, new, stage", [PATHS[0], PATHS[2], PATHS[3], PATHS[5]])
 def test_tuning_finds_the_new_path_and_the_records_name_it(store_uri, task_name, args, old, new, stage):
     job = {"dialect": "autotvm", "task_name": task_name, "args": args, "target": "llvm", "trials": 12,
            "batch_size": 6, "measure": MEASURE, "seed": 0, "tuner": "random"}
@@ -123,6 +142,6 @@ def test_records_from_before_the_knob_feed_the_model_and_replay(store_uri, tmp_p
     task = instantiate(task_name, args)
     for r in old:
         schedule, tensors = schedule_record(r)
-        assert "batch_matmul.y_pack" not in _stage_names(schedule)   # the old path
+        assert not _has_stage("batch_matmul.y_pack")(schedule)   # the old path
         assert len(tensors) == 3
     assert task.space.optional == {"path"}

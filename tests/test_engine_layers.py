@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lorien.engine import build, lower, ops, reference, te
+from lorien.engine import build, lower, ops, reference, runtime, te
 from lorien.engine.schedule import create_schedule
 from lorien.engine.x86 import (
     batch_matmul_candidate,
@@ -54,6 +54,26 @@ def test_1x1_conv_nchwc_matches_numpy(channels, size, out_channels, stride, tile
     out = np.zeros(args[-1].shape, "float32")
     build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(weight, 16, 16), out)
     np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, weight, stride, 0),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels, size, out_channels, stride, oc_bn, tile_ow, tile_oh", [
+    (32, 9, 32, 2, 16, 5, 1), (16, 8, 32, 1, 32, 4, 2), (16, 7, 16, 1, 16, 7, 1)])
+def test_3x3_conv_nchwc_padding_per_output_row_matches_numpy(channels, size, out_channels, stride, oc_bn, tile_ow,
+                                                             tile_oh):
+    """``pad_rows``: parallel over output rows, each padding the input rows it reads inside that
+    loop (no parallel pass of its own), with 2 threads claiming the rows."""
+    rng = np.random.default_rng(3)
+    data = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    weight = rng.uniform(-1, 1, (out_channels, channels, 3, 3)).astype("float32")
+    s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, 16, oc_bn, tile_ow, True, tile_oh=tile_oh,
+                                     pad_rows=True)
+    pad = s["conv2d_NCHWc.pad"]
+    assert pad.attach is not None and "parallel" not in pad.annotations.values()
+    out = np.zeros(args[-1].shape, "float32")
+    with runtime.threads(2):
+        build(s, args)(reference.pack_nchwc(data, 16), reference.pack_kernel_oihwio(weight, 16, oc_bn), out)
+    np.testing.assert_allclose(reference.unpack_nchwc(out), reference.conv2d_nchw(data, weight, stride, 1),
                                rtol=1e-4, atol=1e-4)
 
 

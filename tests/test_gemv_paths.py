@@ -199,6 +199,24 @@ def test_dense_on_a_weight_packed_beforehand_matches_numpy(m, n, k, nr, parts):
     np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("m, n, k, mr, nr, order, pack_data", [(32, 96, 40, 8, 48, "nm", False),
+                                                              (16, 64, 24, 8, 32, "mn", True),
+                                                              (12, 64, 17, 4, 64, "mn", True)])
+def test_small_m_dense_on_a_weight_packed_beforehand_matches_numpy(m, n, k, mr, nr, order, pack_data):
+    """The small-M (BERT at M = 8-32) register tile over panels packed once, as a constant
+    weight is at load time: no weight packing stage in the kernel."""
+    rng = np.random.default_rng(5)
+    data, weight = rng.uniform(-1, 1, (m, k)).astype("float32"), rng.uniform(-1, 1, (n, k)).astype("float32")
+    s, args = dense_candidate(m, n, k, mr, nr, order, False, pack_data, prepacked_weight=True)
+    stages = {st.name for st in s.stages}
+    assert "dense.weight_pack" not in stages and ("dense.data_pack" in stages) == pack_data
+    kernel = build(s, args)
+    out = np.zeros((m, n), "float32")
+    with runtime.threads(2):
+        kernel(*kernel.pack_arguments(data, weight, out))
+    np.testing.assert_allclose(out, reference.dense(data, weight), rtol=1e-5, atol=1e-5)
+
+
 def test_dense_refuses_a_pack_nr_other_than_the_packed_weights():
     data = te.placeholder((1, 32), name="data")
     with pytest.raises(WorkloadError, match="panels of 16, not pack_nr=32"):

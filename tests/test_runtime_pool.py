@@ -122,3 +122,42 @@ def test_a_woken_worker_is_kept_off_the_callers_cpu_and_asks_for_a_short_slice(t
 
     if found["slices"] and tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 12):
         assert list(found["slices"].values()) == [WORKER_SLICE_NS]
+
+
+PARTS_SCRIPT = """
+import ctypes, json
+from lorien.engine import runtime
+
+BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+parallel_for = ctypes.CFUNCTYPE(None, BODY, ctypes.c_void_p, ctypes.c_int64)(
+    runtime.symbol_addresses()["lorien_parallel_for"])
+ranges = {}
+for n in (2, 26, 28, 37, 112):
+    seen = []
+    body = BODY(lambda ctx, begin, end: seen.append((begin, end)))
+    parallel_for(body, None, n)
+    ranges[n] = sorted(seen)
+print(json.dumps(ranges))
+"""
+
+
+def _cut(n: int, parts: int) -> list[list[int]]:
+    return [[p * n // parts, (p + 1) * n // parts] for p in range(parts)]
+
+
+@pytest.mark.parametrize("runtime", ["llvm", "c"])
+def test_a_loop_is_cut_into_parts_that_give_each_thread_the_same_share(tmp_path, runtime):
+    """With 2 threads: the most parts (2-4 per thread) whose count divides the loop, so that
+    the two threads claiming in turn run as many iterations each; else 8 parts whose sizes
+    differ by at most one; each iteration in exactly one part."""
+    env = {**os.environ, "LORIEN_RUNTIME": runtime, "LORIEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(REPO_ROOT), "LORIEN_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", PARTS_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ranges = {int(n): parts for n, parts in json.loads(done.stdout).items()}
+    assert ranges == {2: _cut(2, 2),      # fewer iterations than 8 parts: one each
+                      26: _cut(26, 8),    # no count of 4-8 parts divides 26: 8 parts of 3 or 4
+                      28: _cut(28, 4),    # 4 parts of 7, not 8 parts of 3 or 4 (12 / 16 rows)
+                      37: _cut(37, 8),
+                      112: _cut(112, 8)}

@@ -61,20 +61,22 @@ typedef void (*kernel_fn)(void **);
 #define AFFINITY_BYTES 128
 
 static int wanted_threads = 0, started_threads = 0;
-/* The job ticket, one cache line: generation (the futex word workers spin on) and the job;
-   a worker that sees a new generation has the whole job in the same line. The counters that
-   threads write while they claim and finish parts each have a line of their own. */
+/* The job ticket, one cache line: the job word ((parts << 32) | job id; its low half, the id,
+   is the futex word workers spin on), written in one store, and the job; a worker that sees a
+   new id has the whole job in the same line. The counters that threads write while they claim
+   and finish parts each have a line of their own, tagged with the job id: a launch writes
+   only the ticket (no counter is reset, so the workers see the job without the caller first
+   taking those lines back from them). */
 static struct {
-    atomic_uint generation;
-    int parts;
+    _Atomic uint64_t word;
     int64_t n;
     body_fn fn;
     void *ctx;
 } job __attribute__((aligned(64)));
-#define generation job.generation
+#define FUTEX_WORD ((void *)&job.word)   /* the id: the word's low half (little endian) */
 static atomic_int sleepers __attribute__((aligned(64)));
-static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | next unclaimed part */
-static atomic_int done_parts __attribute__((aligned(64)));
+static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | parts claimed */
+static atomic_ulong done_parts __attribute__((aligned(64)));  /* (job id << 32) | parts finished */
 static unsigned initial_generation[MAX_THREADS];
 static atomic_int worker_tid[MAX_THREADS];   /* 0 until the worker has started */
 /* The CPUs the process may use (read when the pool starts) and the CPU the workers were last
@@ -107,20 +109,34 @@ static int spun_out(int spins, int64_t *start) {
     return t - *start > SPIN_NS;
 }
 
-/* Claim and run parts of the current job until none is left. Parts are claimed with a CAS on
-   (job id, index), so a thread that wakes late never runs a part twice or of a later job. */
-static void run_parts(unsigned id) {
+/* The count a counter tagged (job id << 32) | count holds for job id: 0 while it holds an
+   earlier job's; -1 when it holds a later job's (the caller is past job id). */
+static long tagged_count(unsigned long tagged, unsigned id) {
+    unsigned tag = (unsigned)(tagged >> 32);
+    if (tag == id) return (long)(tagged & 0xffffffffu);
+    return (int)(tag - id) > 0 ? -1 : 0;
+}
+
+/* Claim and run parts of job id (of `parts` parts, read with the id from the job word) until
+   none is left. Parts are claimed with a CAS on (job id, parts claimed), so a thread that
+   wakes late never runs a part twice or of a later job: a claim of job id succeeds only while
+   one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its. */
+static void run_parts(unsigned id, unsigned parts) {
     for (;;) {
         unsigned long cur = atomic_load_explicit(&next_part, memory_order_acquire);
-        unsigned part = (unsigned)(cur & 0xffffffffu);
-        if ((unsigned)(cur >> 32) != id || part >= (unsigned)job.parts) return;
-        if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, cur + 1,
+        long claimed = tagged_count(cur, id);
+        if (claimed < 0 || claimed >= (long)parts) return;
+        unsigned part = (unsigned)claimed;
+        if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, ((unsigned long)id << 32) | (part + 1),
                                                    memory_order_acq_rel, memory_order_acquire)) continue;
-        int64_t chunk = (job.n + job.parts - 1) / job.parts;
-        int64_t begin = (int64_t)part * chunk, end = begin + chunk;
-        if (end > job.n) end = job.n;
+        /* balanced: part sizes differ by at most one iteration (28 rows in 8 parts: 3 or 4,
+           not seven parts of 4 and an empty one, which left one thread 16 rows and the other 12) */
+        int64_t begin = (int64_t)part * job.n / parts, end = ((int64_t)part + 1) * job.n / parts;
         if (begin < end) job.fn(job.ctx, begin, end);
-        atomic_fetch_add_explicit(&done_parts, 1, memory_order_release);
+        unsigned long done = atomic_load_explicit(&done_parts, memory_order_relaxed);
+        while (!atomic_compare_exchange_weak_explicit(&done_parts, &done,
+                                                      ((unsigned long)id << 32) | (tagged_count(done, id) + 1),
+                                                      memory_order_acq_rel, memory_order_relaxed)) {}
     }
 }
 
@@ -167,21 +183,21 @@ static void *worker_main(void *arg) {
     ask_short_slice();
     atomic_store(&worker_tid[index], (int)syscall(SYS_gettid));
     for (;;) {
-        unsigned now;
+        uint64_t word;
         int spins = 0;
         int64_t start = 0;
-        while ((now = atomic_load_explicit(&generation, memory_order_acquire)) == seen) {
+        while ((unsigned)(word = atomic_load_explicit(&job.word, memory_order_acquire)) == seen) {
             if (!spun_out(++spins, &start)) {
                 cpu_relax();
             } else {
                 atomic_fetch_add(&sleepers, 1);
-                syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+                syscall(SYS_futex, FUTEX_WORD, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
                 atomic_fetch_sub(&sleepers, 1);
                 spins = 0;
             }
         }
-        seen = now;
-        run_parts(now);
+        seen = (unsigned)word;
+        run_parts(seen, (unsigned)(word >> 32));
     }
     return NULL;
 }
@@ -205,7 +221,7 @@ static void start_pool(void) {
     if (!allowed_known) allowed_known = syscall(SYS_sched_getaffinity, 0, AFFINITY_BYTES, allowed_cpus) > 0;
     while (started_threads < wanted_threads - 1) {
         pthread_t thread;
-        initial_generation[started_threads + 1] = atomic_load(&generation);
+        initial_generation[started_threads + 1] = (unsigned)atomic_load(&job.word);
         atomic_store(&worker_tid[started_threads + 1], 0);
         pthread_create(&thread, NULL, worker_main, (void *)(intptr_t)(started_threads + 1));
         pthread_detach(thread);
@@ -225,26 +241,37 @@ void lorien_set_num_threads(int n) {
     pthread_mutex_unlock(&pool_lock);
 }
 
+/* How many parts a loop of n iterations is cut into: a few per thread, so that a descheduled
+   thread holds back only a small part while the others claim the rest; of those counts
+   (multiples of threads, 2 to PARTS_PER_THREAD per thread) the largest that divides n, so
+   that every thread's share is the same number of iterations (28 rows: 4 parts of 7, not 8
+   parts of 3 or 4, which two threads claiming in turn split 12 / 16); else that many parts of
+   sizes differing by one; n when it is smaller. */
+static int part_count(int64_t n, int threads) {
+    int64_t most = (int64_t)threads * PARTS_PER_THREAD;
+    if (n < most) return (int)n;
+    for (int64_t p = most; p >= 2 * (int64_t)threads; p -= threads)
+        if (n % p == 0) return (int)p;
+    return (int)most;
+}
+
 void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     if (n <= 0) return;
     if (pthread_mutex_trylock(&pool_lock) != 0) { fn(ctx, 0, n); return; }
     start_pool();
     int threads = wanted_threads < started_threads + 1 ? wanted_threads : started_threads + 1;
     if (threads <= 1 || n == 1) { pthread_mutex_unlock(&pool_lock); fn(ctx, 0, n); return; }
-    /* A few parts per thread: a thread that is descheduled (a shared machine) holds back at
-       most a small part while the others claim the rest. */
-    int parts = n < (int64_t)threads * PARTS_PER_THREAD ? (int)n : threads * PARTS_PER_THREAD;
+    int parts = part_count(n, threads);
     keep_workers_off(sched_getcpu(), started_threads);
-    unsigned id = atomic_load(&generation) + 1;
-    job.fn = fn; job.ctx = ctx; job.n = n; job.parts = parts;
-    atomic_store_explicit(&done_parts, 0, memory_order_relaxed);
-    atomic_store_explicit(&next_part, (unsigned long)id << 32, memory_order_release);
-    atomic_store_explicit(&generation, id, memory_order_release);
-    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-    run_parts(id);
+    unsigned id = (unsigned)atomic_load_explicit(&job.word, memory_order_relaxed) + 1;
+    job.fn = fn; job.ctx = ctx; job.n = n;
+    /* one store: a worker reads the id and the part count together */
+    atomic_store_explicit(&job.word, ((uint64_t)(unsigned)parts << 32) | id, memory_order_release);
+    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, FUTEX_WORD, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+    run_parts(id, (unsigned)parts);
     int spins = 0;
     int64_t start = 0;
-    while (atomic_load_explicit(&done_parts, memory_order_acquire) < parts) {
+    while (tagged_count(atomic_load_explicit(&done_parts, memory_order_acquire), id) < parts) {
         if (spun_out(++spins, &start)) sched_yield(); else cpu_relax();
     }
     pthread_mutex_unlock(&pool_lock);

@@ -3,8 +3,10 @@
 It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persistent thread pool
 for parallel loops, a timing loop, aligned allocation), function for function: worker threads
 spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
-few parts per thread, claimed with a compare-and-swap on (job id, next part); the caller runs
-parts too and waits for the last one. Workers are kept off the caller's CPU and ask for a
+few parts per thread (a count that gives each thread the same share where one exists),
+claimed with a compare-and-swap on (job id, parts claimed); the caller runs parts too and waits
+for the last one, and a launch writes only the job ticket (the counters are tagged with the job
+id, not reset). Workers are kept off the caller's CPU and ask for a
 short scheduler slice, so that a woken worker joins short loops on a loaded machine
 (docs/engine.md, "The runtime"). Only libc is called (pthread, ``syscall`` for the futex,
 thread id, affinity and slice, ``sched_getcpu``, ``clock_gettime``, ``posix_memalign``); their
@@ -51,13 +53,16 @@ CLOCK_MONOTONIC = 1
 IR_TEMPLATE = r"""
 @wanted_threads = internal global i32 0
 @started_threads = internal global i32 0
-; The job ticket, one cache line: generation (the futex word workers spin on), parts, n, fn,
+; The job ticket, one cache line: generation (the job id, the futex word workers spin on) and
+; parts, read and written together as one i64 (the job word, parts << 32 | id), then n, fn,
 ; ctx. A worker that sees a new generation has the whole job in the same line.
 @generation = internal global {{ i32, i32, i64, ptr, ptr, [32 x i8] }} zeroinitializer, align 64
-; The counters each on a line of their own, written by the threads that claim and finish parts.
+; The counters each on a line of their own, written by the threads that claim and finish parts,
+; tagged with the job id: a launch writes only the ticket (no counter is reset, so the workers
+; see the job without the caller first taking those lines back from them).
 @sleepers = internal global [16 x i32] zeroinitializer, align 64
-@next_part = internal global [8 x i64] zeroinitializer, align 64      ; (job id << 32) | next unclaimed part
-@done_parts = internal global [16 x i32] zeroinitializer, align 64
+@next_part = internal global [8 x i64] zeroinitializer, align 64      ; (job id << 32) | parts claimed
+@done_parts = internal global [8 x i64] zeroinitializer, align 64     ; (job id << 32) | parts finished
 @initial_generation = internal global [{max_threads} x i32] zeroinitializer
 @worker_tid = internal global [{max_threads} x i32] zeroinitializer   ; 0 until the worker has started
 ; The CPUs the process may use (read when the pool starts), and the CPU the workers were last
@@ -142,37 +147,54 @@ define internal void @unlock() {{
   ret void
 }}
 
-; Claim and run parts of job %id until none is left; a thread that wakes late never runs a
-; part twice or a part of a later job (the claim names the job).
-define internal void @run_parts(i32 %id) {{
+; The count a counter tagged (job id << 32) | count holds for job %id: 0 while it holds an
+; earlier job's, -1 when it holds a later job's (the caller is past job %id).
+define internal i64 @tagged_count(i64 %tagged, i32 %id) {{
 entry:
+  %high = lshr i64 %tagged, 32
+  %tag = trunc i64 %high to i32
+  %same = icmp eq i32 %tag, %id
+  br i1 %same, label %this_job, label %other_job
+this_job:
+  %count = and i64 %tagged, 4294967295
+  ret i64 %count
+other_job:
+  %ahead = sub i32 %tag, %id
+  %later = icmp sgt i32 %ahead, 0
+  %result = select i1 %later, i64 -1, i64 0
+  ret i64 %result
+}}
+
+; Claim and run parts of job %id (of %parts parts, read with the id from the job word) until
+; none is left. Parts are claimed with a CAS on (job id, parts claimed), so a thread that wakes
+; late never runs a part twice or a part of a later job: a claim of job %id succeeds only while
+; one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its.
+; Part p is [p*n/parts, (p+1)*n/parts): sizes differ by at most one iteration.
+define internal void @run_parts(i32 %id, i32 %parts) {{
+entry:
+  %parts64 = zext i32 %parts to i64
+  %id64 = zext i32 %id to i64
+  %tag = shl i64 %id64, 32
   br label %claim
 claim:
   %cur = load atomic i64, ptr @next_part acquire, align 8
-  %part = trunc i64 %cur to i32
-  %cur_high = lshr i64 %cur, 32
-  %cur_id = trunc i64 %cur_high to i32
-  %other_job = icmp ne i32 %cur_id, %id
-  %parts = load i32, ptr getelementptr inbounds (i8, ptr @generation, i64 4)
-  %claimed_all = icmp uge i32 %part, %parts
-  %stop = or i1 %other_job, %claimed_all
+  %claimed = call i64 @tagged_count(i64 %cur, i32 %id)
+  %later = icmp slt i64 %claimed, 0
+  %claimed_all = icmp sge i64 %claimed, %parts64
+  %stop = or i1 %later, %claimed_all
   br i1 %stop, label %done, label %try
 try:
-  %next = add i64 %cur, 1
+  %claimed_next = add i64 %claimed, 1
+  %next = or i64 %tag, %claimed_next
   %pair = cmpxchg weak ptr @next_part, i64 %cur, i64 %next acq_rel acquire
   %won = extractvalue {{ i64, i1 }} %pair, 1
   br i1 %won, label %run, label %claim
 run:
   %n = load i64, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
-  %parts64 = zext i32 %parts to i64
-  %rounded = add i64 %n, %parts64
-  %rounded1 = sub i64 %rounded, 1
-  %chunk = sdiv i64 %rounded1, %parts64
-  %part64 = zext i32 %part to i64
-  %begin = mul i64 %part64, %chunk
-  %end_unclipped = add i64 %begin, %chunk
-  %past = icmp sgt i64 %end_unclipped, %n
-  %end = select i1 %past, i64 %n, i64 %end_unclipped
+  %begin_scaled = mul i64 %claimed, %n
+  %begin = sdiv i64 %begin_scaled, %parts64
+  %end_scaled = mul i64 %claimed_next, %n
+  %end = sdiv i64 %end_scaled, %parts64
   %nonempty = icmp slt i64 %begin, %end
   br i1 %nonempty, label %call, label %count
 call:
@@ -181,8 +203,17 @@ call:
   call void %fn(ptr %ctx, i64 %begin, i64 %end)
   br label %count
 count:
-  %old_done = atomicrmw add ptr @done_parts, i32 1 release
-  br label %claim
+  %done_now = load atomic i64, ptr @done_parts monotonic, align 8
+  br label %add
+add:
+  %done_seen = phi i64 [ %done_now, %count ], [ %done_found, %add ]
+  %finished = call i64 @tagged_count(i64 %done_seen, i32 %id)
+  %finished_next = add i64 %finished, 1
+  %done_next = or i64 %tag, %finished_next
+  %done_pair = cmpxchg weak ptr @done_parts, i64 %done_seen, i64 %done_next acq_rel monotonic
+  %done_found = extractvalue {{ i64, i1 }} %done_pair, 0
+  %added = extractvalue {{ i64, i1 }} %done_pair, 1
+  br i1 %added, label %claim, label %add
 done:
   ret void
 }}
@@ -305,7 +336,8 @@ wait:
   br label %spin
 spin:
   %spins = phi i32 [ 0, %wait ], [ %spins_next, %relax ], [ 0, %sleep ]
-  %now = load atomic i32, ptr @generation acquire, align 4
+  %word = load atomic i64, ptr @generation acquire, align 8
+  %now = trunc i64 %word to i32
   %idle = icmp eq i32 %now, %seen
   br i1 %idle, label %count, label %work
 count:
@@ -322,7 +354,9 @@ sleep:
   %sleepers_after = atomicrmw sub ptr @sleepers, i32 1 seq_cst
   br label %spin
 work:
-  call void @run_parts(i32 %now)
+  %word_high = lshr i64 %word, 32
+  %now_parts = trunc i64 %word_high to i32
+  call void @run_parts(i32 %now, i32 %now_parts)
   br label %wait
 }}
 
@@ -438,6 +472,39 @@ define void @lorien_set_num_threads(i32 %n) {{
   ret void
 }}
 
+; How many parts a loop of %n iterations is cut into: a few per thread, so that a descheduled
+; thread holds back at most a small part; of those counts (multiples of %threads, 2 to
+; {parts_per_thread} per thread) the largest that divides %n, so that every thread's share is the same
+; number of iterations (28 rows: 4 parts of 7, not 8 parts of 3 or 4, which two threads
+; claiming in turn split 12 / 16); else that many parts of sizes differing by one; %n itself
+; when it is smaller.
+define internal i32 @part_count(i64 %n, i32 %threads) {{
+entry:
+  %threads64 = sext i32 %threads to i64
+  %most = mul i64 %threads64, {parts_per_thread}
+  %few = icmp slt i64 %n, %most
+  br i1 %few, label %all, label %search
+all:
+  %n32 = trunc i64 %n to i32
+  ret i32 %n32
+search:
+  %p = phi i64 [ %most, %entry ], [ %p_next, %next ]
+  %rest = urem i64 %n, %p
+  %divides = icmp eq i64 %rest, 0
+  br i1 %divides, label %found, label %next
+next:
+  %p_next = sub i64 %p, %threads64
+  %fewest = mul i64 %threads64, 2
+  %more = icmp sge i64 %p_next, %fewest
+  br i1 %more, label %search, label %fallback
+found:
+  %p32 = trunc i64 %p to i32
+  ret i32 %p32
+fallback:
+  %most32 = trunc i64 %most to i32
+  ret i32 %most32
+}}
+
 ; fn(ctx, begin, end) over [0, n): on the pool, or serially inside another parallel loop.
 define void @lorien_parallel_for(ptr %fn, ptr %ctx, i64 %n) {{
 entry:
@@ -467,12 +534,7 @@ run_alone:
   call void %fn(ptr %ctx, i64 0, i64 %n)
   br label %return
 launch:
-  ; a few parts per thread: a descheduled thread holds back at most a small part
-  %threads64 = sext i32 %threads to i64
-  %most_parts = mul i64 %threads64, {parts_per_thread}
-  %few = icmp slt i64 %n, %most_parts
-  %parts64 = select i1 %few, i64 %n, i64 %most_parts
-  %parts = trunc i64 %parts64 to i32
+  %parts = call i32 @part_count(i64 %n, i32 %threads)
   %caller_cpu = call i32 @sched_getcpu()
   call void @keep_workers_off(i32 %caller_cpu, i32 %started)
   %last_id = load atomic i32, ptr @generation monotonic, align 4
@@ -480,12 +542,12 @@ launch:
   store ptr %fn, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
   store ptr %ctx, ptr getelementptr inbounds (i8, ptr @generation, i64 24)
   store i64 %n, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
-  store i32 %parts, ptr getelementptr inbounds (i8, ptr @generation, i64 4)
-  store atomic i32 0, ptr @done_parts monotonic, align 4
+  ; one store of the job word: a worker reads the id and the part count together
   %id64 = zext i32 %id to i64
-  %first_claim = shl i64 %id64, 32
-  store atomic i64 %first_claim, ptr @next_part release, align 8
-  store atomic i32 %id, ptr @generation seq_cst, align 4
+  %parts_word = zext i32 %parts to i64
+  %parts_high = shl i64 %parts_word, 32
+  %word = or i64 %parts_high, %id64
+  store atomic i64 %word, ptr @generation seq_cst, align 8
   %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
   %wake = icmp sgt i32 %sleeping, 0
   br i1 %wake, label %wake_up, label %own_share
@@ -493,12 +555,14 @@ wake_up:
   %woken = call i64 (i64, ...) @syscall(i64 {sys_futex}, ptr @generation, i64 {futex_wake}, i64 {max_threads}, ptr null, ptr null, i64 0)
   br label %own_share
 own_share:
-  call void @run_parts(i32 %id)
+  call void @run_parts(i32 %id, i32 %parts)
+  %all_parts = zext i32 %parts to i64
   br label %join
 join:
   %spins = phi i32 [ 0, %own_share ], [ %spins_next, %relax ], [ %spins_next, %yield ]
-  %finished = load atomic i32, ptr @done_parts acquire, align 4
-  %all_done = icmp sge i32 %finished, %parts
+  %done_tagged = load atomic i64, ptr @done_parts acquire, align 8
+  %finished = call i64 @tagged_count(i64 %done_tagged, i32 %id)
+  %all_done = icmp sge i64 %finished, %all_parts
   br i1 %all_done, label %release, label %count
 count:
   %spins_next = add i32 %spins, 1

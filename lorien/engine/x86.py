@@ -197,27 +197,37 @@ def schedule_matmul(s: Schedule, out: te.Tensor, mr: int = 6, nr: int = 32) -> S
     return s
 
 
-def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int,
-                         pad_inline: bool) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
+def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int, pad_inline: bool,
+                         pad_rows: bool = False) -> tuple[Stage, te.IterVar, te.IterVar, te.IterVar]:
     """The part the NCHW[x]c convolutions share: the padding inlined or materialized in
     parallel, the output in ``tile_oh x tile_ow x block`` register tiles (rows and columns
     unrolled, the channel block vectorized), parallel over (n, channel chunk, row blocks), the
-    tile computed at the column block. Returns the tile and its row, column and block axes."""
+    tile computed at the column block. With ``pad_rows`` the parallel loop is over (n, row
+    blocks) with the channel chunks inside, and each row block first pads just the input rows
+    it reads (all channels), which every chunk then reads from cache: no separate pass over the
+    whole input. Returns the tile and its row, column and block axes."""
     top, tile = _output_and_tile(s, out)
     pad_name = f"{out.name}.pad"
-    if any(st.name == pad_name for st in s.stages):
-        pad = s[pad_name]
-        if pad_inline:
-            pad.compute_inline()
-        else:
-            n, cc, h, _, cb = pad.op.axis
-            pad.parallel(pad.fuse(n, cc, h))
-            pad.vectorize(cb)
+    pad = s[pad_name] if any(st.name == pad_name for st in s.stages) else None
+    if pad is not None and pad_inline:
+        pad.compute_inline()
+    elif pad is not None and not pad_rows:
+        n, cc, h, _, cb = pad.op.axis
+        pad.parallel(pad.fuse(n, cc, h))
+        pad.vectorize(cb)
     n, chunk, oh, ow, ob = top.op.axis
     oho, ohi = top.split(oh, factor=tile_oh)
     owo, owi = top.split(ow, factor=tile_ow)
-    top.reorder(n, chunk, oho, owo, ohi, owi, ob)
-    top.parallel(top.fuse(n, chunk, oho))
+    if pad_rows:
+        top.reorder(n, oho, chunk, owo, ohi, owi, ob)
+        rows = top.fuse(n, oho)
+        top.parallel(rows)
+        if pad is not None and not pad_inline:
+            pad.compute_at(top, rows)
+            pad.vectorize(pad.op.axis[4])
+    else:
+        top.reorder(n, chunk, oho, owo, ohi, owi, ob)
+        top.parallel(top.fuse(n, chunk, oho))
     top.unroll(ohi)
     top.unroll(owi)
     top.vectorize(ob)
@@ -227,11 +237,12 @@ def _nchwc_register_tile(s: Schedule, out: te.Tensor, tile_oh: int, tile_ow: int
 
 
 def schedule_conv2d_NCHWc(s: Schedule, out: te.Tensor, tile_ow: int = 8, unroll_kw: bool = True,
-                          pad_inline: bool = False, tile_oh: int = 1) -> Schedule:
+                          pad_inline: bool = False, tile_oh: int = 1, pad_rows: bool = False) -> Schedule:
     """TVM-style conv2d_NCHWc.x86 schedule: a ``tile_oh x tile_ow x oc_bn`` register tile (oh, ow
     unrolled, oc_bn vectorized), ic split by ic_bn, kw optionally unrolled, parallel over
-    (n, oc_chunk, oh blocks)."""
-    tile, toh, tow, tob = _nchwc_register_tile(s, out, tile_oh, tile_ow, pad_inline)
+    (n, oc_chunk, oh blocks), or with ``pad_rows`` over (n, oh blocks), each padding the input
+    rows it reads just before its chunks use them (see :func:`_nchwc_register_tile`)."""
+    tile, toh, tow, tob = _nchwc_register_tile(s, out, tile_oh, tile_ow, pad_inline, pad_rows)
     ic, kh, kw = tile.op.reduce_axis
     ic_bn = next(t for t in tile.op.input_tensors() if t.ndim == 5).shape[4]
     ico, ici = tile.split(ic, factor=ic_bn)
@@ -422,15 +433,16 @@ def depthwise_nchw_candidate(channels: int, size: int, stride: int, tile_ow: int
 
 def conv2d_NCHWc_candidate(channels: int, size: int, out_channels: int, stride: int, ic_bn: int = 16,
                            oc_bn: int = 16, tile_ow: int = 8, unroll_kw: bool = True, kernel: int = 3,
-                           pad: int = 1, tile_oh: int = 1):
-    """(schedule, args) of a scheduled 3x3 NCHW[x]c conv2d (batch 1, square input)."""
+                           pad: int = 1, tile_oh: int = 1, pad_rows: bool = False):
+    """(schedule, args) of a scheduled 3x3 NCHW[x]c conv2d (batch 1, square input); ``pad_rows``:
+    see :func:`schedule_conv2d_NCHWc`."""
     from lorien.engine import ops
 
     data = te.placeholder((1, channels // ic_bn, size, size, ic_bn), name="data")
     weight = te.placeholder((out_channels // oc_bn, channels // ic_bn, kernel, kernel, ic_bn, oc_bn), name="kernel")
     out = ops.conv2d_NCHWc(data, weight, stride, pad)
     s = create_schedule(out)
-    schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw, tile_oh=tile_oh)
+    schedule_conv2d_NCHWc(s, out, tile_ow, unroll_kw, tile_oh=tile_oh, pad_rows=pad_rows)
     return s, [data, weight, out]
 
 

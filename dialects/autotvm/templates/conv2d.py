@@ -70,7 +70,11 @@ def _nchwc_reference(cfg: Any, args: list[Any], data: np.ndarray, kernel: np.nda
 
 @register_template("conv2d_NCHWc.x86", _nchwc_reference)
 def conv2d_nchwc(cfg: Any, *args: Any):
-    """NCHW[x]c convolution with TopHub's knobs tile_ic, tile_oc, tile_ow, unroll_kw / tile_oh."""
+    """NCHW[x]c convolution with TopHub's knobs tile_ic, tile_oc, tile_ow, unroll_kw / tile_oh.
+    A padded KxK convolution also has the knob ``path``: ``direct`` (TopHub's schedule: the padded
+    input materialized in a parallel pass of its own, then parallel over (n, oc chunk, oh)) or
+    ``pad_rows`` (parallel over (n, oh); each output row pads just the input rows it reads, for
+    all channels, and every oc chunk then reads them from cache: no separate pass)."""
     d = _nchwc_dims(list(args))
     is_1x1 = d["kh"] == 1 and d["kw"] == 1
     cfg.define_split("tile_ic", cfg.axis(d["ic"]), num_outputs=2)
@@ -80,6 +84,8 @@ def conv2d_nchwc(cfg: Any, *args: Any):
         cfg.define_knob("tile_oh", [1, 2] if d["oh"] > 1 else [1])
     else:
         cfg.define_knob("unroll_kw", [True, False])
+    padded_3x3 = not is_1x1 and any(d["pads"])
+    rows_path = padded_3x3 and path_knob(cfg, ["direct", "pad_rows"]) == "pad_rows"
 
     ic_bn, oc_bn, reg_n = cfg["tile_ic"].size[-1], cfg["tile_oc"].size[-1], cfg["tile_ow"].size[-1]
     n, dtype = d["n"], d["dtype"]
@@ -99,7 +105,7 @@ def conv2d_nchwc(cfg: Any, *args: Any):
             axis=[icc, icb, ry, rx]),
         name="conv2d_NCHWc")
     s = create_schedule(conv)
-    if padded is not data:
+    if padded is not data and not rows_path:
         b, c, y, _, _ = s[padded].op.axis
         s[padded].parallel(s[padded].fuse(b, c, y))
 
@@ -119,8 +125,15 @@ def conv2d_nchwc(cfg: Any, *args: Any):
         s[cache].unroll(x)
     else:
         xo, xi = s[conv].split(x, factor=reg_n)
-        s[conv].reorder(b, occ, y, xo, xi, ocb)
-        s[conv].parallel(s[conv].fuse(b, occ, y))
+        if rows_path:  # parallel over output rows; each pads the input rows it reads, for all chunks
+            s[conv].reorder(b, y, occ, xo, xi, ocb)
+            rows = s[conv].fuse(b, y)
+            s[conv].parallel(rows)
+            s[padded].compute_at(s[conv], rows)
+            vectorize_by_lanes(s[padded], s[padded].op.axis[4], ic_bn)
+        else:
+            s[conv].reorder(b, occ, y, xo, xi, ocb)
+            s[conv].parallel(s[conv].fuse(b, occ, y))
         s[conv].unroll(xi)
         vectorize_by_lanes(s[conv], ocb, oc_bn)
         s[cache].compute_at(s[conv], xo)
