@@ -209,3 +209,73 @@ def test_the_tune_summary_names_who_measured_the_jobs():
     assert measured_by_phrase([{}, {"measure_with": "lorien"}], "llvm") == "measured by Lorien's engine, runtime llvm"
     mixed = measured_by_phrase([{"measure_with": "tvm"}, {}], "c")
     assert mixed.startswith("1 of 2 jobs measured by TVM") and "runtime c" in mixed
+
+
+def _relu_dag():
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a = te.placeholder((64, 64), F32, "A")
+    b = te.compute((64, 64), lambda i, j: te.max(a[i, j], te.const(0.0, F32)), name="B")
+    return ComputeDAG([a, b])
+
+
+def test_points_of_a_small_space_that_lower_to_one_program_are_measured_once(store_uri):
+    from dialects.meta_schedule.tuning import program_keys
+
+    dag = _relu_dag()
+    space = TraceSpace(dag)
+    program_of = program_keys(dag, space, None)  # trace -> the first trace giving its program
+    programs = set(program_of.values())
+    assert len(space) == 12 and len(programs) < 8  # nothing to tile: unroll step x parallel extent
+    job = {"trials": 8, "batch_size": 4, "measure": MEASURE, "tuner": "random", "seed": 0}
+    first = tune_dag(dag, job, store_uri)
+    assert first.trials == len(first.records) == len(programs)
+    assert {program_of[orjson.dumps(orjson.loads(r.config))] for r in first.records} == programs
+    assert tune_dag(dag, job, store_uri).trials == 0  # every program is in the store
+
+
+def test_a_large_space_keeps_every_trace_its_own_identity():
+    from dialects.meta_schedule.tuning import DEDUP_SPACE_MAX, program_keys
+
+    dag = _dag("dense")
+    space = TraceSpace(dag, cores=2)
+    assert len(space) > DEDUP_SPACE_MAX and program_keys(dag, space, None) == {}
+
+
+def _mean_subtract_dag():
+    """A layer norm's first part: each row minus its mean (a reduction that is not tiled)."""
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a = te.placeholder((64, 256), F32, "A")
+    k = te.reduce_axis(256, "k")
+    total = te.compute((64,), lambda i: te.sum(a[i, k], axis=k), name="total")
+    out = te.compute((64, 256), lambda i, j: a[i, j] - total[i] * te.const(1 / 256, F32), name="centered")
+    return ComputeDAG([a, out])
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("make_dag", [_relu_dag, _mean_subtract_dag])
+def test_the_engine_groups_a_small_space_as_tvm_s_structural_hash_of_the_scheduled_module(make_dag):
+    pytest.importorskip("tvm")
+    ms = pytest.importorskip("tvm.s_tir.meta_schedule")
+    from tvm import s_tir
+
+    from dialects.meta_schedule.tuning import program_keys
+    from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+
+    dag = make_dag()
+    space = TraceSpace(dag)
+    program_of = program_keys(dag, space, None)
+    module = tvm_module_of(dag)
+    by_program: dict[bytes, set[int]] = {}
+    by_module: dict[str, set[int]] = {}
+    for index in range(len(space)):
+        trace = space.get(index)
+        schedule = s_tir.Schedule(module)
+        s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(trace), schedule)
+        by_program.setdefault(program_of[orjson.dumps(trace)], set()).add(index)
+        by_module.setdefault(str(ms.database.Workload(schedule.mod).as_json()[0]), set()).add(index)
+    assert len(by_program) < len(space)
+    assert sorted(map(sorted, by_program.values())) == sorted(map(sorted, by_module.values()))

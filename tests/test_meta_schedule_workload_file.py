@@ -41,11 +41,12 @@ def test_a_hash_the_workload_file_lacks_is_an_error_naming_it(tmp_path):
         load_tune_config(_config(tmp_path, "123"))
 
 
-@pytest.mark.parametrize("key", [CONV_TASK, RESHAPE_TASK])
-def test_a_task_of_the_file_is_tuned_and_its_records_keep_tvms_hash_and_module(tmp_path, key):
+# the reshape's 12 points (unroll step x jobs per core) lower to one program, measured once
+@pytest.mark.parametrize(("key", "records"), [(CONV_TASK, 2), (RESHAPE_TASK, 1)])
+def test_a_task_of_the_file_is_tuned_and_its_records_keep_tvms_hash_and_module(tmp_path, key, records):
     job = load_tune_config(_config(tmp_path, key)).jobs[0]
     progress = tune_job(job)
-    assert len(progress.records) == 2 and all(record.error_no == 0 for record in progress.records)
+    assert len(progress.records) == records and all(record.error_no == 0 for record in progress.records)
     entry = next(orjson.loads(line) for line in RELAX_CONVNET.read_text().splitlines() if orjson.loads(line)[0] == key)
     for record in progress.records:
         assert record.workload_key == key

@@ -18,6 +18,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 import lorien.builtin_workloads  # noqa: F401 - registers the built-in workloads
 from dialects.meta_schedule.compile import lorien_entry, measure_traces
 from dialects.meta_schedule.records import args_info, make_record
@@ -32,6 +34,9 @@ from lorien.tune.loop import TuneContext
 from lorien.tune.progress import TuneProgress
 
 DIALECT = "meta_schedule"
+#: A design space of at most this many points is lowered whole when its job starts, so that
+#: points giving one engine program are measured once (:func:`program_keys`).
+DEDUP_SPACE_MAX = 64
 
 
 @functools.lru_cache(maxsize=16)
@@ -82,13 +87,55 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
                             float(r.timestamp), info, flop, task_name, extra, source, layout, r.extra.get("build"))
                 for trace, r in zip(traces, results, strict=True)]
 
+    config_key = trace_key(program_keys(dag, space, engine_target(target)))
     finish = None
     if (job.option("remeasure_with_tvm") or 0) > 0 and job.option("measure_with") != "tvm":
-        finish = remeasure_best(dag, job, target, entry, to_records, store)
+        finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
         measure=job_measure(dag, job, target, entry), to_records=to_records, index_of=lambda record: None,
+        config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
         finish=finish, schedule_of=functools.partial(_schedule_of, dag))
+
+
+def program_keys(dag: ComputeDAG, space: TraceSpace, target: str | None) -> dict[bytes, bytes]:
+    """For a space of at most :data:`DEDUP_SPACE_MAX` points (a task with no block to tile has
+    12: unroll step x parallel extent), each point's trace JSON mapped to the trace JSON of the
+    first point that lowers to the same engine program for ``target``; empty for a larger space.
+    The 12 points of such a task mostly give one or two programs (and TVM one or two modules), and
+    TVM's MetaSchedule measures each distinct module once (it skips candidates whose module it
+    measured); without this a job measured the same program up to ``trials`` times, and
+    re-measured it with TVM. A point that does not lower keeps its own key (its measurement
+    reports why)."""
+    from dialects.meta_schedule.trace import replay_trace
+    from lorien.engine import cpu
+    from lorien.engine.lower import lower
+
+    if len(space) > DEDUP_SPACE_MAX:
+        return {}
+    first: dict[str, bytes] = {}
+    keys: dict[bytes, bytes] = {}
+    with cpu.building_for(target):
+        for index in range(len(space)):
+            trace = space.get(index)
+            key = orjson.dumps(trace)
+            try:
+                replay = replay_trace(dag, trace)
+                program = str(lower(replay.schedule, list(replay.args), "kernel"))
+            except Exception:  # noqa: BLE001 - measured as it is, where its error is recorded
+                continue
+            keys[key] = first.setdefault(program, key)
+    return keys
+
+
+def trace_key(canonical: dict[bytes, bytes]) -> Callable[[Any], bytes]:
+    """A trace's identity in the loop: its JSON, or (``canonical``, :func:`program_keys`) the JSON of
+    the first trace of the space that gives its program; the key is a trace, as remeasuring needs."""
+    def key_of(trace: Any) -> bytes:
+        text = orjson.dumps(trace)
+        return canonical.get(text, text)
+
+    return key_of
 
 
 def _schedule_of(dag: ComputeDAG, trace: list[Any]) -> tuple[Any, list[Any]]:
@@ -112,15 +159,15 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
 
 def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
                    to_records: Callable[[list[Any], list[Any], str], list[TuningRecord]],
-                   store: Any) -> Callable[[dict[bytes, Any], str], list[TuningRecord]]:
+                   store: Any, config_key: Callable[[Any], bytes] = orjson.dumps,
+                   ) -> Callable[[dict[bytes, Any], str], list[TuningRecord]]:
     """The end of a job with ``remeasure_with_tvm: N``: the ``N`` fastest traces Lorien's engine
     measured for the workload (this run's and the store's) built and timed by TVM
     (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure``), as new
     records whose build says ``measured_by: tvm``. Traces TVM already measured for the workload
-    and target (in the store) are not measured again."""
+    and target (in the store) are not measured again; ``config_key``: the loop's identity of a
+    trace (:func:`trace_key`), which ``measured`` is keyed by."""
     import math
-
-    import orjson
 
     from lorien.record import MEASURED_BY_TVM
     from lorien.search.base import result_cost
@@ -131,7 +178,7 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
 
         done = set()
         if store is not None:
-            done = {orjson.dumps(orjson.loads(record.config)) for record in stored_history(store, job, str(entry[0]))
+            done = {config_key(orjson.loads(record.config)) for record in stored_history(store, job, str(entry[0]))
                     if record.measured_by == MEASURED_BY_TVM}
         ranked = sorted((result_cost(result), key) for key, result in measured.items()
                         if math.isfinite(result_cost(result)) and getattr(result, "measured_by", None) != MEASURED_BY_TVM)
