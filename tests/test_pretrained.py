@@ -264,6 +264,77 @@ def test_a_guided_plan_is_ranked_again_after_every_batch():
     assert max(second) < 16  # ranked again after learning: the lowest, within the same 16-point plan
 
 
+class _RecordingChooser:
+    """A guide that likes low indices and remembers every pool it chose from and every pick."""
+
+    def __init__(self):
+        self.pools: list[list[int]] = []
+        self.picked: set[int] = set()
+
+    def score(self, indices):
+        return -np.asarray(indices, dtype=float)
+
+    def choose(self, indices, k):
+        self.pools.append(list(indices))
+        picks = sorted(indices)[:k]
+        self.picked.update(picks)
+        return picks
+
+    def learn(self, indices, costs):
+        pass
+
+
+def _guided_run(tuner, batches: int, batch_size: int = 8) -> list[int]:
+    from types import SimpleNamespace
+
+    measured = []
+    for _ in range(batches):
+        batch = tuner.next_batch(batch_size)
+        tuner.update(batch, [SimpleNamespace(costs=[1e-3 * (1 + i % 7)], error_no=0) for i in batch])
+        measured += batch
+    return measured
+
+
+def test_a_guided_run_measures_its_exploration_share():
+    """A guided plan is made again after every batch, so random points kept at its tail (where an
+    unguided plan keeps them) are never measured: once the tuner's own model is trained (16
+    points here), a quarter of what the run measures (epsilon 0.25) is random all the same."""
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [16, 16, 16, 16]
+
+    guide = _RecordingChooser()
+    tuner = XGBTuner(Grid(), seed=0, plan_size=16, epsilon=0.25, optimizer="evolution", population=32,
+                     generations=1)
+    tuner.set_guide(guide, pool=4)
+    measured = _guided_run(tuner, 12)
+    explored = [i for i in measured[16:] if i not in guide.picked]
+    assert all(i in guide.picked for i in measured[:16])  # no model of its own yet: the guide's picks
+    assert 0.2 * len(measured[16:]) <= len(explored) <= 0.35 * len(measured[16:])
+
+
+def test_a_guided_plans_pool_stays_its_size():
+    """The guide ranks ``pool`` x plan size random points plus the search's fresh candidates each
+    plan; the search's leftovers of earlier plans do not pile up in the pool (a pool that grows
+    with the run is a different choice: the extremes of a larger pool are more often the
+    model's errors)."""
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [16, 16, 16, 16]
+
+    guide = _RecordingChooser()
+    tuner = XGBTuner(Grid(), seed=0, plan_size=16, optimizer="evolution", population=32, generations=1)
+    tuner.set_guide(guide, pool=4)
+    _guided_run(tuner, 12)
+    limit = 4 * 16 + tuner.rerank_factor * 16
+    assert len(guide.pools) == 12 and max(len(pool) for pool in guide.pools) <= limit
+    assert len(guide.pools[-1]) > 4 * 16  # the search's candidates are in it
+
+
 def test_online_updates_learn_the_label_training_used():
     """A record's label cost is its fastest repeat both when program features are written for
     training and when the guide learns a run's measurements online: point 1 (repeats 0.9 ms and

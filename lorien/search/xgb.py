@@ -126,8 +126,13 @@ class XGBTuner(Tuner):
         self.guide = None
         #: Candidates the guide ranks for a plan, per point of the plan.
         self.guide_pool = 8
-        #: The last guided plan's pool: its unmeasured points are ranked again by the next plan.
+        #: The last guided plan's random candidates: the unmeasured ones are ranked again by the
+        #: next plan (at most ``guide_pool`` x plan size; the search's candidates are made afresh).
         self._guide_candidates: list[int] = []
+        #: Random points a guided run measured for exploration, and the number of points it had
+        #: measured when its own model was first trained (exploration counts from there).
+        self._explored: set[int] = set()
+        self._explore_from: int | None = None
 
     def set_guide(self, guide, pool: int = 8) -> None:
         """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
@@ -140,6 +145,8 @@ class XGBTuner(Tuner):
         self.guide_pool = max(1, int(pool))
         self._plan = []
         self._guide_candidates = []
+        self._explored = set()
+        self._explore_from = None
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
         """Transfer: prior (features in the layout of the space's knob tables, normalized
@@ -231,15 +238,21 @@ class XGBTuner(Tuner):
         return chosen[: self.plan_size]
 
     def _guided_plan(self) -> list[int]:
-        """A plan ranked by the pre-trained guide: seeds first, then the guide's best of a pool of
-        random points and (once this tuner's own model is trained) the search's candidates,
-        then ``epsilon`` random points."""
+        """A plan ranked by the pre-trained guide: seeds first, then the random points exploration
+        is owed (:meth:`_exploration_due`), then the guide's best of a pool of ``guide_pool`` x
+        plan size random points and (once this tuner's own model is trained) the search's
+        candidates."""
         seeds = self._seeded()
         first = seeds[: self.seed_quota]
-        n_random = int(math.ceil(self.epsilon * self.plan_size)) if self.booster_ is not None else 0
-        wanted = self.plan_size - n_random - len(first)
-        pool = [i for i in self._guide_candidates if i not in self.visited and i not in first]
-        pool += [i for i in sample_unvisited(self, self.guide_pool * self.plan_size - len(pool)) if i not in first]
+        explore = [i for i in sample_unvisited(self, self._exploration_due()) if i not in first]
+        self._explored.update(explore)
+        taken = set(first) | set(explore)
+        wanted = self.plan_size - len(first) - len(explore)
+        random_part = [i for i in self._guide_candidates if i not in self.visited and i not in taken]
+        random_part += sample_unvisited(self, self.guide_pool * self.plan_size - len(random_part))
+        random_part = [i for i in dict.fromkeys(random_part) if i not in taken]
+        self._guide_candidates = random_part
+        pool = random_part
         if self.booster_ is not None and wanted > 0:
             starts = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
                             key=self.measured.__getitem__)[:16] + seeds[self.seed_quota:]
@@ -251,16 +264,28 @@ class XGBTuner(Tuner):
                 searched = anneal(self.space, self.predict, wanted * self.rerank_factor, self.rng,
                                   exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
                                   n_iter=self.sa_n_iter)
-            pool = list(dict.fromkeys([*searched, *pool]))
-        pool = [i for i in dict.fromkeys(pool) if i not in first and i not in self.visited]
-        self._guide_candidates = pool
+            pool = [i for i in dict.fromkeys([*searched, *random_part]) if i not in taken and i not in self.visited]
         if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
-            chosen = first + (self.guide.choose(pool, max(0, wanted)) if pool else [])
+            picks = self.guide.choose(pool, max(0, wanted)) if pool else []
         else:
             scores = self.guide.score(pool) if pool else np.zeros(0)
-            chosen = first + [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
-        chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
+            picks = [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
+        chosen = first + explore + picks
+        chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
+
+    def _exploration_due(self) -> int:
+        """Random points the next guided plan owes: ``epsilon`` of the points measured since this
+        tuner's own model was first trained, rounded up, less those already explored. A guided
+        plan is made again after every batch, so a share kept at its tail (as an unguided plan
+        keeps it) would never be measured; none before the model is trained, as unguided."""
+        if self.booster_ is None:
+            return 0
+        if self._explore_from is None:
+            self._explore_from = len(self.visited)
+        self._explored &= self.visited  # planned but dropped with a plan: not explored
+        since = len(self.visited) - self._explore_from
+        return max(0, math.ceil(self.epsilon * (since + 1)) - len(self._explored))
 
     def predict(self, indices: np.ndarray) -> np.ndarray:
         """Model score (predicted normalized throughput) of config indices."""
