@@ -270,6 +270,57 @@ def test_an_index_built_range_by_range_answers_as_one_built_at_once(root, monkey
     assert [len(answer) for answer in answers] == [2] * 11 + [4, 5]
 
 
+def test_the_index_build_holds_one_serving_file_open_at_a_time(root, monkeypatch):
+    """The build keeps each row group's workload-key range, not every serving file's footer
+    (statistics of every column of every row group: they grew with the store, 55 MiB for 101
+    files): a file is opened when a range reads it and closed before the next is opened."""
+    import weakref
+
+    import pyarrow.parquet as pq
+
+    uri = f"parquet:{root}"
+    writer = open_store(uri)
+    keys = [f"dense#{name}" for name in "abcdefgh"]
+    for commit in range(5):  # every commit touches every key: each range reads every file
+        writer.commit([record for number, key in enumerate(keys)
+                       for record in workload_records(key, 2, base_s=1e-3 * (1 + number), first_index=2 * commit)],
+                      nbest=2)
+    files, _depth = open_store(uri)._serving_files("llvm_cpu")
+    assert len(files) >= 4
+    live: set[int] = set()
+    most = [0]
+    opened = [0]
+
+    class Counted(pq.ParquetFile):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            live.add(id(self))
+            opened[0] += 1
+            most[0] = max(most[0], len(live))
+            weakref.finalize(self, live.discard, id(self))
+
+        def close(self, *args, **kwargs):
+            live.discard(id(self))
+            return super().close(*args, **kwargs)
+
+    import lorien.warehouse.parquet.store as parquet_store
+
+    monkeypatch.setattr(pq, "ParquetFile", Counted)
+    monkeypatch.setattr(parquet_store, "INDEX_BUILD_ROWS", 6)  # several ranges
+    built = open_store(uri).build_serving_indexes()
+    monkeypatch.undo()
+    assert built == {"llvm_cpu": 5 * len(keys) * 2}
+    assert opened[0] > len(files)  # ranges reopened the files they read
+    assert most[0] == 1  # never two open at once (all of them at once before)
+    fresh, memory = open_store(uri), open_store(uri)
+    memory._files.is_local = False
+    queries = [{"workload_key": key, "k": 2} for key in keys] + [{"workload_key": "dense#", "k": 3, "prefix": True}]
+    answers = [fresh.best(target=SKYLAKE, **query) for query in queries]
+    assert isinstance(fresh._indexes["llvm_cpu"], PersistedIndex)
+    assert answers == [memory.best(target=SKYLAKE, **query) for query in queries]
+    assert [len(answer) for answer in answers] == [2] * len(keys) + [3]
+
+
 def age_serving_dirs(root: Path, seconds: float) -> None:
     """Date the serving directories' modification times ``seconds`` back."""
     import os
