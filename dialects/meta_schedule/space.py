@@ -10,6 +10,12 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
   consumer (bias, relu) takes the cache's place: it runs inside the tile, also through
   element-wise stages between the two (add bias, max 0, min 6), which are inlined first.
+- **rfactor of a reduction that is not tiled** (TVM's AddRFactor: a layer norm's mean, softmax's
+  max): for a reduction over one axis longer than the cores, a rule knob leaves it as it is or
+  splits the axis in two (``SamplePerfectTile``) and factors the outer or the inner part out
+  (``RFactor``) into ``<block>_rf``, computed at the root or one of the block's row loops
+  (``SampleComputeLocation``); the block itself is placed over its one reader's loops when it is
+  not an output (TVM's random compute location).
 - **auto-inline**: other element-wise blocks without a condition are inlined.
 - **random compute location**: a block with a condition (padding) is computed where
   ``SampleComputeLocation`` says: one of the outer two spatial tile levels of its consumer
@@ -18,12 +24,13 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   extent (jobs per core x cores), the vector width and a ``SampleCategorical`` unroll step.
 
 A workload with no block to tile (a reshape, softmax, layer_norm, a fused element-wise task)
-is scheduled by the other rules alone, as TVM does.
+is scheduled by the other rules alone, as TVM does (its reductions by the rfactor rule).
 
 Knobs of the indexed space (``lorien.search``; first knob least significant): the tile
 sizes of every split loop (factorizations of its extent, innermost at most 64), the cache
-level of every tiled block, the location of every block placed by a random compute
-location, the unroll step, the parallel jobs per core. A point renders to a full trace:
+level of every tiled block, per reduction offered an rfactor its rule, reduction split and
+``<block>_rf`` location, the location of every block placed by a random compute location, the
+unroll step, the parallel jobs per core. A point renders to a full trace:
 the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
 postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
 into one parallel loop until it passes the parallel extent, innermost spatial loops vectorized
@@ -31,8 +38,9 @@ when their extent is at most the vector width ``VECTOR_EXTENT``,
 ``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
 replays every instruction on the engine, which verifies the trace.
 
-Mutators (:meth:`TraceSpace.mutate`): tile size (a prime factor moves between levels),
-unroll, compute location, parallel, cache level.
+Mutators (:meth:`TraceSpace.mutate`): tile size (a prime factor moves between levels, also in
+a reduction's rfactor split), unroll, compute location (also of ``<block>_rf``), parallel,
+cache level (half the time a rule knob instead, where there is one).
 """
 
 from __future__ import annotations
