@@ -1,6 +1,7 @@
 """Dense at batch 1 and a few rows (GEMV): the engine's schedules, the autotvm template
 dense_gemv.x86, the auto_scheduler's rfactor sketch and the meta_schedule rfactor rule; every
-kernel is checked against NumPy, and tuning finds the path and names it in its records."""
+kernel is checked against NumPy, and tuning finds the path and names it in its records. Also
+the meta_schedule rfactor of reductions that are not tiled (a layer norm's mean and variance)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from conftest import F32
 
 import lorien.builtin_workloads  # noqa: F401 - registers dense_layer, batch_matmul_layer
 from dialects.meta_schedule.compile import check_kernel
-from dialects.meta_schedule.space import RULES, TraceSpace
+from dialects.meta_schedule.space import REDUCTION_RULES, RULES, TraceSpace
 from dialects.meta_schedule.trace import replay_trace
 from lorien import workload_registry
 from lorien.engine import build, ops, reference, runtime, te
@@ -223,3 +224,80 @@ def test_dense_refuses_a_pack_nr_other_than_the_packed_weights():
         ops.dense(data, ops.packed_dense_weight(64, 32, 16), pack_nr=32)
     with pytest.raises(WorkloadError, match="not a multiple of nr=48"):
         ops.packed_dense_weight(64, 32, 48)
+
+
+def _layer_norm_dag():
+    """A layer norm's reductions as the engine reads relax's task: the row sum, the mean, the
+    sum of squared deviations, and the normalized output (two reductions that are not tiled)."""
+    from lorien.engine.dag import ComputeDAG
+
+    rows, width = 8, 96
+    x = te.placeholder((rows, width), F32, "x")
+    k, v = te.reduce_axis(width, "k"), te.reduce_axis(width, "v")
+    total = te.compute((rows,), lambda i: te.sum(x[i, k], axis=k), name="x_sum")
+    mean = te.compute((rows,), lambda i: total[i] * te.const(1 / width, F32), name="x_mean")
+    var = te.compute((rows,), lambda i: te.sum((x[i, v] - mean[i]) * (x[i, v] - mean[i]), axis=v), name="x_var_sum")
+    out = te.compute((rows, width), lambda i, j: (x[i, j] - mean[i]) * var[i] * te.const(1 / width, F32),
+                     name="norm")
+    return ComputeDAG([x, out])
+
+
+def test_a_layer_norm_s_reductions_get_rfactor_points_that_replay_and_match_numpy():
+    """TVM's AddRFactor for reductions that are not tiled: the split reduction's outer or inner
+    part factored into ``<block>_rf``, placed by a sampled compute location."""
+    dag = _layer_norm_dag()
+    space = TraceSpace(dag, cores=2)
+    assert [r.stage for r in space.reduced] == ["x_sum", "x_var_sum"]
+    assert {p.stage for p in space.placed} >= {"x_sum", "x_var_sum"}     # the blocks' own locations
+    rng = np.random.default_rng(7)
+    seen = set()
+    for trial in range(8):
+        positions = [int(rng.integers(d)) for d in space.dims]
+        rule = REDUCTION_RULES[1 + trial % 2]
+        for reduced in space.reduced:
+            positions[reduced.rule_knob] = REDUCTION_RULES.index(rule)
+            positions[reduced.location_knob] = trial // 2 % 2     # root, then the row loop
+        trace = space.render(positions)
+        names = [inst[0] for inst in trace[0]]
+        assert names.count("RFactor") == 2 and names.count("SampleComputeLocation") >= 2
+        seen.add(rule)
+        replay = replay_trace(dag, json.loads(json.dumps(trace)))
+        assert {"x_sum.rf", "x_var_sum.rf"} <= {s.name for s in replay.schedule.stages}
+        assert check_kernel(build(replay.schedule, replay.args), dag, rtol=1e-5, atol=1e-5) < 1e-5
+    assert seen == {"rfactor_outer", "rfactor_inner"}
+    # the first batch of a tuner holds each rule: the rule knobs are path knobs
+    assert {r.rule_knob for r in space.reduced} <= set(space.path_knobs)
+
+
+def test_a_reduction_no_longer_than_the_cores_and_a_tiled_one_get_no_reduction_rfactor():
+    assert not TraceSpace(_layer_norm_dag(), cores=96).reduced
+    dag = workload_registry.workload_dag(workload_registry.make_workload_key("dense_layer", [1, 48, 64, False, False, F32]))
+    assert not TraceSpace(dag, cores=2).reduced
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("rule", ["rfactor_outer", "rfactor_inner"])
+def test_tvm_applies_and_builds_a_layer_norm_s_rfactor_traces_and_they_compute_it(rule):
+    tvm = pytest.importorskip("tvm")
+    from tvm import s_tir
+
+    from dialects.meta_schedule.compile import reference_inputs
+    from dialects.meta_schedule.tvm_database import tvm_block_names, tvm_module_of
+
+    dag = _layer_norm_dag()
+    space = TraceSpace(dag, cores=2)
+    inputs = reference_inputs(dag, 0)
+    (want,) = dag.evaluate(*inputs)
+    rng = np.random.default_rng(8)
+    for location in (0, 1):
+        positions = [int(rng.integers(d)) for d in space.dims]
+        for reduced in space.reduced:
+            positions[reduced.rule_knob] = REDUCTION_RULES.index(rule)
+            positions[reduced.location_knob] = location
+        schedule = s_tir.Schedule(tvm_module_of(dag))
+        s_tir.schedule.Trace.apply_json_to_schedule(tvm_block_names(space.render(positions)), schedule)
+        assert "x_sum_rf" in schedule.mod.script() and "x_var_sum_rf" in schedule.mod.script()
+        kernel = tvm.tirx.build(schedule.mod, target=tvm.target.Target({"kind": "llvm"}))
+        out = tvm.runtime.tensor(np.zeros(want.shape, "float32"))
+        kernel(*[tvm.runtime.tensor(a) for a in inputs], out)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)

@@ -255,8 +255,21 @@ def _mean_subtract_dag():
     return ComputeDAG([a, out])
 
 
+def _pool_subtract_dag():
+    """Each channel minus its sum over two axes (a pool): a reduction that is not tiled and
+    over more than one axis, which the space leaves its 12 points (no rfactor rule)."""
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a = te.placeholder((16, 8, 8), F32, "A")
+    h, w = te.reduce_axis(8, "h"), te.reduce_axis(8, "w")
+    total = te.compute((16,), lambda c: te.sum(a[c, h, w], axis=[h, w]), name="total")
+    out = te.compute((16, 8, 8), lambda c, i, j: a[c, i, j] - total[c] * te.const(1 / 64, F32), name="centered")
+    return ComputeDAG([a, out])
+
+
 @pytest.mark.tvm
-@pytest.mark.parametrize("make_dag", [_relu_dag, _mean_subtract_dag])
+@pytest.mark.parametrize("make_dag", [_relu_dag, _pool_subtract_dag])
 def test_the_engine_groups_a_small_space_as_tvm_s_structural_hash_of_the_scheduled_module(make_dag):
     pytest.importorskip("tvm")
     ms = pytest.importorskip("tvm.s_tir.meta_schedule")

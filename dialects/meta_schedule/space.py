@@ -10,6 +10,12 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   ``ReverseComputeAt``) at the end of S0 or S1, or not at all. A fused element-wise output
   consumer (bias, relu) takes the cache's place: it runs inside the tile, also through
   element-wise stages between the two (add bias, max 0, min 6), which are inlined first.
+- **rfactor of a reduction that is not tiled** (TVM's AddRFactor: a layer norm's mean, softmax's
+  max): for a reduction over one axis longer than the cores, a rule knob leaves it as it is or
+  splits the axis in two (``SamplePerfectTile``) and factors the outer or the inner part out
+  (``RFactor``) into ``<block>_rf``, computed at the root or one of the block's row loops
+  (``SampleComputeLocation``); the block itself is placed over its one reader's loops when it is
+  not an output (TVM's random compute location).
 - **auto-inline**: other element-wise blocks without a condition are inlined.
 - **random compute location**: a block with a condition (padding) is computed where
   ``SampleComputeLocation`` says: one of the outer two spatial tile levels of its consumer
@@ -18,12 +24,13 @@ Rules (TVM's CPU defaults, applied to the blocks of the compute DAG in order):
   extent (jobs per core x cores), the vector width and a ``SampleCategorical`` unroll step.
 
 A workload with no block to tile (a reshape, softmax, layer_norm, a fused element-wise task)
-is scheduled by the other rules alone, as TVM does.
+is scheduled by the other rules alone, as TVM does (its reductions by the rfactor rule).
 
 Knobs of the indexed space (``lorien.search``; first knob least significant): the tile
 sizes of every split loop (factorizations of its extent, innermost at most 64), the cache
-level of every tiled block, the location of every block placed by a random compute
-location, the unroll step, the parallel jobs per core. A point renders to a full trace:
+level of every tiled block, per reduction offered an rfactor its rule, reduction split and
+``<block>_rf`` location, the location of every block placed by a random compute location, the
+unroll step, the parallel jobs per core. A point renders to a full trace:
 the rules' instructions with the point's decisions, then ``EnterPostproc`` and the
 postprocessing TVM's ``RewriteParallelVectorizeUnroll`` records (outer spatial loops fused
 into one parallel loop until it passes the parallel extent, innermost spatial loops vectorized
@@ -31,8 +38,9 @@ when their extent is at most the vector width ``VECTOR_EXTENT``,
 ``pragma_auto_unroll_max_step`` on the tiled blocks) and ``DecomposeReduction``. Rendering
 replays every instruction on the engine, which verifies the trace.
 
-Mutators (:meth:`TraceSpace.mutate`): tile size (a prime factor moves between levels),
-unroll, compute location, parallel, cache level.
+Mutators (:meth:`TraceSpace.mutate`): tile size (a prime factor moves between levels, also in
+a reduction's rfactor split), unroll, compute location (also of ``<block>_rf``), parallel,
+cache level (half the time a rule knob instead, where there is one).
 """
 
 from __future__ import annotations
@@ -94,6 +102,32 @@ def gemv_like(stage: Any) -> bool:
     for iv in stage.op.axis[:-1]:
         rows *= int(iv.extent)
     return rows <= GEMV_MAX_ROWS
+
+
+#: The rules of a reduction that is not tiled (a layer norm's mean, softmax's max and sum), as
+#: TVM's AddRFactor offers them: the split reduction's outer or inner loop factored out into
+#: ``<block>_rf`` (``RFactor``), or neither.
+REDUCTION_RULES = ("none", "rfactor_outer", "rfactor_inner")
+
+
+@dataclass
+class _Reduced:
+    """A reduction that is not tiled, over one axis longer than the cores (TVM's AddRFactor
+    condition): its rule knob, the reduction split's knob, and the ``SampleComputeLocation``
+    knob of ``<block>_rf`` (the root or one of the block's spatial loops)."""
+    stage: str
+    spatial: int
+    rule_knob: int
+    split_knob: int
+    location_knob: int
+    choices: list[int] = field(default_factory=list)
+
+
+def rfactor_reduction(stage: Any, cores: int) -> bool:
+    """A reduction that is not tiled, over one axis longer than ``cores``: TVM's AddRFactor
+    offers it an rfactor (``cum_reduce_len > max_parallel_basic``)."""
+    return len(stage.op.reduce_axis) == 1 and int(stage.op.reduce_axis[0].extent) > cores and \
+        not needs_multi_level_tiling(stage.op) and not _has_condition(stage)
 
 
 @dataclass
@@ -171,7 +205,8 @@ class TraceSpace(MixedRadixSpace):
     def path_knobs(self) -> list[int]:
         """The knobs choosing a block's rule (rfactor or multi-level tiling): a tuner's first
         batch measures each."""
-        return [tiled.rule_knob for tiled in self.tiled if tiled.rule_knob >= 0]
+        return [tiled.rule_knob for tiled in self.tiled if tiled.rule_knob >= 0] + \
+            [reduced.rule_knob for reduced in self.reduced]
 
     def __init__(self, dag: ComputeDAG, cores: int | None = None, max_innermost: int = MAX_INNERMOST):
         self.dag = dag
@@ -213,6 +248,18 @@ class TraceSpace(MixedRadixSpace):
                     self.dims.append(len(entities))
             self.tiled.append(tiled)
         tiled_names = {t.stage for t in self.tiled}
+        self.reduced: list[_Reduced] = []
+        self.reduce_entities: list[tuple[tuple[int, ...], ...]] = []
+        for stage in schedule.stages:
+            if stage.name in tiled_names or stage.name in epilogues or not rfactor_reduction(stage, self.cores):
+                continue
+            entities = tuple(factorizations(int(stage.op.reduce_axis[0].extent), 2, max_innermost))
+            spatial = len(stage.op.axis)
+            reduced = _Reduced(stage.name, spatial, len(self.dims), len(self.dims) + 1, len(self.dims) + 2,
+                               [ROOT_LOCATION, *range(spatial)])
+            self.dims += [len(REDUCTION_RULES), len(entities), len(reduced.choices)]
+            self.reduce_entities.append(entities)
+            self.reduced.append(reduced)
         for stage in schedule.stages:
             if stage.name in tiled_names or stage.name in epilogues or stage.name in outputs:
                 continue
@@ -229,12 +276,25 @@ class TraceSpace(MixedRadixSpace):
             placed = _Placed(stage.name, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
             self.dims.append(len(placed.choices))
             self.placed.append(placed)
+        # TVM's random compute location also samples where a reduction that is not tiled runs:
+        # here one offered an rfactor, not an output, read by one block that stays a block
+        inlined = set(self.inlined)
+        for reduced in self.reduced:
+            consumers = [s for s in schedule.stages if _reads(s, reduced.stage)]
+            if reduced.stage in outputs or len(consumers) != 1 or consumers[0].name in inlined:
+                continue
+            consumer = consumers[0]
+            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else 2 * len(consumer.op.axis)
+            placed = _Placed(reduced.stage, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
+            self.dims.append(len(placed.choices))
+            self.placed.append(placed)
         self.unroll_knob = len(self.dims)
         self.dims.append(len(UNROLL_STEPS))
         self.parallel_knob = len(self.dims)
         self.dims.append(len(JOBS_PER_CORE))
         self._entity_index = [{e: i for i, e in enumerate(entities)} for entities in self.tile_entities]
         self._gemv_index = [{e: i for i, e in enumerate(entities)} for entities in self.gemv_entities]
+        self._reduce_index = [{e: i for i, e in enumerate(entities)} for entities in self.reduce_entities]
 
     def get(self, index: int) -> list[Any]:
         """The trace ``[instructions, decisions]`` of point ``index``."""
@@ -256,6 +316,11 @@ class TraceSpace(MixedRadixSpace):
             tables[k] = np.log2(np.array(entities, dtype=float))
         for placed in self.placed:
             tables[placed.knob] = (np.array(placed.choices, dtype=float) / max(1, len(placed.choices))).reshape(-1, 1)
+        for reduced, entities in zip(self.reduced, self.reduce_entities, strict=True):
+            tables[reduced.rule_knob] = np.arange(len(REDUCTION_RULES), dtype=float).reshape(-1, 1)
+            tables[reduced.split_knob] = np.log2(np.array(entities, dtype=float))
+            tables[reduced.location_knob] = (np.array(reduced.choices, dtype=float) /
+                                             max(1, len(reduced.choices))).reshape(-1, 1)
         tables[self.unroll_knob] = np.log2(1.0 + np.array(UNROLL_STEPS, dtype=float)).reshape(-1, 1)
         tables[self.parallel_knob] = np.log2(np.array(JOBS_PER_CORE, dtype=float)).reshape(-1, 1)
         return tables
@@ -270,17 +335,19 @@ class TraceSpace(MixedRadixSpace):
         movable = [(self.tile_entities[n], self._entity_index[n], k) for n, k in enumerate(tile_knobs)]
         movable += [(self.gemv_entities[n], self._gemv_index[n], k)
                     for n, k in enumerate(k for t in self.tiled for k in t.gemv_knobs)]
+        movable += [(self.reduce_entities[n], self._reduce_index[n], r.split_knob) for n, r in enumerate(self.reduced)]
         movable = [m for m in movable if self.dims[m[2]] > 1]
-        rules = [t.rule_knob for t in self.tiled if t.rule_knob >= 0]
+        rules = [t.rule_knob for t in self.tiled if t.rule_knob >= 0] + [r.rule_knob for r in self.reduced]
+        locations = [p.knob for p in self.placed] + [r.location_knob for r in self.reduced]
         if kind == "tile" and movable:
             entities, index_of, k = movable[int(rng.integers(len(movable)))]
             positions[k] = move_factor(entities, index_of, positions[k], rng)
         elif kind == "cache" and rules and rng.random() < 0.5:
             k = rules[int(rng.integers(len(rules)))]
-            positions[k] = other_choice(positions[k], len(RULES), rng)
-        elif kind == "location" and self.placed:
-            placed = self.placed[int(rng.integers(len(self.placed)))]
-            positions[placed.knob] = other_choice(positions[placed.knob], self.dims[placed.knob], rng)
+            positions[k] = other_choice(positions[k], self.dims[k], rng)
+        elif kind == "location" and locations:
+            k = locations[int(rng.integers(len(locations)))]
+            positions[k] = other_choice(positions[k], self.dims[k], rng)
         elif kind == "parallel":
             positions[self.parallel_knob] = other_choice(positions[self.parallel_knob], len(JOBS_PER_CORE), rng)
         elif kind == "cache":
@@ -309,6 +376,8 @@ class TraceSpace(MixedRadixSpace):
             else:
                 knob = self._tile(writer, blocks, tiled, positions, knob)
             gemv += len(tiled.gemv_knobs)
+        factored = [(reduced, self._reduce_rfactor(writer, blocks, reduced, entities, positions))
+                    for reduced, entities in zip(self.reduced, self.reduce_entities, strict=True)]
         for name in self.inlined:
             writer.emit("ComputeInline", [blocks[name]], [], [])
         max_parallel = JOBS_PER_CORE[positions[self.parallel_knob]] * self.cores
@@ -322,6 +391,11 @@ class TraceSpace(MixedRadixSpace):
             (location,) = writer.emit("SampleComputeLocation", [blocks[placed.stage]], [], writer.names("l", 1),
                                       placed.choices[positions[placed.knob]])
             writer.emit("ComputeAt", [blocks[placed.stage], location], [1, -1], [])
+        for reduced, rf in factored:
+            if rf is not None:
+                (location,) = writer.emit("SampleComputeLocation", [rf], [], writer.names("l", 1),
+                                          reduced.choices[positions[reduced.location_knob]])
+                writer.emit("ComputeAt", [rf, location], [1, -1], [])
         self._postprocess(writer, max_parallel, UNROLL_STEPS[unroll_position])
         return writer.trace()
 
@@ -382,6 +456,23 @@ class TraceSpace(MixedRadixSpace):
         writer.emit("Reorder", [inside[-1], *inside[1:-1], inside[0]], [], [])
         for loop in inside[1:-1]:
             writer.emit("Unroll", [loop], [], [])
+
+    def _reduce_rfactor(self, writer: _Writer, blocks: dict[str, str], reduced: _Reduced,
+                        entities: tuple[tuple[int, ...], ...], positions: Sequence[int]) -> str | None:
+        """TVM's AddRFactor on a reduction that is not tiled: the reduction loop split in two
+        (``SamplePerfectTile``) and the outer or inner part factored out (``RFactor``) into
+        ``<block>_rf``, whose partial results the block then reduces; the new block's name, or
+        None for the rule that leaves the block as it is."""
+        rule = REDUCTION_RULES[positions[reduced.rule_knob]]
+        if rule == "none":
+            return None
+        loops = writer.emit("GetLoops", [blocks[reduced.stage]], [], writer.names("l", reduced.spatial + 1))
+        factors = writer.emit("SamplePerfectTile", [loops[-1]], [2, MAX_INNERMOST], writer.names("v", 2),
+                              list(entities[positions[reduced.split_knob]]))
+        parts = writer.emit("Split", [loops[-1], *factors], [1, 0], writer.names("l", 2))
+        part = parts[0] if rule == "rfactor_outer" else parts[1]
+        (rf,) = writer.emit("RFactor", [part], [reduced.spatial], writer.names("b", 1))
+        return rf
 
     def _postprocess(self, writer: _Writer, max_parallel: int, unroll: int) -> None:
         """TVM's RewriteParallelVectorizeUnroll as trace instructions, then DecomposeReduction."""
