@@ -126,3 +126,28 @@ def test_lorien_export_gives_a_json_database_tvm_loads_and_compiles_for_workload
     result = tvm.runtime.tensor(np.zeros((16, 24), "float32"))
     kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(y), result)
     assert np.allclose(result.numpy(), x @ y, atol=1e-4)
+
+
+def test_a_computation_with_float_division_becomes_a_tvm_module_that_runs_right():
+    """A mean (a sum divided by a float constant) and a division of two loaded values: TVM 0.27
+    types a loaded value as a ``PrimType`` and a constant by ``ty``; both must give a true
+    division, not an integer floordiv or an error."""
+    tvm = pytest.importorskip("tvm")
+
+    from dialects.meta_schedule.tvm_database import tvm_module_of
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a, b = te.placeholder((4, 8), "float32", "A"), te.placeholder((4, 8), "float32", "B")
+    k = te.reduce_axis(8, "k")
+    total = te.compute((4,), lambda i: te.sum(a[i, k], axis=k), name="total")
+    out = te.compute((4, 8), lambda i, j: a[i, j] / b[i, j] + total[i] / 8.0, name="out")
+    mod = tvm_module_of(ComputeDAG([a, b, out]))
+    assert "T.Div" in mod.script() or " / " in mod.script()
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    kernel = tvm.compile(mod, target=target)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1, 1, (4, 8)).astype("float32"), rng.uniform(1, 2, (4, 8)).astype("float32")
+    result = tvm.runtime.tensor(np.zeros((4, 8), "float32"))
+    kernel(tvm.runtime.tensor(x), tvm.runtime.tensor(y), result)
+    np.testing.assert_allclose(result.numpy(), x / y + x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -153,7 +153,7 @@ def tvm_module_of(dag: Any) -> Any:
 
     ms, _ = _tvm()
     binary = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-              "div": lambda a, b: a / b if a.dtype.startswith("float") else tirx.floordiv(a, b),
+              "div": lambda a, b: a / b if _is_float(a) or _is_float(b) else tirx.floordiv(a, b),
               "floordiv": tirx.floordiv, "mod": tirx.floormod, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
               "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": tirx.all, "or": tirx.any}
     calls = {"max": tirx.max, "min": tirx.min, "exp": tirx.exp, "log": tirx.log, "sqrt": tirx.sqrt,
@@ -193,6 +193,16 @@ def tvm_module_of(dag: Any) -> Any:
         tensors[tensor.name] = tvm_te.compute(int64(tensor.shape), _body(convert, op, reduce_axes), name=tensor.name)
     function = tvm_te.create_prim_func([tensors[t.name] for t in dag.io_tensors], index_dtype_override="int64")
     return tvm.IRModule({"main": function})
+
+
+def _is_float(expr: Any) -> bool:
+    """Whether a TVM expression is of a float type: TVM 0.27 gives a loaded value's type as
+    ``dtype`` (a ``PrimType``, not a string) and a constant's as ``ty``."""
+    for attribute in ("dtype", "ty"):
+        value = getattr(expr, attribute, None)
+        if value is not None:
+            return str(value).startswith(("float", "bfloat"))
+    return False
 
 
 def tvm_block_names(trace: list[Any]) -> list[Any]:
