@@ -39,6 +39,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import uuid
 import zlib
 from array import array
@@ -258,11 +259,33 @@ def write_index(path: str, tables: Callable[[], Iterable[tuple[object, Sequence[
     return rows
 
 
+#: Linux's ``MADV_POPULATE_READ`` (5.14 and later; Python's mmap module names it from 3.13 on).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None)
+
+
+def preload_map(mapped: mmap.mmap) -> str | None:
+    """Bring a whole mapped index into memory now: its pages read from disk (or the page cache)
+    and mapped into this process, so that no later lookup faults on the disk, whatever the page
+    cache held before (``MADV_POPULATE_READ``: about 0.9 s for a 3 GB index here). Where the
+    kernel does not have that, the kernel is asked to read it in the background
+    (``MADV_WILLNEED``); the first lookups may then still wait for it."""
+    if MADV_POPULATE_READ is not None:
+        try:
+            mapped.madvise(MADV_POPULATE_READ)
+            return "populated"
+        except OSError:  # EINVAL from a kernel older than 5.14
+            pass
+    if hasattr(mmap, "MADV_WILLNEED"):
+        mapped.madvise(mmap.MADV_WILLNEED)
+        return "advised"
+    return None
+
+
 class PersistedIndex:
     """A memory-mapped index file; answers as :class:`~lorien.warehouse.parquet.serving.ServingIndex`
     (with the standard library only). The group arrays are read into memory at open, the rows are
-    read from the map as lookups touch them; with ``preload`` the kernel is asked to read the whole
-    file into the page cache at once (``madvise(MADV_WILLNEED)``, where the platform has it)."""
+    read from the map as lookups touch them; with ``preload`` the whole file is read and mapped
+    before the constructor returns (:func:`preload_map`)."""
 
     persisted = True
 
@@ -275,11 +298,11 @@ class PersistedIndex:
             if size < len(MAGIC) + TAIL.size:
                 raise IndexDamaged(f"{size} bytes, shorter than an empty index")
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        #: whether the kernel was asked to read the whole file into the page cache now, in the
-        #: background, so that the first lookups of a serving process do not wait for the disk
-        self.preloaded = preload and hasattr(mmap, "MADV_WILLNEED")
-        if self.preloaded:
-            self._map.madvise(mmap.MADV_WILLNEED)
+        #: how the whole file was brought into memory as it was opened, so that no lookup of a
+        #: serving process waits for the disk: "populated" (read and mapped before this returns),
+        #: "advised" (the kernel asked to read it in the background), or None (not asked, or
+        #: the platform has neither)
+        self.preloaded = preload_map(self._map) if preload else None
         view = memoryview(self._map)
         header_len, header_crc, version, magic = TAIL.unpack_from(view, size - TAIL.size)
         if magic != MAGIC or view[:len(MAGIC)] != MAGIC:
