@@ -248,6 +248,15 @@ class TraceSpace(MixedRadixSpace):
                     self.dims.append(len(entities))
             self.tiled.append(tiled)
         tiled_names = {t.stage for t in self.tiled}
+
+        def place(name: str, consumer) -> None:
+            """A sampled compute location of ``name`` among its one consumer's loops (in a tiled
+            consumer, the outer two spatial tile levels S0 S1: the locations TVM samples)."""
+            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else 2 * len(consumer.op.axis)
+            placed = _Placed(name, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
+            self.dims.append(len(placed.choices))
+            self.placed.append(placed)
+
         self.reduced: list[_Reduced] = []
         self.reduce_entities: list[tuple[tuple[int, ...], ...]] = []
         for stage in schedule.stages:
@@ -269,13 +278,7 @@ class TraceSpace(MixedRadixSpace):
             if not _has_condition(stage):
                 self.inlined.append(stage.name)
                 continue
-            consumer = consumers[0]
-            # In a tiled consumer, the outer two spatial tile levels (S0 S1): the locations TVM
-            # takes as sampled wherever their loop is not a unit loop.
-            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else 2 * len(consumer.op.axis)
-            placed = _Placed(stage.name, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
-            self.dims.append(len(placed.choices))
-            self.placed.append(placed)
+            place(stage.name, consumers[0])
         # TVM's random compute location also samples where a reduction that is not tiled runs:
         # here one offered an rfactor, not an output, read by one block that stays a block
         inlined = set(self.inlined)
@@ -283,11 +286,7 @@ class TraceSpace(MixedRadixSpace):
             consumers = [s for s in schedule.stages if _reads(s, reduced.stage)]
             if reduced.stage in outputs or len(consumers) != 1 or consumers[0].name in inlined:
                 continue
-            consumer = consumers[0]
-            loop_count = len(consumer.leaf) if consumer.name not in tiled_names else 2 * len(consumer.op.axis)
-            placed = _Placed(reduced.stage, consumer.name, len(self.dims), [ROOT_LOCATION, *range(loop_count)])
-            self.dims.append(len(placed.choices))
-            self.placed.append(placed)
+            place(reduced.stage, consumers[0])
         self.unroll_knob = len(self.dims)
         self.dims.append(len(UNROLL_STEPS))
         self.parallel_knob = len(self.dims)
