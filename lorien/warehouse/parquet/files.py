@@ -27,7 +27,8 @@ class LocalFiles:
     def __init__(self, root: str, fsync: bool = False, preload: bool = False):
         self.root = os.path.abspath(os.path.expanduser(root))
         self.fsync = fsync
-        #: read each persisted serving index into the page cache as it is opened (``?preload=true``)
+        #: read and map each persisted serving index as it is opened (``?preload=true``,
+        #: :func:`lorien.serving_index.preload_map`)
         self.preload = preload
 
     def _path(self, rel: str) -> str:
@@ -298,5 +299,7 @@ def open_files(location: str) -> LocalFiles | S3Files:
     unknown = set(query) - {"fsync", "preload"}
     if unknown:
         raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync, preload)")
-    return LocalFiles(path, fsync=query.get("fsync", "false").lower() in ("1", "true", "yes"),
-                      preload=query.get("preload", "false").lower() in ("1", "true", "yes"))
+    def flag(name: str) -> bool:
+        return query.get(name, "false").lower() in ("1", "true", "yes")
+
+    return LocalFiles(path, fsync=flag("fsync"), preload=flag("preload"))
