@@ -281,11 +281,20 @@ def write_tenset_tree(root: Path, files: int, lines_per_file: int, data: Path = 
     return files * lines_per_file
 
 
+def run_child(what: str, args: list[str]) -> subprocess.CompletedProcess:
+    """Run a child step; on failure stop with the step's name, exit status and its stderr's tail."""
+    child = subprocess.run(args, capture_output=True, text=True)
+    if child.returncode != 0:
+        tail = "\n".join((child.stderr or child.stdout or "").strip().splitlines()[-20:])
+        raise SystemExit(f"benchmark step {what!r} failed (exit status {child.returncode}):\n{tail}")
+    return child
+
+
 def ingest_child(log: Path, store_dir: Path, nbest: int, keep: bool = False) -> dict:
     """Ingest a log into a fresh parquet store in a child process (its peak RSS its own)."""
     shutil.rmtree(store_dir, ignore_errors=True)
-    child = subprocess.run([sys.executable, "-c", INGEST_CHILD, str(log), f"parquet:{store_dir}", str(nbest)],
-                           capture_output=True, text=True, check=True)
+    child = run_child(f"ingest of {log}", [sys.executable, "-c", INGEST_CHILD, str(log), f"parquet:{store_dir}",
+                                           str(nbest)])
     if not keep:
         shutil.rmtree(store_dir, ignore_errors=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -336,8 +345,7 @@ def duckdb_baseline(root: Path, glob: str, queries: list[tuple[str, str]], expec
     cold = []
     for query in queries[:cold_runs]:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", DUCKDB_COLD_QUERY, sql, alternate_key(query[1]), *query],
-                       check=True, capture_output=True)
+        run_child("cold DuckDB query", [sys.executable, "-c", DUCKDB_COLD_QUERY, sql, alternate_key(query[1]), *query])
         cold.append(time.perf_counter() - started)
     result = {"p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
               "first_s": first_s, "cold_s": statistics.median(cold)}
@@ -520,8 +528,8 @@ def tvm_baseline(workdir: Path, records: int, queries: int, cold_runs: int, nbes
     for number in range(cold_runs):
         shash, target = pairs[number % len(pairs)]
         started = time.perf_counter()
-        subprocess.run([lorien_command(), "query", "--workload-key", shash, "--target", target,
-                        "--store", store_uri, "--format", "json"], check=True, capture_output=True)
+        run_child("cold lorien query", [lorien_command(), "query", "--workload-key", shash, "--target", target,
+                                        "--store", store_uri, "--format", "json"])
         cold.append(time.perf_counter() - started)
     cold_s = statistics.median(cold)
     print(f"  Lorien: ingest {report.records:,} records in {report.seconds:.2f} s ({ingest_rps:,.0f} records/s), "
@@ -646,8 +654,8 @@ def main() -> int:
         if light:
             print("  (--light: the parse/commit split, the pandas baseline and the in-memory index are left out)")
         else:
-            split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, str(log_path), str(workdir / "split-store"),
-                                    str(options.nbest)], capture_output=True, text=True, check=True)
+            split = run_child("split-store ingest", [sys.executable, "-c", SPLIT_CHILD, str(log_path),
+                                                     str(workdir / "split-store"), str(options.nbest)])
             split = json.loads(split.stdout.strip().splitlines()[-1])
             shutil.rmtree(workdir / "split-store", ignore_errors=True)
             print(f"  the same in two steps: parsing (lorien.formats) {split['records'] / split['parse_s']:,.0f} "
@@ -663,8 +671,8 @@ def main() -> int:
         compileall.compile_dir(Path(lorien.__file__).parent, quiet=1)
         first_warm = []
         for workload_key, target in queries[:options.cold_runs]:
-            child = subprocess.run([sys.executable, "-c", FIRST_WARM_CHILD, store_uri, workload_key, target],
-                                   capture_output=True, text=True, check=True)
+            child = run_child("first warm query", [sys.executable, "-c", FIRST_WARM_CHILD, store_uri, workload_key,
+                                                   target])
             first_warm.append(json.loads(child.stdout.strip().splitlines()[-1]))
         first_warm_query_s = statistics.median(run["first_s"] for run in first_warm)
         print(f"a new process's first best() (open_store + query, after imports of "
@@ -729,8 +737,8 @@ def main() -> int:
         cold = []
         for workload_key, target in queries[:options.cold_runs]:
             started = time.perf_counter()
-            subprocess.run([lorien_command(), "query", "--workload-key", workload_key, "--target", target,
-                            "--store", store_uri, "--format", "json"], check=True, capture_output=True)
+            run_child("cold lorien query", [lorien_command(), "query", "--workload-key", workload_key,
+                                            "--target", target, "--store", store_uri, "--format", "json"])
             cold.append(time.perf_counter() - started)
         cold_query_s = statistics.median(cold)
         print(f"cold `lorien query`: median {cold_query_s:.3f} s (runs: {', '.join(f'{s:.2f}' for s in cold)})")
