@@ -140,6 +140,10 @@ def compute_record_id(dialect: str, target: str, workload_key: str, layout: str,
     return hashlib.sha256(payload).hexdigest()[:32]
 
 
+#: The field names of TuningRecord (and of any subclass), found once per class by from_row.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 @dataclass(slots=True)
 class TuningRecord:
     """One measured candidate schedule of one workload on one target."""
@@ -211,7 +215,9 @@ class TuningRecord:
 
     @classmethod
     def from_row(cls, row: dict[str, object]) -> TuningRecord:
-        names = {f.name for f in fields(cls)}
+        names = _FIELD_NAMES.get(cls)
+        if names is None:  # dataclasses.fields() costs more than the rest of this together
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
         values = {name: row[name] for name in names if name in row}
         values["costs"] = list(values.get("costs") or [])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]
