@@ -26,9 +26,11 @@ then a JSON header (version, files, listing, depth, rows, sections, CRC-32 of th
 and a tail: ``[uint64 header length][uint32 CRC-32 of the header][uint32 version][8-byte magic]``.
 
 Reading maps the file and reads values through memoryviews (the standard library only). Opening
-checks the magic, the size, both CRCs and the section bounds; every row returned is checked
-against its content hash (``record_id``) and its cost against its costs, so a damaged file is
-noticed and rebuilt, not believed. It is written under ``_staging`` and renamed into place.
+checks the magic, the size, both CRCs and the section bounds; a row is checked against its content
+hash (``record_id``) and its cost against its costs the first time a lookup returns it (one bit a
+row remembers it), so a damaged file is noticed and rebuilt, not believed. A lookup reads the
+group keys and the (cost, record_id) of the rows that compete, and decodes whole only the rows
+it returns. It is written under ``_staging`` and renamed into place.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import uuid
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 
 from lorien.record import TuningRecord, compute_record_id, mean_cost_s
 
@@ -351,6 +354,11 @@ class PersistedIndex:
         self.strings = string_names(self.names)
         self._head = struct.Struct(f"{ROW_HEAD}{len(self.strings)}I")
         self._workload_key = self.strings.index("workload_key")
+        self._group_columns = tuple(self.strings.index(name) for name in GROUP_COLUMNS)
+        self._record_id = self.strings.index("record_id")
+        #: one bit per row: its content was checked against its record_id by this process (a
+        #: row is hashed the first time a lookup returns it, not on every lookup)
+        self.checked_rows = bytearray((self.rows + 7) // 8)
 
     def close(self) -> None:
         self.offsets = self.data = None
@@ -362,6 +370,16 @@ class PersistedIndex:
             raise IndexDamaged(f"row {row}: bytes {start}..{stop} outside {len(self.data)}")
         return start + self._head.size, stop, self._head.unpack_from(self.data, start)
 
+    def _strings(self, at: int, lengths: Sequence[int]) -> list[str]:
+        """The strings of these byte lengths laid end to end from ``at``: decoded at once, and
+        cut as characters where all are ASCII (the usual case), else decoded one by one."""
+        ends = list(accumulate(lengths))
+        stop = at + (ends[-1] if ends else 0)
+        text = str(self.data[at:stop], "utf-8")
+        if len(text) == stop - at:
+            return [text[begin:end] for begin, end in zip([0, *ends], ends, strict=False)]
+        return [str(self.data[at + begin:at + end], "utf-8") for begin, end in zip([0, *ends], ends, strict=False)]
+
     def row(self, row: int, head: int | None = None) -> dict[str, object]:
         """Every column of a row; ``head`` is the first row of its group (strings it shares)."""
         try:
@@ -370,18 +388,21 @@ class PersistedIndex:
             values: dict[str, object] = {"target_key": self.target_key}
             values["costs"] = list(struct.unpack_from(f"<{count}d", self.data, at))
             at += 8 * count
-            shared = None
-            for name, length in zip(self.strings, fields[7:], strict=True):
-                if length == SAME_AS_HEAD:
-                    if head is None or head == row:
-                        raise IndexDamaged(f"row {row}: column {name} refers to its group's first row")
-                    shared = shared or self.row(head)
-                    values[name] = shared[name]
-                else:
-                    values[name] = str(self.data[at:at + length], "utf-8")
-                    at += length
-            if at != stop:
-                raise IndexDamaged(f"row {row}: {stop - at} bytes left over")
+            lengths = fields[7:]
+            shared = SAME_AS_HEAD in lengths
+            if shared:
+                if head is None or head == row:
+                    raise IndexDamaged(f"row {row}: a column refers to its group's first row")
+                lengths = [0 if length == SAME_AS_HEAD else length for length in lengths]
+            strings = self._strings(at, lengths)
+            if at + sum(lengths) != stop:
+                raise IndexDamaged(f"row {row}: {stop - at - sum(lengths)} bytes left over")
+            values.update(zip(self.strings, strings, strict=True))
+            if shared:
+                head_values = self.row(head)
+                for name, length in zip(self.strings, fields[7:], strict=True):
+                    if length == SAME_AS_HEAD:
+                        values[name] = head_values[name]
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
             raise IndexDamaged(f"row {row}: {exc}") from exc
         values["cost_s"] = cost_s if flags & COST_S_VALID else None
@@ -389,21 +410,45 @@ class PersistedIndex:
         values["all_cost"], values["timestamp"], values["error_no"] = all_cost, timestamp, error_no
         return values
 
-    def workload_key(self, head: int) -> str:
-        """The workload key of a group's first row (no other string read)."""
+    def _head_strings(self, head: int, columns: int) -> list[str]:
+        """The first ``columns`` string columns of a group's first row, with no other decoded."""
         try:
             at, _stop, fields = self._fields(head)
-            lengths = fields[7:]
-            at += 8 * fields[6] + sum(lengths[:self._workload_key])
-            length = lengths[self._workload_key]
-            if SAME_AS_HEAD in lengths[:self._workload_key + 1]:
+            lengths = fields[7:7 + columns]
+            if SAME_AS_HEAD in lengths:
                 raise IndexDamaged(f"row {head}, a group's first row, refers to another")
-            return str(self.data[at:at + length], "utf-8")
+            return self._strings(at + 8 * fields[6], lengths)
         except (struct.error, UnicodeDecodeError) as exc:
             raise IndexDamaged(f"row {head}: {exc}") from exc
 
-    def _groups(self, workload_key: str, prefix: bool) -> list[tuple[int, int]]:
-        """(first row, end row) of each group of ``workload_key`` (or of every key it prefixes)."""
+    def workload_key(self, head: int) -> str:
+        """The workload key of a group's first row (no other string read)."""
+        return self._head_strings(head, self._workload_key + 1)[self._workload_key]
+
+    def group_key(self, head: int) -> tuple[str, str, str]:
+        """(workload_key, target, layout) of a group's first row (no other string read)."""
+        workload, target, layout = self._group_columns
+        values = self._head_strings(head, max(self._group_columns) + 1)
+        return values[workload], values[target], values[layout]
+
+    def _rank_fields(self, row: int) -> tuple[float, str]:
+        """(cost_s, record_id) of a row, what ranking needs of it (no other string read)."""
+        at, _stop, fields = self._fields(row)
+        lengths = fields[7:]
+        if not fields[5] & COST_S_VALID:
+            raise IndexDamaged(f"row {row}: a serving row without a cost")
+        length = lengths[self._record_id]
+        if length == SAME_AS_HEAD:
+            raise IndexDamaged(f"row {row}: its record_id refers to its group's first row")
+        at += 8 * fields[6] + sum(length for length in lengths[:self._record_id] if length != SAME_AS_HEAD)
+        try:
+            return fields[0], str(self.data[at:at + length], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise IndexDamaged(f"row {row}: {exc}") from exc
+
+    def _groups(self, workload_key: str, prefix: bool) -> list[tuple[int, int, tuple[str, str, str]]]:
+        """(first row, end row, (workload_key, target, layout)) of each group of ``workload_key``
+        (or of every key it prefixes)."""
         try:
             if not prefix:
                 wanted = key_hash(workload_key)
@@ -416,11 +461,14 @@ class PersistedIndex:
                 if high < len(hashes) and hashes[high - 1] <= wanted:
                     high = len(hashes)
                 first = bisect.bisect_left(hashes, wanted, low, high)
-                spans = []
+                groups = []
                 while first < len(hashes) and hashes[first] == wanted:
-                    spans.append((self.spans[2 * first], self.spans[2 * first + 1]))
+                    start, stop = self.spans[2 * first], self.spans[2 * first + 1]
+                    key = self.group_key(start)
+                    if key[0] == workload_key:
+                        groups.append((start, stop, key))
                     first += 1
-                return [(start, stop) for start, stop in spans if self.workload_key(start) == workload_key]
+                return groups
             starts = self.row_starts
             low, high = 0, len(starts)
             while low < high:  # the first group whose key is >= the prefix (groups are in key order)
@@ -429,43 +477,56 @@ class PersistedIndex:
                     low = middle + 1
                 else:
                     high = middle
-            spans = []
+            groups = []
             while low < len(starts):
                 start = starts[low]
-                if not self.workload_key(start).startswith(workload_key):
+                key = self.group_key(start)
+                if not key[0].startswith(workload_key):
                     break
-                spans.append((start, starts[low + 1] if low + 1 < len(starts) else self.rows))
+                groups.append((start, starts[low + 1] if low + 1 < len(starts) else self.rows, key))
                 low += 1
-            return spans
+            return groups
         except IndexError as exc:
             raise IndexDamaged(f"a group outside the rows ({exc})") from exc
 
     def best(self, workload_key: str, target: str, k: int, layout: str | None,
              mode: str, prefix: bool, per_layout: bool, verify: bool = True) -> list[TuningRecord]:
+        """As ServingIndex.best. Only the group keys and the (cost_s, record_id) of the rows that
+        compete are read; the rows returned are decoded whole, and each is checked against its
+        record_id the first time this index returns it."""
         from lorien.target import match_tier
 
-        candidates = []
-        for start, stop in self._groups(workload_key, prefix):
+        candidates = []  # (tier, cost_s, record_id, layout, row, group's first row, workload_key)
+        for start, stop, (group_workload, group_target, group_layout) in self._groups(workload_key, prefix):
             if not start < stop <= self.rows:
                 raise IndexDamaged(f"group rows {start}..{stop} outside {self.rows} rows")
-            head = self.row(start)
-            if layout is not None and head["layout"] != layout:
+            if layout is not None and group_layout != layout:
                 continue
-            tier = match_tier(target, head["target"], mode)
+            tier = match_tier(target, group_target, mode)
             if tier is None:
                 continue
             for position in range(start, min(stop, start + k)):  # a group is in cost order
-                row = head if position == start else self.row(position, start)
-                if row["workload_key"] != head["workload_key"] or row["layout"] != head["layout"]:
-                    raise IndexDamaged(f"row {position} is not of its group")
-                row["tier"] = tier
-                candidates.append(row)
-        chosen = rank_rows(candidates, k, per_layout)
-        if verify:
-            for row in chosen:
-                if row["record_id"] not in self.verified and not content_matches(row):
+                candidates.append((tier, *self._rank_fields(position), group_layout, position, start, group_workload))
+        candidates.sort()
+        if per_layout:
+            by_layout: dict[str, list[tuple]] = {}
+            for candidate in candidates:
+                by_layout.setdefault(candidate[3], []).append(candidate)
+            candidates = [candidate for group in by_layout.values() for candidate in group[:k]]
+        else:
+            del candidates[k:]
+        records = []
+        for _tier, _cost_s, record_id, group_layout, position, start, group_workload in candidates:
+            row = self.row(position, None if position == start else start)
+            if (row["record_id"], row["layout"], row["workload_key"]) != (record_id, group_layout, group_workload):
+                raise IndexDamaged(f"row {position} is not of its group")
+            bit = 1 << (position & 7)
+            if verify and not self.checked_rows[position >> 3] & bit:
+                if record_id not in self.verified and not content_matches(row):
                     raise SuspectRow(row)
-        return [TuningRecord.from_row(row) for row in chosen]
+                self.checked_rows[position >> 3] |= bit
+            records.append(TuningRecord.from_row(row))
+        return records
 
 
 def rank_rows(rows: list[dict], k: int, per_layout: bool) -> list[dict]:

@@ -447,3 +447,46 @@ def test_a_store_opened_with_preload_asks_for_its_index_pages_at_once(root):
     plain = open_store(uri)
     assert [plain.best(target=SKYLAKE, **query) for query in QUERIES] == answers
     assert not plain._indexes["llvm_cpu"].preloaded
+
+
+def test_a_row_is_checked_against_its_record_id_the_first_time_it_is_returned_only(root, monkeypatch):
+    import lorien.serving_index as serving_index
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    checked = []
+    check = serving_index.content_matches
+    monkeypatch.setattr(serving_index, "content_matches", lambda row: checked.append(row["record_id"]) or check(row))
+    store = open_store(uri)
+    first = [store.best("conv#a", SKYLAKE, k=2) for _ in range(3)]
+    assert first[0] == first[1] == first[2] and len(checked) == 2  # two rows, each hashed once
+    assert store.best("conv#b", ZNVER) and len(checked) == 3  # a row not returned before is hashed
+
+
+def test_a_lookup_decodes_whole_only_the_rows_it_returns(root, monkeypatch):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    store = open_store(uri)
+    expected = store.best("conv#a", SKYLAKE)  # its groups: two layouts on SKYLAKE, one on another target
+    decoded = []
+    row = PersistedIndex.row
+    monkeypatch.setattr(PersistedIndex, "row", lambda index, *args: decoded.append(args) or row(index, *args))
+    assert store.best("conv#a", SKYLAKE) == expected
+    assert len(decoded) == 1
+
+
+def test_rows_with_strings_beyond_ascii_read_back_as_written(root):
+    uri = f"parquet:{root}"
+    records = [record.with_changes(source=f"réglage №{index} 調整", extra='{"note": "µs"}')
+               for index, record in enumerate(workload_records("conv#é", 3, base_s=5e-4) + workload_records("conv#a", 2))]
+    writer = open_store(uri)
+    writer.commit(records)
+    writer.build_serving_indexes()
+    store = open_store(uri)
+    for workload_key in ("conv#é", "conv#a"):
+        answers = store.best(workload_key, SKYLAKE, k=3)
+        assert isinstance(store._indexes["llvm_cpu"], PersistedIndex)
+        assert answers == sorted((r for r in records if r.workload_key == workload_key), key=lambda r: r.cost_s)[:3]
+    assert store.best("conv#", SKYLAKE, k=1, prefix=True, per_layout=True)[0].source == "réglage №0 調整"
