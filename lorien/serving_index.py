@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 
 from lorien.record import TuningRecord, compute_record_id, mean_cost_s
+from lorien.target import match_tier
 
 MAGIC = b"LORIENSI"
 VERSION = 4
@@ -494,8 +495,6 @@ class PersistedIndex:
         """As ServingIndex.best. Only the group keys and the (cost_s, record_id) of the rows that
         compete are read; the rows returned are decoded whole, and each is checked against its
         record_id the first time this index returns it."""
-        from lorien.target import match_tier
-
         candidates = []  # (tier, cost_s, record_id, layout, row, group's first row, workload_key)
         for start, stop, (group_workload, group_target, group_layout) in self._groups(workload_key, prefix):
             if not start < stop <= self.rows:
