@@ -490,3 +490,22 @@ def test_rows_with_strings_beyond_ascii_read_back_as_written(root):
         assert isinstance(store._indexes["llvm_cpu"], PersistedIndex)
         assert answers == sorted((r for r in records if r.workload_key == workload_key), key=lambda r: r.cost_s)[:3]
     assert store.best("conv#", SKYLAKE, k=1, prefix=True, per_layout=True)[0].source == "réglage №0 調整"
+
+
+def test_a_lookup_leaves_no_cyclic_garbage_for_the_collector(root):
+    import gc
+
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    store = open_store(uri)
+    answers = [store.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert isinstance(store._indexes["llvm_cpu"], PersistedIndex)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            assert [store.best(target=SKYLAKE, **query) for query in QUERIES] == answers
+        assert gc.collect() == 0  # every object a lookup made was freed by its reference count
+    finally:
+        gc.enable()
