@@ -355,8 +355,8 @@ class PersistedIndex:
         self.strings = string_names(self.names)
         self._head = struct.Struct(f"{ROW_HEAD}{len(self.strings)}I")
         self._workload_key = self.strings.index("workload_key")
-        self._group_columns = tuple(self.strings.index(name) for name in GROUP_COLUMNS)
         self._record_id = self.strings.index("record_id")
+        self._head_columns = (*(self.strings.index(name) for name in GROUP_COLUMNS), self._record_id)
         #: one bit per row: its content was checked against its record_id by this process (a
         #: row is hashed the first time a lookup returns it, not on every lookup)
         self.checked_rows = bytearray((self.rows + 7) // 8)
@@ -411,26 +411,29 @@ class PersistedIndex:
         values["all_cost"], values["timestamp"], values["error_no"] = all_cost, timestamp, error_no
         return values
 
-    def _head_strings(self, head: int, columns: int) -> list[str]:
-        """The first ``columns`` string columns of a group's first row, with no other decoded."""
+    def _head_strings(self, head: int, columns: int) -> tuple[tuple, list[str]]:
+        """(fixed fields, the first ``columns`` string columns) of a group's first row, with no
+        other string decoded."""
         try:
             at, _stop, fields = self._fields(head)
             lengths = fields[7:7 + columns]
             if SAME_AS_HEAD in lengths:
                 raise IndexDamaged(f"row {head}, a group's first row, refers to another")
-            return self._strings(at + 8 * fields[6], lengths)
+            return fields, self._strings(at + 8 * fields[6], lengths)
         except (struct.error, UnicodeDecodeError) as exc:
             raise IndexDamaged(f"row {head}: {exc}") from exc
 
     def workload_key(self, head: int) -> str:
         """The workload key of a group's first row (no other string read)."""
-        return self._head_strings(head, self._workload_key + 1)[self._workload_key]
+        return self._head_strings(head, self._workload_key + 1)[1][self._workload_key]
 
-    def group_key(self, head: int) -> tuple[str, str, str]:
-        """(workload_key, target, layout) of a group's first row (no other string read)."""
-        workload, target, layout = self._group_columns
-        values = self._head_strings(head, max(self._group_columns) + 1)
-        return values[workload], values[target], values[layout]
+    def group_head(self, head: int) -> tuple[str, str, str, str, float | None]:
+        """(workload_key, target, layout, record_id, cost_s) of a group's first row: its group's
+        key and what ranking needs of it, no other string read."""
+        workload, target, layout, record_id = self._head_columns
+        fields, values = self._head_strings(head, max(self._head_columns) + 1)
+        cost_s = fields[0] if fields[5] & COST_S_VALID else None
+        return values[workload], values[target], values[layout], values[record_id], cost_s
 
     def _rank_fields(self, row: int) -> tuple[float, str]:
         """(cost_s, record_id) of a row, what ranking needs of it (no other string read)."""
@@ -447,9 +450,9 @@ class PersistedIndex:
         except UnicodeDecodeError as exc:
             raise IndexDamaged(f"row {row}: {exc}") from exc
 
-    def _groups(self, workload_key: str, prefix: bool) -> list[tuple[int, int, tuple[str, str, str]]]:
-        """(first row, end row, (workload_key, target, layout)) of each group of ``workload_key``
-        (or of every key it prefixes)."""
+    def _groups(self, workload_key: str, prefix: bool) -> list[tuple[int, int, tuple]]:
+        """(first row, end row, :meth:`group_head`) of each group of ``workload_key`` (or of every
+        key it prefixes)."""
         try:
             if not prefix:
                 wanted = key_hash(workload_key)
@@ -465,7 +468,7 @@ class PersistedIndex:
                 groups = []
                 while first < len(hashes) and hashes[first] == wanted:
                     start, stop = self.spans[2 * first], self.spans[2 * first + 1]
-                    key = self.group_key(start)
+                    key = self.group_head(start)
                     if key[0] == workload_key:
                         groups.append((start, stop, key))
                     first += 1
@@ -481,7 +484,7 @@ class PersistedIndex:
             groups = []
             while low < len(starts):
                 start = starts[low]
-                key = self.group_key(start)
+                key = self.group_head(start)
                 if not key[0].startswith(workload_key):
                     break
                 groups.append((start, starts[low + 1] if low + 1 < len(starts) else self.rows, key))
@@ -496,7 +499,8 @@ class PersistedIndex:
         compete are read; the rows returned are decoded whole, and each is checked against its
         record_id the first time this index returns it."""
         candidates = []  # (tier, cost_s, record_id, layout, row, group's first row, workload_key)
-        for start, stop, (group_workload, group_target, group_layout) in self._groups(workload_key, prefix):
+        for start, stop, (group_workload, group_target, group_layout, record_id, cost_s) in self._groups(
+                workload_key, prefix):
             if not start < stop <= self.rows:
                 raise IndexDamaged(f"group rows {start}..{stop} outside {self.rows} rows")
             if layout is not None and group_layout != layout:
@@ -504,7 +508,10 @@ class PersistedIndex:
             tier = match_tier(target, group_target, mode)
             if tier is None:
                 continue
-            for position in range(start, min(stop, start + k)):  # a group is in cost order
+            if cost_s is None:
+                raise IndexDamaged(f"row {start}: a serving row without a cost")
+            candidates.append((tier, cost_s, record_id, group_layout, start, start, group_workload))
+            for position in range(start + 1, min(stop, start + k)):  # a group is in cost order
                 candidates.append((tier, *self._rank_fields(position), group_layout, position, start, group_workload))
         candidates.sort()
         if per_layout:
