@@ -415,11 +415,14 @@ class PersistedIndex:
         """(fixed fields, the first ``columns`` string columns) of a group's first row, with no
         other string decoded."""
         try:
-            at, _stop, fields = self._fields(head)
+            at, stop, fields = self._fields(head)
             lengths = fields[7:7 + columns]
             if SAME_AS_HEAD in lengths:
                 raise IndexDamaged(f"row {head}, a group's first row, refers to another")
-            return fields, self._strings(at + 8 * fields[6], lengths)
+            at += 8 * fields[6]
+            if at + sum(lengths) > stop:
+                raise IndexDamaged(f"row {head}: strings past its end")
+            return fields, self._strings(at, lengths)
         except (struct.error, UnicodeDecodeError) as exc:
             raise IndexDamaged(f"row {head}: {exc}") from exc
 
@@ -437,14 +440,16 @@ class PersistedIndex:
 
     def _rank_fields(self, row: int) -> tuple[float, str]:
         """(cost_s, record_id) of a row, what ranking needs of it (no other string read)."""
-        at, _stop, fields = self._fields(row)
+        at, stop, fields = self._fields(row)
         lengths = fields[7:]
         if not fields[5] & COST_S_VALID:
             raise IndexDamaged(f"row {row}: a serving row without a cost")
         length = lengths[self._record_id]
         if length == SAME_AS_HEAD:
             raise IndexDamaged(f"row {row}: its record_id refers to its group's first row")
-        at += 8 * fields[6] + sum(length for length in lengths[:self._record_id] if length != SAME_AS_HEAD)
+        at += 8 * fields[6] + sum(other for other in lengths[:self._record_id] if other != SAME_AS_HEAD)
+        if at + length > stop:
+            raise IndexDamaged(f"row {row}: its record_id past its end")
         try:
             return fields[0], str(self.data[at:at + length], "utf-8")
         except UnicodeDecodeError as exc:

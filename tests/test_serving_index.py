@@ -509,3 +509,26 @@ def test_a_lookup_leaves_no_cyclic_garbage_for_the_collector(root):
         assert gc.collect() == 0  # every object a lookup made was freed by its reference count
     finally:
         gc.enable()
+
+
+def test_a_string_length_past_its_row_is_damage_even_where_only_keys_are_read(root):
+    uri = f"parquet:{root}"
+    fill(uri)
+    open_store(uri).build_serving_indexes()
+    (path,) = index_files(root)
+    index = PersistedIndex(str(path), "llvm_cpu")
+    record_id_length_at = struct.calcsize("<ddddqBI") + 4 * index.strings.index("record_id")
+    data = bytearray(path.read_bytes())
+    header_len = struct.unpack_from("<Q", data, len(data) - 24)[0]
+    header = json.loads(data[len(data) - 24 - header_len:len(data) - 24])
+    rows_at = header["sections"]["rows.data"][0]
+    offsets_at = header["sections"]["rows.offsets"][0]
+    for row in range(index.rows):  # every row's record_id now runs past the row
+        start = struct.unpack_from("<q", data, offsets_at + 8 * row)[0]
+        struct.pack_into("<I", data, rows_at + start + record_id_length_at, 1 << 20)
+    index.close()
+    path.write_bytes(bytes(data))
+    store = open_store(uri)
+    with pytest.warns(ServingIndexWarning, match="damaged"):
+        answers = [store.best(target=SKYLAKE, **query) for query in QUERIES]
+    assert answers == in_memory_answers(uri)
