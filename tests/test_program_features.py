@@ -174,3 +174,39 @@ def test_featurize_program_from_a_store_lowers_records_of_every_dialect_tuned_he
                      if error == 0)
     written = pd.read_parquet(tmp_path / "features" / "program.parquet")["thrpt"]
     assert sorted(written[written > 0]) == pytest.approx(fastest)
+
+
+def test_every_auto_scheduler_knob_that_changes_the_program_changes_its_features():
+    """What a guided auto_scheduler run scores: two points whose lowered programs differ (another
+    sketch, tile size, compute location, parallel depth or unroll step) get different program
+    features (issue 22's follow-up checked this when the model ranked auto_scheduler programs
+    barely above chance: they do). An unroll step that unrolls the same loops is the same program."""
+    from dialects.auto_scheduler.tuning import tuning_context
+    from lorien.dialect import get_dialect
+    from lorien.target import host_target
+    from lorien.tune.job import TuneJob
+
+    task_name, args = get_dialect("auto_scheduler").expand_workload("dense", {"M": 16, "N": 32, "K": 64})
+    job = TuneJob.from_spec({"dialect": "auto_scheduler", "task_name": task_name, "args": args, "tuner": "xgb",
+                             "trials": 8, "target": host_target().canonical})
+    context = tuning_context(job, None)
+    space, rng = context.space, np.random.default_rng(0)
+
+    def program_and_features(steps):
+        schedule, tensors = context.schedule_of(steps)
+        program = [(u.op, str(u.arg), u.dtype, u.lanes) for u in lower(schedule, tensors).uops]
+        return program, schedule_features(*context.schedule_of(steps))
+
+    moved = set()
+    for _ in range(2):
+        positions = space.knob_indices(space.sample(rng))
+        program, features = program_and_features(space.get(space.index_of_knobs(positions)))
+        for knob, dim in enumerate(space.dims):
+            for value in rng.permutation(dim)[:3].tolist():
+                if value != positions[knob]:
+                    other = space.get(space.index_of_knobs([*positions[:knob], value, *positions[knob + 1:]]))
+                    other_program, other_features = program_and_features(other)
+                    if other_program != program:
+                        assert not np.array_equal(other_features, features), (knob, value)
+                        moved.add(knob)
+    assert moved >= {k for k, dim in enumerate(space.dims) if dim > 1}  # every knob of more than one value

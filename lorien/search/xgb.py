@@ -1,8 +1,9 @@
 """Model-based search: an XGBoost cost model over config features, explored by annealing or evolution.
 
 Every ``plan_size`` measurements the model is refit on (features, normalized throughput) of
-all measured points — plus, with :meth:`XGBTuner.load_history`, points measured before on
-similar workloads (transfer). The optimizer over the model picks the next plan:
+all measured points (a point's cost is its fastest repeat, :func:`lorien.search.base.label_cost`)
+— plus, with :meth:`XGBTuner.load_history`, points measured before on similar workloads
+(transfer). The optimizer over the model picks the next plan:
 ``optimizer="sa"`` (simulated annealing, AutoTVM's) or ``"evolution"`` (Ansor's evolutionary
 search, :mod:`lorien.search.evolution`: ``population`` points, ``generations`` rounds of
 score-proportional selection and mutation). A small fraction ``epsilon`` of each plan is
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, label_cost, result_cost
+from lorien.search.base import IndexedSpace, MeasuredLike, Tuner, label_cost
 from lorien.search.evolution import evolve
 from lorien.search.random_search import cover_paths, sample_unvisited
 from lorien.search.sa import anneal
@@ -182,11 +183,14 @@ class XGBTuner(Tuner):
 
     def update(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
         super().update(indices, results)
-        for index, result in zip(indices, results, strict=True):
-            self.measured[int(index)] = result_cost(result)
+        costs = [label_cost(r) for r in results]
+        # the tuner's own model and its search's starting points learn the fastest repeat, as the
+        # guide and the pre-trained model do: a repeat that lost a core to another job moves the
+        # mean several-fold, never the fastest repeat below the program's own time
+        for index, cost in zip(indices, costs, strict=True):
+            self.measured[int(index)] = cost
         if self.guide is not None and len(indices):
-            # the guide learns what the pre-trained model was trained on: the fastest repeat
-            self.guide.learn([int(i) for i in indices], [label_cost(r) for r in results])
+            self.guide.learn([int(i) for i in indices], costs)
         self._since_fit += len(indices)
         if self._since_fit >= self.plan_size:
             self._fit()
