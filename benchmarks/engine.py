@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from lorien.engine import build, reference, runtime, te
+from lorien.engine import build, race, reference, runtime, te
 from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
@@ -187,24 +187,32 @@ def pin_blas_threads(threads: int):
 
 # ---- dense ----------------------------------------------------------------------------------
 
-#: Candidates of a dense layer that the native screening's fastest runs leave for a second round.
-FINALISTS = 3
-#: Calls of each finalist that pick one (4 blocks: a kernel whose second thread misses whole blocks shows it).
-PICK_SAMPLES = 24
+#: Candidates of a layer that the screening (native fastest runs, successive halving) leaves for the race.
+FINALISTS = 4
+#: Rounds of ``race.race`` among a layer's finalists.
+RACE_ROUNDS = 9
 
 
-def pick_by_calls(finalists: list[tuple]) -> tuple:
-    """(label, kernel, builder, arrays) of the finalist (``(native_s, label, kernel, builder,
-    arrays)``, fastest first) whose bound calls, timed as the benchmark times them (paired blocks
-    after a pause: the pool's workers parked, as at a layer's first call), have the fastest
-    median. The native loop runs back to back, so its fastest run favours a kernel whose second
-    thread joins only a warm pool; these samples pick, and fresh ones are reported."""
-    if len(finalists) > 1:
-        times = paired_samples({item[1]: item[2].bind(*item[4]) for item in finalists}, PICK_SAMPLES)
-        print(f"  finalists (median of {PICK_SAMPLES} calls): " + ", ".join(
-            f"{label} {statistics.median(seconds) * 1e6:.1f} us" for label, seconds in times.items()))
-        finalists = sorted(finalists, key=lambda item: statistics.median(times[item[1]]))
-    return finalists[0][1:]
+def pick_fastest(candidates: list[tuple], finalists: int = FINALISTS) -> tuple:
+    """(label, kernel, config, arrays) of the fastest of ``candidates`` (``(label, kernel, config,
+    arrays)``, labels unique). The native loop's fastest runs screen them in rotated rounds with
+    successive halving (``race.screen``: a candidate screened while another process held the
+    second core is measured again in the next round), then the ``finalists`` race by their bound
+    calls, as the benchmark times them, in interleaved rotated rounds of time-budgeted turns,
+    each after the pool's workers parked (``race.race``: the 25th percentile of each turn's calls,
+    the best turn of each finalist)."""
+    by_label = {item[0]: item for item in candidates}
+    if len(by_label) != len(candidates):
+        raise ValueError(f"pick_fastest: labels repeat in {[item[0] for item in candidates]}")
+    screened = race.screen({label: functools.partial(native_best_s, item[1], item[3])
+                            for label, item in by_label.items()}, keep=finalists)
+    if len(screened) == 1:
+        return by_label[screened[0][0]]
+    result = race.race({label: by_label[label][1].bind(*by_label[label][3]) for label, _ in screened}, rounds=RACE_ROUNDS)
+    print("  finalists (native fastest run: " + ", ".join(f"{label} {s * 1e6:.1f} us" for label, s in screened)
+          + f"); race (best of {RACE_ROUNDS} turns, 25th percentile of each turn's calls): "
+          + result.describe())
+    return by_label[result.winner]
 
 
 def dense_grid(quick: bool, m: int = 512, n: int = 512, lanes: int | None = None) -> list[tuple[int, int, str, bool]]:
@@ -296,7 +304,7 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str, bool]], 
     candidates += list(extra or [])
     for task_name in ("dense_pack.x86", "dense_nopack.x86") if template_configs else ():
         candidates += template_candidates(task_name, m, n, k, template_configs)
-    screened = []
+    built = []
     for label, make in candidates:
         s, args = make()
         kernel = build(s, args)
@@ -304,8 +312,8 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str, bool]], 
         arrays = kernel.pack_arguments(data, weight, out)   # a weight packed beforehand is packed here, once
         kernel(*arrays)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
-        screened.append((native_best_s(kernel, arrays), label, kernel, make, arrays))
-    config, kernel, make, arrays = pick_by_calls(sorted(screened, key=lambda item: item[0])[:FINALISTS])
+        built.append((str(label), kernel, (label, make), arrays))
+    _, kernel, (config, make), arrays = pick_fastest(built)
     ours, theirs = arrays[-1], aligned_zeros((m, n), "float32")
     calls = {"lorien": kernel.bind(*arrays), "numpy": functools.partial(np.matmul, data, weight.T, out=theirs)}
     if with_torch:
@@ -419,21 +427,21 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
     conv = torch.nn.functional.conv2d
     expected = conv(t_data, t_weight, stride=stride, padding=pad).numpy()
     flop = 2.0 * out_channels * out_size * out_size * channels * kernel_size * kernel_size
-    screened = []
+    built, packings = [], {}
     for config in conv_grid(out_size, quick, channels, out_channels, kernel_size):
         ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh, pad_rows = config
         s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw,
                                          kernel=kernel_size, pad=pad, tile_oh=tile_oh, pad_rows=pad_rows)
         kernel = build(s, args)
-        packed = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
-                  aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
+        if (ic_bn, oc_bn) not in packings:   # the packed input and weight, shared by the configs of one blocking
+            packings[ic_bn, oc_bn] = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
+                                      aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
+        packed = packings[ic_bn, oc_bn]
         out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
-        screened.append((native_best_s(kernel, [*packed, out]), str(config), kernel, config, [*packed, out]))
-    # the native loop's fastest runs screen; the finalists' medians of calls timed as below pick
-    _, kernel, config, (packed_data, packed_weight, packed_out) = pick_by_calls(
-        sorted(screened, key=lambda item: item[0])[:1 if quick else FINALISTS])
+        built.append((str(config), kernel, config, [*packed, out]))
+    _, kernel, config, (packed_data, packed_weight, packed_out) = pick_fastest(built, 1 if quick else FINALISTS)
     pack, unpack = layout_kernels(channels, size, out_channels, out_size, config[0], config[1])
     plain_out = aligned_zeros((1, out_channels, out_size, out_size), "float32")
 
