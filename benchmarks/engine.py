@@ -10,8 +10,9 @@ get the same number of samples; the ratio is of medians, and minimums are printe
   ``np.matmul(A, B.T, out=C)`` (OpenBLAS), BLAS threads pinned with threadpoolctl to the
   engine's thread count. Lorien's kernel is the best (screened first, not timed) of the
   engine's hand-written register tiles and random configs of the autotvm dense_pack.x86 and
-  dense_nopack.x86 templates (picked by the native loop's fastest run, then the three fastest by
-  24 calls timed as below, then timed on fresh samples); any packing of B happens inside the
+  dense_nopack.x86 templates (screened by the native loop's fastest run in rotated rounds with
+  successive halving, then the four fastest raced by their calls in interleaved rounds,
+  ``lorien.engine.race``, then timed on fresh samples); any packing of B happens inside the
   kernel, on every call, except in the M < 4 candidates that take B packed beforehand (``weight
   packed beforehand``, as a constant weight is), named on the dense line. Lorien's kernel is
   called bound to its arrays (``kernel.bind``: checked once), as NumPy's call is a partial with
