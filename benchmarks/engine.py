@@ -216,6 +216,18 @@ def pick_fastest(candidates: list[tuple], finalists: int = FINALISTS) -> tuple:
     return by_label[result.winner]
 
 
+def screened_fastest(entries: list[tuple]) -> tuple:
+    """The entry ``(label, kernel, arrays, ...)`` whose kernel has the fastest native run, the
+    entries measured in rotated rounds with successive halving (``race.screen``), not one after
+    the other; labels unique."""
+    by_label = {str(entry[0]): entry for entry in entries}
+    if len(by_label) != len(entries):
+        raise ValueError(f"screened_fastest: labels repeat in {[entry[0] for entry in entries]}")
+    [(label, _)] = race.screen({label: functools.partial(native_best_s, entry[1], entry[2])
+                                for label, entry in by_label.items()}, keep=1)
+    return by_label[label]
+
+
 def dense_grid(quick: bool, m: int = 512, n: int = 512, lanes: int | None = None) -> list[tuple[int, int, str, bool]]:
     """(mr, nr, order, pack_data) register tiles for an M x N dense: ``x86.dense_register_tiles``
     (sized from the vector width, ``lanes`` if measured, and the vector register count), in
@@ -497,10 +509,10 @@ def conv1x1_nchw_call(data: np.ndarray, weight: np.ndarray, expected: np.ndarray
         kernel = build(s, tensors)
         kernel(*args)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-2)
-        screened.append((native_best_s(kernel, list(args)), f"mr={mr} nr={nr}", kernel))
+        screened.append((f"mr={mr} nr={nr}", kernel, list(args)))
     if not screened:
         return None
-    _, label, kernel = min(screened, key=lambda item: item[0])
+    label, kernel, _ = screened_fastest(screened)
     return label, functools.partial(kernel, *args)
 
 
@@ -545,8 +557,8 @@ def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, sa
         out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-4, atol=1e-4)
-        screened.append((native_best_s(kernel, [*packed, out]), (bn, tile_ow, tile_oh, pad_inline), kernel, out))
-    _, config, kernel, packed_out = min(screened, key=lambda item: item[0])
+        screened.append(((bn, tile_ow, tile_oh, pad_inline), kernel, [*packed, out]))
+    config, kernel, (_, _, packed_out) = screened_fastest(screened)
     pack, unpack = layout_kernels(channels, size, channels, out_size, bn, bn)
     plain_out = aligned_zeros((1, channels, out_size, out_size), "float32")
 
@@ -596,9 +608,9 @@ def depthwise_nchw_call(data: np.ndarray, weight: np.ndarray, stride: int, expec
                 kernel = build(s, tensors)
                 kernel(plain_data, plain_weight, out)
                 np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
-                screened.append((native_best_s(kernel, [plain_data, plain_weight, out]),
-                                 f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel))
-    _, label, kernel = min(screened, key=lambda item: item[0])
+                screened.append((f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel,
+                                 [plain_data, plain_weight, out]))
+    label, kernel, _ = screened_fastest(screened)
     return label, functools.partial(kernel, plain_data, plain_weight, out)
 
 
@@ -648,8 +660,8 @@ def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int, lanes:
         out = aligned_zeros((b, m, n), "float32")
         kernel(x, y, out)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
-        screened.append((native_best_s(kernel, [x, y, out]), label, kernel, out))
-    _, config, kernel, out = min(screened, key=lambda item: item[0])
+        screened.append((label, kernel, [x, y, out]))
+    config, kernel, (_, _, out) = screened_fastest(screened)
     t_x, t_y = torch.from_numpy(x), torch.from_numpy(y)
     t_yt = t_y.transpose(1, 2).contiguous()
     t_out = torch.empty((b, m, n))
