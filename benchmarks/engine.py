@@ -3,8 +3,9 @@ baseline a user would pick, measured in the same run and timed the same way.
 
 Every ratio is baseline time / Lorien time (> 1: Lorien is faster). Both sides of a kernel
 comparison are called from Python through the same timer (``time.perf_counter`` around one
-call), take turns in blocks of calls (the first call of a block is a warm-up, not counted) and
-get the same number of samples; the ratio is of medians, and minimums are printed beside.
+call), take turns in blocks of calls (the calls of a block's first millisecond, at least one,
+are a warm-up, not counted) and get the same number of samples; the ratio is of medians, and
+minimums are printed beside.
 
 - ``dense*_vs_numpy``: C = A Bᵀ for 512³, 1024³, 1x1000x512 and 256x64x512 (M x N x K) against
   ``np.matmul(A, B.T, out=C)`` (OpenBLAS), BLAS threads pinned with threadpoolctl to the
@@ -134,17 +135,24 @@ PARTS = {"launch": "parallel launch vs OpenMP", "dense": "dense 512³, 1024³, 1
 #: after a call (2^28 cycles by default, about 0.1 s), so that neither side's idle threads
 #: still hold a core while the other side's block runs.
 BLOCK_PAUSE_S = 0.25
+#: Uncounted calls after the pause last at least this long (at least one call): a parked worker
+#: thread (Lorien's pool, OpenBLAS's) runs again some 40-130 us after it is woken, as long as a
+#: whole block of 6 calls of a 15 us kernel, which one warm-up call left partly one-threaded.
+WARMUP_S = 0.001
 
 
 def paired_samples(calls: dict[str, Callable[[], object]], samples: int, block: int = 6) -> dict[str, list[float]]:
     """Seconds of ``samples`` single calls of each callable; they take turns in blocks of
-    ``block`` counted calls, each block led by a pause (:data:`BLOCK_PAUSE_S`) and one
-    uncounted warm-up call."""
+    ``block`` counted calls, each block led by a pause (:data:`BLOCK_PAUSE_S`) and uncounted
+    warm-up calls (at least one, for :data:`WARMUP_S`)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     while min(len(found) for found in times.values()) < samples:
         for name, call in calls.items():
             time.sleep(BLOCK_PAUSE_S)
+            warm_start = time.perf_counter()
             call()
+            while time.perf_counter() - warm_start < WARMUP_S:
+                call()
             for _ in range(min(block, samples - len(times[name]))):
                 start = time.perf_counter()
                 call()
