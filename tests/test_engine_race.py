@@ -157,6 +157,24 @@ def test_screen_measures_again_a_candidate_that_was_disturbed_in_its_first_round
         race.screen(candidates, keep=0)
 
 
+def test_screen_measures_a_hopeless_candidate_once():
+    measured: dict[str, int] = {}
+
+    def measure(name: str, seconds: float):
+        def once() -> float:
+            measured[name] = measured.get(name, 0) + 1
+            return seconds
+        return once
+
+    # twice the fastest (a kernel that lost its second thread) is kept for the second round;
+    # more than three times is not measured again
+    candidates = {"fast": measure("fast", 10e-6), "twice": measure("twice", 20e-6),
+                  "slow": measure("slow", 31e-6), "slower": measure("slower", 100e-6)}
+    kept = race.screen(candidates, keep=1, full_rounds=2)
+    assert kept == [("fast", 10e-6)]
+    assert measured == {"fast": 2, "twice": 2, "slow": 1, "slower": 1}
+
+
 def test_low_quantile_is_by_rank():
     assert race.low_quantile([5.0, 1.0, 3.0, 2.0, 4.0], 0.25) == 2.0
     assert race.low_quantile([5.0, 1.0], 0.0) == 1.0

@@ -49,12 +49,15 @@ def rotated(names: list[str], round_index: int) -> list[str]:
 
 
 def screen(measure: Mapping[str, Callable[[], float]], keep: int, full_rounds: int = 2,
-           max_rounds: int = 8) -> list[tuple[str, float]]:
+           max_rounds: int = 8, hopeless: float = 3.0) -> list[tuple[str, float]]:
     """The ``keep`` candidates with the fastest measurements, fastest first, as
     ``(name, fastest seconds)``. ``measure[name]()`` returns one measurement in seconds (lower is
     better); the candidates are measured in rotated rounds: all of them in each of the first
     ``full_rounds``, then the better half of the survivors each round (never fewer than
-    ``keep``) until ``keep`` are left or ``max_rounds`` have run."""
+    ``keep``) until ``keep`` are left or ``max_rounds`` have run. After every round, one more
+    than ``hopeless`` times slower than the fastest is dropped (while more than ``keep`` are
+    left): a 2-thread kernel that lost its second thread is twice as slow, not three times, and
+    a slow candidate measured again costs the most."""
     if keep < 1:
         raise ValueError(f"screen: keep must be at least 1, got {keep}")
     if full_rounds < 1:
@@ -64,6 +67,10 @@ def screen(measure: Mapping[str, Callable[[], float]], keep: int, full_rounds: i
     for round_index in range(max(max_rounds, full_rounds)):
         for name in rotated(alive, round_index):
             best[name] = min(best[name], measure[name]())
+        alive = sorted(alive, key=best.__getitem__)
+        if alive:
+            limit = hopeless * best[alive[0]]
+            alive = alive[:keep] + [name for name in alive[keep:] if best[name] <= limit]
         if round_index + 1 >= full_rounds:
             alive = sorted(alive, key=best.__getitem__)[:max(keep, (len(alive) + 1) // 2)]
             if len(alive) <= keep:
