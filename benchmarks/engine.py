@@ -3,15 +3,17 @@ baseline a user would pick, measured in the same run and timed the same way.
 
 Every ratio is baseline time / Lorien time (> 1: Lorien is faster). Both sides of a kernel
 comparison are called from Python through the same timer (``time.perf_counter`` around one
-call), take turns in blocks of calls (the first call of a block is a warm-up, not counted) and
-get the same number of samples; the ratio is of medians, and minimums are printed beside.
+call), take turns in blocks of calls (the calls of a block's first millisecond, at least one,
+are a warm-up, not counted) and get the same number of samples; the ratio is of medians, and
+minimums are printed beside.
 
 - ``dense*_vs_numpy``: C = A Bᵀ for 512³, 1024³, 1x1000x512 and 256x64x512 (M x N x K) against
   ``np.matmul(A, B.T, out=C)`` (OpenBLAS), BLAS threads pinned with threadpoolctl to the
   engine's thread count. Lorien's kernel is the best (screened first, not timed) of the
   engine's hand-written register tiles and random configs of the autotvm dense_pack.x86 and
-  dense_nopack.x86 templates (picked by the native loop's fastest run, then the three fastest by
-  24 calls timed as below, then timed on fresh samples); any packing of B happens inside the
+  dense_nopack.x86 templates (screened by the native loop's fastest run in rotated rounds with
+  successive halving, then the four fastest raced by their calls in interleaved rounds,
+  ``lorien.engine.race``, then timed on fresh samples); any packing of B happens inside the
   kernel, on every call, except in the M < 4 candidates that take B packed beforehand (``weight
   packed beforehand``, as a constant weight is), named on the dense line. Lorien's kernel is
   called bound to its arrays (``kernel.bind``: checked once), as NumPy's call is a partial with
@@ -85,7 +87,7 @@ from typing import Any
 
 import numpy as np
 
-from lorien.engine import build, reference, runtime, te
+from lorien.engine import build, race, reference, runtime, te
 from lorien.engine.arrays import aligned_copy, aligned_zeros
 from lorien.engine.peak import HostPeak, measure_host_peak
 from lorien.engine.schedule import create_schedule
@@ -133,17 +135,24 @@ PARTS = {"launch": "parallel launch vs OpenMP", "dense": "dense 512³, 1024³, 1
 #: after a call (2^28 cycles by default, about 0.1 s), so that neither side's idle threads
 #: still hold a core while the other side's block runs.
 BLOCK_PAUSE_S = 0.25
+#: Uncounted calls after the pause last at least this long (at least one call): a parked worker
+#: thread (Lorien's pool, OpenBLAS's) runs again some 40-130 us after it is woken, as long as a
+#: whole block of 6 calls of a 15 us kernel, which one warm-up call left partly one-threaded.
+WARMUP_S = 0.001
 
 
 def paired_samples(calls: dict[str, Callable[[], object]], samples: int, block: int = 6) -> dict[str, list[float]]:
     """Seconds of ``samples`` single calls of each callable; they take turns in blocks of
-    ``block`` counted calls, each block led by a pause (:data:`BLOCK_PAUSE_S`) and one
-    uncounted warm-up call."""
+    ``block`` counted calls, each block led by a pause (:data:`BLOCK_PAUSE_S`) and uncounted
+    warm-up calls (at least one, for :data:`WARMUP_S`)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     while min(len(found) for found in times.values()) < samples:
         for name, call in calls.items():
             time.sleep(BLOCK_PAUSE_S)
+            warm_start = time.perf_counter()
             call()
+            while time.perf_counter() - warm_start < WARMUP_S:
+                call()
             for _ in range(min(block, samples - len(times[name]))):
                 start = time.perf_counter()
                 call()
@@ -187,24 +196,44 @@ def pin_blas_threads(threads: int):
 
 # ---- dense ----------------------------------------------------------------------------------
 
-#: Candidates of a dense layer that the native screening's fastest runs leave for a second round.
-FINALISTS = 3
-#: Calls of each finalist that pick one (4 blocks: a kernel whose second thread misses whole blocks shows it).
-PICK_SAMPLES = 24
+#: Candidates of a layer that the screening (native fastest runs, successive halving) leaves for the race.
+FINALISTS = 4
+#: Rounds of ``race.race`` among a layer's finalists.
+RACE_ROUNDS = 9
 
 
-def pick_by_calls(finalists: list[tuple]) -> tuple:
-    """(label, kernel, builder, arrays) of the finalist (``(native_s, label, kernel, builder,
-    arrays)``, fastest first) whose bound calls, timed as the benchmark times them (paired blocks
-    after a pause: the pool's workers parked, as at a layer's first call), have the fastest
-    median. The native loop runs back to back, so its fastest run favours a kernel whose second
-    thread joins only a warm pool; these samples pick, and fresh ones are reported."""
-    if len(finalists) > 1:
-        times = paired_samples({item[1]: item[2].bind(*item[4]) for item in finalists}, PICK_SAMPLES)
-        print(f"  finalists (median of {PICK_SAMPLES} calls): " + ", ".join(
-            f"{label} {statistics.median(seconds) * 1e6:.1f} us" for label, seconds in times.items()))
-        finalists = sorted(finalists, key=lambda item: statistics.median(times[item[1]]))
-    return finalists[0][1:]
+def pick_fastest(candidates: list[tuple], finalists: int = FINALISTS) -> tuple:
+    """(label, kernel, config, arrays) of the fastest of ``candidates`` (``(label, kernel, config,
+    arrays)``, labels unique). The native loop's fastest runs screen them in rotated rounds with
+    successive halving (``race.screen``: a candidate screened while another process held the
+    second core is measured again in the next round), then the ``finalists`` race by their bound
+    calls, as the benchmark times them, in interleaved rotated rounds of time-budgeted turns,
+    each after the pool's workers parked (``race.race``: the 25th percentile of each turn's calls,
+    the best turn of each finalist)."""
+    by_label = {item[0]: item for item in candidates}
+    if len(by_label) != len(candidates):
+        raise ValueError(f"pick_fastest: labels repeat in {[item[0] for item in candidates]}")
+    screened = race.screen({label: functools.partial(native_best_s, item[1], item[3])
+                            for label, item in by_label.items()}, keep=finalists)
+    if len(screened) == 1:
+        return by_label[screened[0][0]]
+    result = race.race({label: by_label[label][1].bind(*by_label[label][3]) for label, _ in screened}, rounds=RACE_ROUNDS)
+    print("  finalists (native fastest run: " + ", ".join(f"{label} {s * 1e6:.1f} us" for label, s in screened)
+          + f"); race (best of {RACE_ROUNDS} turns, 25th percentile of each turn's calls): "
+          + result.describe())
+    return by_label[result.winner]
+
+
+def screened_fastest(entries: list[tuple]) -> tuple:
+    """The entry ``(label, kernel, arrays, ...)`` whose kernel has the fastest native run, the
+    entries measured in rotated rounds with successive halving (``race.screen``), not one after
+    the other; labels unique."""
+    by_label = {str(entry[0]): entry for entry in entries}
+    if len(by_label) != len(entries):
+        raise ValueError(f"screened_fastest: labels repeat in {[entry[0] for entry in entries]}")
+    [(label, _)] = race.screen({label: functools.partial(native_best_s, entry[1], entry[2])
+                                for label, entry in by_label.items()}, keep=1)
+    return by_label[label]
 
 
 def dense_grid(quick: bool, m: int = 512, n: int = 512, lanes: int | None = None) -> list[tuple[int, int, str, bool]]:
@@ -296,7 +325,7 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str, bool]], 
     candidates += list(extra or [])
     for task_name in ("dense_pack.x86", "dense_nopack.x86") if template_configs else ():
         candidates += template_candidates(task_name, m, n, k, template_configs)
-    screened = []
+    built = []
     for label, make in candidates:
         s, args = make()
         kernel = build(s, args)
@@ -304,8 +333,8 @@ def bench_dense(m: int, n: int, k: int, grid: list[tuple[int, int, str, bool]], 
         arrays = kernel.pack_arguments(data, weight, out)   # a weight packed beforehand is packed here, once
         kernel(*arrays)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
-        screened.append((native_best_s(kernel, arrays), label, kernel, make, arrays))
-    config, kernel, make, arrays = pick_by_calls(sorted(screened, key=lambda item: item[0])[:FINALISTS])
+        built.append((str(label), kernel, (label, make), arrays))
+    _, kernel, (config, make), arrays = pick_fastest(built)
     ours, theirs = arrays[-1], aligned_zeros((m, n), "float32")
     calls = {"lorien": kernel.bind(*arrays), "numpy": functools.partial(np.matmul, data, weight.T, out=theirs)}
     if with_torch:
@@ -419,21 +448,21 @@ def bench_conv_layer(channels: int, size: int, out_channels: int, stride: int, q
     conv = torch.nn.functional.conv2d
     expected = conv(t_data, t_weight, stride=stride, padding=pad).numpy()
     flop = 2.0 * out_channels * out_size * out_size * channels * kernel_size * kernel_size
-    screened = []
+    built, packings = [], {}
     for config in conv_grid(out_size, quick, channels, out_channels, kernel_size):
         ic_bn, oc_bn, tile_ow, unroll_kw, tile_oh, pad_rows = config
         s, args = conv2d_NCHWc_candidate(channels, size, out_channels, stride, ic_bn, oc_bn, tile_ow, unroll_kw,
                                          kernel=kernel_size, pad=pad, tile_oh=tile_oh, pad_rows=pad_rows)
         kernel = build(s, args)
-        packed = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
-                  aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
+        if (ic_bn, oc_bn) not in packings:   # the packed input and weight, shared by the configs of one blocking
+            packings[ic_bn, oc_bn] = [aligned_copy(reference.pack_nchwc(data, ic_bn)),
+                                      aligned_copy(reference.pack_kernel_oihwio(weight, ic_bn, oc_bn))]
+        packed = packings[ic_bn, oc_bn]
         out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-3, atol=1e-2)
-        screened.append((native_best_s(kernel, [*packed, out]), str(config), kernel, config, [*packed, out]))
-    # the native loop's fastest runs screen; the finalists' medians of calls timed as below pick
-    _, kernel, config, (packed_data, packed_weight, packed_out) = pick_by_calls(
-        sorted(screened, key=lambda item: item[0])[:1 if quick else FINALISTS])
+        built.append((str(config), kernel, config, [*packed, out]))
+    _, kernel, config, (packed_data, packed_weight, packed_out) = pick_fastest(built, 1 if quick else FINALISTS)
     pack, unpack = layout_kernels(channels, size, out_channels, out_size, config[0], config[1])
     plain_out = aligned_zeros((1, out_channels, out_size, out_size), "float32")
 
@@ -488,10 +517,10 @@ def conv1x1_nchw_call(data: np.ndarray, weight: np.ndarray, expected: np.ndarray
         kernel = build(s, tensors)
         kernel(*args)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-2)
-        screened.append((native_best_s(kernel, list(args)), f"mr={mr} nr={nr}", kernel))
+        screened.append((f"mr={mr} nr={nr}", kernel, list(args)))
     if not screened:
         return None
-    _, label, kernel = min(screened, key=lambda item: item[0])
+    label, kernel, _ = screened_fastest(screened)
     return label, functools.partial(kernel, *args)
 
 
@@ -536,8 +565,8 @@ def bench_depthwise_layer(channels: int, size: int, stride: int, quick: bool, sa
         out = aligned_zeros(args[-1].shape, "float32")
         kernel(*packed, out)
         np.testing.assert_allclose(reference.unpack_nchwc(out), expected, rtol=1e-4, atol=1e-4)
-        screened.append((native_best_s(kernel, [*packed, out]), (bn, tile_ow, tile_oh, pad_inline), kernel, out))
-    _, config, kernel, packed_out = min(screened, key=lambda item: item[0])
+        screened.append(((bn, tile_ow, tile_oh, pad_inline), kernel, [*packed, out]))
+    config, kernel, (_, _, packed_out) = screened_fastest(screened)
     pack, unpack = layout_kernels(channels, size, channels, out_size, bn, bn)
     plain_out = aligned_zeros((1, channels, out_size, out_size), "float32")
 
@@ -587,9 +616,9 @@ def depthwise_nchw_call(data: np.ndarray, weight: np.ndarray, stride: int, expec
                 kernel = build(s, tensors)
                 kernel(plain_data, plain_weight, out)
                 np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
-                screened.append((native_best_s(kernel, [plain_data, plain_weight, out]),
-                                 f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel))
-    _, label, kernel = min(screened, key=lambda item: item[0])
+                screened.append((f"tile_ow={tile_ow} tile_oh={tile_oh} pad_inline={pad_inline}", kernel,
+                                 [plain_data, plain_weight, out]))
+    label, kernel, _ = screened_fastest(screened)
     return label, functools.partial(kernel, plain_data, plain_weight, out)
 
 
@@ -639,8 +668,8 @@ def bench_bmm(b: int, m: int, n: int, k: int, samples: int, configs: int, lanes:
         out = aligned_zeros((b, m, n), "float32")
         kernel(x, y, out)
         np.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
-        screened.append((native_best_s(kernel, [x, y, out]), label, kernel, out))
-    _, config, kernel, out = min(screened, key=lambda item: item[0])
+        screened.append((label, kernel, [x, y, out]))
+    config, kernel, (_, _, out) = screened_fastest(screened)
     t_x, t_y = torch.from_numpy(x), torch.from_numpy(y)
     t_yt = t_y.transpose(1, 2).contiguous()
     t_out = torch.empty((b, m, n))

@@ -1,0 +1,91 @@
+"""benchmarks/engine.py's timing: warm-up of each block, and the pick of a layer's kernel, on a
+simulated clock (no wall-clock assertions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engine.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_engine", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+class FakeTime:
+    """``time`` for the benchmark module: a clock that sleeps and calls advance."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_blocks_untimed_calls_last_the_warm_up_time(bench, monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(bench, "time", clock)
+    calls = {"a": 0, "b": 0}
+
+    def kernel(name: str, seconds: float):
+        def call() -> None:
+            calls[name] += 1
+            clock.now += seconds
+        return call
+
+    times = bench.paired_samples({"a": kernel("a", 10e-6), "b": kernel("b", 5e-3)}, samples=6, block=6)
+    assert [len(found) for found in times.values()] == [6, 6]
+    # 10 us calls: 1 ms of untimed calls (about 100) before the 6 timed; a 5 ms call: one untimed
+    assert 100 + 6 <= calls["a"] <= 101 + 6
+    assert calls["b"] == 1 + 6
+
+
+class FakeKernel:
+    """A kernel whose native fastest run and bound calls cost ``seconds`` on the fake clock; its
+    native runs while the second core is taken (``busy_screens``, counted down) cost twice."""
+
+    def __init__(self, clock: FakeTime, seconds: float, busy_screens: int = 0):
+        self.clock, self.seconds, self.busy_screens = clock, seconds, busy_screens
+
+    def time(self, *arrays, number: int = 1, repeat: int = 1, warmup: bool = True) -> list[float]:
+        factor = 2.0 if self.busy_screens > 0 else 1.0
+        self.busy_screens -= 1
+        self.clock.now += self.seconds * factor * repeat
+        return [self.seconds * factor] * repeat
+
+    def bind(self, *arrays):
+        def call() -> None:
+            self.clock.now += self.seconds
+        return call
+
+
+def test_a_kernel_screened_while_the_second_core_was_taken_still_wins(bench, monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(bench.race, "race", _race_on(bench, clock))
+    # the fastest kernel's first screening ran at the one-thread speed (a second job held the
+    # other core): screened one after the other, five slower kernels would have been finalists
+    candidates = [(f"tile{i}", FakeKernel(clock, (16 + i) * 1e-6), f"config{i}", []) for i in range(5)]
+    candidates.append(("packed weight", FakeKernel(clock, 13.5e-6, busy_screens=2), "packed", []))
+    label, _, config, _ = bench.pick_fastest(candidates, finalists=4)
+    assert (label, config) == ("packed weight", "packed")
+
+
+def _race_on(bench, clock: FakeTime):
+    race = bench.race.race
+
+    def on_fake_clock(calls, **options):
+        return race(calls, clock=clock.perf_counter, sleep=clock.sleep, **options)
+    return on_fake_clock
