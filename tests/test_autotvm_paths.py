@@ -145,3 +145,12 @@ def test_records_from_before_the_knob_feed_the_model_and_replay(store_uri, tmp_p
         assert not _has_stage("batch_matmul.y_pack")(schedule)   # the old path
         assert len(tensors) == 3
     assert task.space.optional == {"path"}
+
+
+def test_a_template_named_by_its_one_path_is_registered_and_has_no_path_knob():
+    from dialects.autotvm.dialect import TEMPLATE_PATHS
+
+    one_path_args = {"dense_gemv.x86": [[T, [1, 64], "float32"], [T, [48, 64], "float32"], None, "float32"]}
+    assert set(one_path_args) == set(TEMPLATE_PATHS)
+    for task_name, args in one_path_args.items():
+        assert "path" not in instantiate(task_name, args).space

@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from lorien.tune.job import TuneJob
     from lorien.tune.loop import TuneContext
 
+#: Templates that build one schedule path and so have no ``path`` knob, by the name the other
+#: dialects give that path: ``dense_gemv.x86`` factors the reduction over K (an rfactor), as
+#: the auto_scheduler's GEMV sketch and the meta_schedule rfactor rule do.
+TEMPLATE_PATHS = {"dense_gemv.x86": "rfactor"}
+
 
 class AutoTVMDialect(Dialect):
     """AutoTVM: knob config spaces, templates by task name, AutoTVM JSON-line records."""
@@ -32,11 +37,13 @@ class AutoTVMDialect(Dialect):
         return features.featurize(record)
 
     def schedule_path(self, record: TuningRecord) -> str | None:
-        """The template's ``path`` knob (e.g. batch_matmul.x86's ``panel``); a config without it
-        replays on the template's first path, which the template names (None here)."""
+        """The template's ``path`` knob (e.g. batch_matmul.x86's ``panel``), else the one path of
+        a template in :data:`TEMPLATE_PATHS`; None for a config without the knob of a template
+        that has one (it replays on the template's first path)."""
         config = record.config_value()
         entities = config.get("entity", []) if isinstance(config, dict) else []
-        return next((str(entity[2]) for entity in entities if entity[0] == "path"), None)
+        knob = next((str(entity[2]) for entity in entities if entity[0] == "path"), None)
+        return knob if knob is not None else TEMPLATE_PATHS.get(record.task_name)
 
     def workload_key(self, task_name: str, args: list[Any]) -> str:
         from lorien.workload import autotvm_workload_key
