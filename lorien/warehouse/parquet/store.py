@@ -735,6 +735,7 @@ class ParquetStore(Store):
 
     def _merge_serving_files(self, target_key: str, files: list[str]) -> None:
         try:
+            # one thread: Arrow's pool threads keep what they allocate, and merges run every commit
             tables = [self._files.open(rel, serving_dictionary_columns()).read(use_threads=False) for rel in files]
         except FileNotFoundError:
             return  # another process is merging the same files
