@@ -735,7 +735,8 @@ class ParquetStore(Store):
 
     def _merge_serving_files(self, target_key: str, files: list[str]) -> None:
         try:
-            tables = [self._files.open(rel, serving_dictionary_columns()).read() for rel in files]
+            # one thread: Arrow's pool threads keep what they allocate, and merges run every commit
+            tables = [self._files.open(rel, serving_dictionary_columns()).read(use_threads=False) for rel in files]
         except FileNotFoundError:
             return  # another process is merging the same files
         depth = min(serving_depth(rel) for rel in files)
