@@ -16,10 +16,8 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
      spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
      the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
-     (those within ``remeasure_within``, 1.25x, of the engine's fastest) are built and timed by
-     TVM and committed as TVM-measured records, one of them chosen (the engine's pick unless TVM
-     times another faster beyond noise); ``lorien export --format meta_schedule`` then writes
-     each task's chosen TVM-measured record;
+     are built and timed by TVM and committed as TVM-measured records; ``lorien export
+     --format meta_schedule`` then writes each task's best TVM-measured record;
    - **Lorien, engine only**: each task's best record as Lorien's engine timed it (from the
      same tuning run);
    - with ``--measure-with-tvm``, also a second Lorien run with ``measure_with: tvm`` (every

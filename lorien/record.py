@@ -39,9 +39,6 @@ class ErrorNo(enum.IntEnum):
 #: then names ``tvm_version`` and ``runner``), or the log a record was ingested from (its
 #: ``build`` says nothing: the latencies are whatever the tool that wrote the log measured).
 MEASURED_BY_ENGINE, MEASURED_BY_TVM, MEASURED_BY_LOG = "lorien", "tvm", "log"
-#: The ``finalist`` of a TVM-measured record's ``build`` JSON when a job's ``remeasure_with_tvm``
-#: timed it and chose another of its finalists; export ranks it after the chosen ones.
-FINALIST_NOT_CHOSEN = "not_chosen"
 
 
 def measured_by_of(build: str | None) -> str:
@@ -57,15 +54,6 @@ def measured_by_of(build: str | None) -> str:
     if value.get("measured_by"):
         return str(value["measured_by"])
     return MEASURED_BY_ENGINE if str(value.get("engine", "")).startswith("lorien") else MEASURED_BY_LOG
-
-
-def finalist_not_chosen(build: str | None) -> bool:
-    """Whether a record's ``build`` JSON says it is a finalist a TVM re-measure did not choose."""
-    try:
-        value = orjson.loads(build) if build else {}
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(value, dict) and value.get("finalist") == FINALIST_NOT_CHOSEN
 
 
 #: Cost given to failed candidates in TVM logs (``MAX_FLOAT``-like sentinel, seconds).

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import orjson
@@ -214,92 +213,6 @@ def test_export_for_tvm_prefers_a_workload_s_tvm_measured_record_to_a_faster_eng
         assert export_records(store, "llvm", "meta_schedule", best_only=False).__len__() == 3
 
 
-def test_remeasure_keeps_the_engine_s_pick_unless_tvm_times_another_finalist_faster_beyond_noise():
-    """The engine's fastest finalist (index 0) is kept where a challenger's lower mean comes from one
-    noisy round; a challenger faster in every round but one, by more than the margin, replaces it."""
-    from dialects.meta_schedule.tuning import finalist_choice
-
-    pick = [10.0, 10.0, 10.0, 10.0, 30.0, 10.0, 10.0, 10.0]   # one round under a burst of load
-    even = [10.2, 9.9, 10.1, 10.0, 10.0, 10.1, 9.8, 10.0]      # the lowest mean, not faster
-    slightly = [9.9, 9.9, 9.9, 9.9, 9.9, 9.9, 9.9, 9.9]       # faster every round, by 1 %
-    assert finalist_choice([pick, even, slightly]) == 0
-    faster = [9.0, 9.1, 10.5, 9.0, 9.2, 9.0, 9.1, 9.0]        # 8 to 10 % faster in 7 of 8 rounds
-    fastest = [8.0, 8.0, 8.0, 8.0, 8.0, 12.0, 8.0, 8.0]
-    assert finalist_choice([pick, faster, even]) == 1
-    assert finalist_choice([pick, faster, fastest]) == 2
-    twice_slower = [9.0, 11.0, 9.0, 11.0, 9.0, 9.0, 9.0, 9.0]  # lost two rounds
-    assert finalist_choice([pick, twice_slower]) == 0
-    # the pick failed with TVM: the valid finalist with the lowest median; none valid: none
-    assert finalist_choice([None, even, slightly]) == 2
-    assert finalist_choice([None, None]) is None
-
-
-def test_remeasure_times_only_traces_near_the_engine_s_fastest_in_8_rounds_and_labels_the_choice(monkeypatch):
-    """remeasure_with_tvm builds nothing the engine timed beyond remeasure_within of its fastest, times
-    the others in at least 8 rounds, and each record says whether it was chosen (TVM is faked)."""
-    import dialects.meta_schedule.tvm_measure as tvm_measure
-    from dialects.meta_schedule.tuning import remeasure_best
-    from lorien.engine.measure import MeasureResult
-
-    monkeypatch.setattr(tvm_measure, "require_tvm", lambda what: None)
-    monkeypatch.setattr(tvm_measure, "tvm_target_dict", lambda target: {})
-    timed: list[Any] = []
-    tvm_us = {"a": 10.0, "b": 8.0, "c": 9.9, "d": 1.0}  # b: 20 % faster than the engine's pick a
-
-    class FakeMeasurer:
-        def __init__(self, dag, measure, target, entry=None):
-            self.rounds = measure["repeat"]
-
-        def __call__(self, traces):
-            timed.extend(traces)
-            return [MeasureResult([tvm_us[trace[0]] * 1e-6] * self.rounds, 0, 0.0, 0.0,
-                                  extra={"build": '{"measured_by": "tvm"}'}) for trace in traces]
-
-    monkeypatch.setattr(tvm_measure, "TvmMeasurer", FakeMeasurer)
-    job = TuneJob.from_spec({"dialect": "meta_schedule", "task_name": "dense_layer",
-                             "args": [4, 8, 16, False, False, "float32"], "measure": {"repeat": 3},
-                             "remeasure_with_tvm": 4, "remeasure_within": 1.5})
-
-    def to_records(traces, results, source):
-        return [TuningRecord(dialect="meta_schedule", target="llvm", target_key="llvm_cpu", workload_key="1",
-                             task_name="t", args="[]", layout="NA", config=orjson.dumps(trace).decode(),
-                             costs=list(result.costs), build=result.extra["build"])
-                for trace, result in zip(traces, results, strict=True)]
-
-    engine_s = {"a": 1.0, "b": 1.2, "c": 1.4, "d": 2.0}  # d: twice the fastest, not re-measured
-    measured = {orjson.dumps([name]): MeasureResult([cost], 0, 0.0, 0.0) for name, cost in engine_s.items()}
-    records = remeasure_best(None, job, "llvm", ["1", {}], to_records, None)(measured, "test")
-    assert timed == [["a"], ["b"], ["c"]]
-    assert {r.config: json.loads(r.build)["finalist"] for r in records} == {
-        '["a"]': "not_chosen", '["b"]': "tvm_faster", '["c"]': "not_chosen"}
-    assert all(len(r.costs) == 8 for r in records)
-    with pytest.raises(ConfigError, match=r"'remeasure_within' .* got 0.5"):
-        TuneJob.from_spec({"dialect": "meta_schedule", "task_name": "dense_layer",
-                           "args": [4, 8, 16, False, False, "float32"], "remeasure_within": 0.5})
-
-
-def test_export_writes_the_chosen_tvm_finalist_before_a_faster_timed_one_not_chosen(store_uri):
-    """A TVM-measured finalist that remeasure_with_tvm did not choose is exported only where no
-    chosen (or other TVM-measured) record of the workload exists; it still comes before the engine's."""
-    from lorien.engine.build import build_info
-    from lorien.warehouse.query import export_records
-
-    base = {"dialect": "meta_schedule", "target": "llvm", "target_key": "llvm_cpu", "task_name": "t",
-            "args": "[]", "layout": "NA"}
-    tvm = {"measured_by": "tvm", "tvm_version": "0.27.0"}
-    kept = TuningRecord(**base, workload_key="1", config='[[], ["kept"]]', costs=[5e-6],
-                        build=json.dumps({**tvm, "finalist": "engine_pick"}))
-    not_chosen = TuningRecord(**base, workload_key="1", config='[[], ["other"]]', costs=[4e-6],
-                              build=json.dumps({**tvm, "finalist": "not_chosen"}))
-    alone = TuningRecord(**base, workload_key="2", config='[[], ["alone"]]', costs=[4e-6],
-                         build=json.dumps({**tvm, "finalist": "not_chosen"}))
-    engine = TuningRecord(**base, workload_key="2", config='[[], ["engine"]]', costs=[1e-6], build=build_info())
-    with open_store(store_uri) as store:
-        store.commit([kept, not_chosen, alone, engine])
-        exported = {record.workload_key: record.config for record in export_records(store, "llvm", "meta_schedule")}
-    assert exported == {"1": kept.config, "2": alone.config}
-
-
 @pytest.mark.tvm
 def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writes_those(tmp_path, store_uri, capsys):
     tvm = pytest.importorskip("tvm")
@@ -307,8 +220,7 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     from lorien.formats.meta_schedule import iter_records
 
     dag = _matmul_32()
-    job = {"trials": 4, "batch_size": 4, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 2,
-           "remeasure_within": 1000}
+    job = {"trials": 4, "batch_size": 4, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 2}
     progress = tune_dag(dag, job, store_uri)
     assert progress.trials == 4
     with open_store(store_uri) as store:
@@ -334,9 +246,7 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     summary = json.loads(capsys.readouterr().out)
     assert summary["engine_measured_records"] == 0
     (written,) = list(iter_records(out))
-    labels = [json.loads(r.build)["finalist"] for r in timed]
-    assert sorted(labels).count("not_chosen") == 2 and len(timed[0].costs) >= 8  # one chosen per job, 8 rounds
-    best_tvm = min((r for r, label in zip(timed, labels, strict=True) if label != "not_chosen"), key=lambda r: r.cost_s)
+    best_tvm = min(timed, key=lambda r: r.cost_s)
     assert orjson.loads(written.config) == orjson.loads(best_tvm.config)
     assert written.costs == pytest.approx(best_tvm.costs)
 

@@ -29,9 +29,6 @@ class MetaScheduleDialect(Dialect):
         "remeasure_with_tvm": JobOption(0, int, "after tuning on Lorien's engine, build and time the job's N fastest "
                                                 "traces with apache-tvm and commit them as TVM-measured records "
                                                 "(0: none; needs apache-tvm and a CPU target)"),
-        "remeasure_within": JobOption(1.25, (int, float), "remeasure_with_tvm times only the traces the engine "
-                                                          "timed at most this many times slower than its fastest "
-                                                          "(1 or more; beyond, the engine's ranking decides)"),
     }
 
     def record_formats(self) -> list[str]:
@@ -105,10 +102,6 @@ class MetaScheduleDialect(Dialect):
         if isinstance(remeasure, bool) or remeasure < 0:
             raise DialectError(f"'remeasure_with_tvm' is how many of the best traces TVM re-measures (0 or more), "
                                f"got {remeasure!r}")
-        within = job.option("remeasure_within")
-        if isinstance(within, bool) or not within >= 1:
-            raise DialectError(f"'remeasure_within' is how many times slower than the engine's fastest a trace "
-                               f"TVM re-measures may be (1 or more), got {within!r}")
         if remeasure:
             from dialects.meta_schedule.tvm_measure import require_tvm, tvm_target_dict
 

@@ -15,7 +15,6 @@ from the store's traces of the workload and commits batch by batch.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ from dialects.meta_schedule.workload import workload_key_of
 from lorien import workload_registry
 from lorien.engine.cpu import engine_target
 from lorien.engine.dag import ComputeDAG
-from lorien.record import FINALIST_NOT_CHOSEN, TuningRecord
+from lorien.record import TuningRecord
 from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
 from lorien.tune.progress import TuneProgress
@@ -163,16 +162,13 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
                    store: Any, config_key: Callable[[Any], bytes] = orjson.dumps,
                    ) -> Callable[[dict[bytes, Any], str], list[TuningRecord]]:
     """The end of a job with ``remeasure_with_tvm: N``: the ``N`` fastest traces Lorien's engine
-    measured for the workload (this run's and the store's), of those at most ``remeasure_within``
-    times slower than its fastest (beyond, the engine's ranking decides and TVM builds nothing), built and timed by TVM
-    (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure`` with at
-    least :data:`REMEASURE_ROUNDS` rounds taken in turns), as new records whose build says
-    ``measured_by: tvm`` and which finalist was chosen (:func:`finalist_choice`: the engine's
-    fastest unless TVM times another one faster beyond noise; export writes the chosen one).
-    Traces TVM already measured for the workload and target (in the store) are not measured
-    again; ``config_key``: the loop's identity of a trace (:func:`trace_key`), which
-    ``measured`` is keyed by."""
-    from lorien.engine.measure import MeasureOption
+    measured for the workload (this run's and the store's) built and timed by TVM
+    (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure``), as new
+    records whose build says ``measured_by: tvm``. Traces TVM already measured for the workload
+    and target (in the store) are not measured again; ``config_key``: the loop's identity of a
+    trace (:func:`trace_key`), which ``measured`` is keyed by."""
+    import math
+
     from lorien.record import MEASURED_BY_TVM
     from lorien.search.base import result_cost
     from lorien.tune.loop import stored_history
@@ -186,72 +182,13 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
                     if record.measured_by == MEASURED_BY_TVM}
         ranked = sorted((result_cost(result), key) for key, result in measured.items()
                         if math.isfinite(result_cost(result)) and getattr(result, "measured_by", None) != MEASURED_BY_TVM)
-        within = ranked[0][0] * float(job.option("remeasure_within")) if ranked else 0.0
-        best = [key for cost, key in ranked if key not in done and cost <= within]
-        best = best[:int(job.option("remeasure_with_tvm"))]
+        best = [key for _, key in ranked if key not in done][:int(job.option("remeasure_with_tvm"))]
         if not best:
             return []
         traces = [orjson.loads(key) for key in best]
-        measure = {**job.measure, "repeat": max(MeasureOption(**job.measure).repeat, REMEASURE_ROUNDS)}
-        results = TvmMeasurer(dag, measure, target, entry)(traces)
-        chosen = finalist_choice([list(r.costs) if int(r.error_no) == 0 else None for r in results])
-        records = to_records(traces, results, source)
-        return [record.with_changes(build=finalist_build(record.build, finalist_label(index, chosen)))
-                for index, record in enumerate(records)]
+        return to_records(traces, TvmMeasurer(dag, job.measure, target, entry)(traces), source)
 
     return finish
-
-
-#: Rounds (one timing of every finalist each, taken in turns) of ``remeasure_with_tvm``'s TVM
-#: timing, at least; the job's ``repeat`` where it asks for more.
-REMEASURE_ROUNDS = 8
-#: How much faster than the engine's pick (median of the per-round ratios) TVM must time another
-#: finalist, in how many rounds of all but this many, before that finalist replaces the pick.
-REMEASURE_MARGIN = 0.03
-REMEASURE_ROUNDS_LOST = 1
-
-
-def finalist_choice(costs: list[list[float] | None]) -> int | None:
-    """Which of ``remeasure_with_tvm``'s finalists (the engine's order, fastest first; each one's
-    TVM timings by round, ``None`` where TVM could not build or run it) is exported: the
-    engine's pick (index 0) unless another finalist is faster beyond noise, that is faster in
-    every round but :data:`REMEASURE_ROUNDS_LOST` (paired by round, so a burst of load falls on
-    both) and by at least :data:`REMEASURE_MARGIN` in the median ratio; of several such, the one
-    with the lowest median ratio. Where the pick failed with TVM, the valid finalist with the
-    lowest median; ``None`` when none is valid. The isolated kernel's TVM timing is not its time
-    in the model, and 3 rounds on a shared machine are noise: the lowest mean picked slower
-    kernels than the engine's ranking on the BERT layer (docs/models.md)."""
-    import statistics
-
-    valid = [index for index, timings in enumerate(costs) if timings]
-    if not valid:
-        return None
-    if not costs[0]:
-        return min(valid, key=lambda index: statistics.median(costs[index]))
-    pick = costs[0]
-    winners = []
-    for index in valid[1:]:
-        ratios = [mine / theirs for mine, theirs in zip(costs[index], pick, strict=True) if theirs > 0]
-        faster = sum(1 for ratio in ratios if ratio < 1.0)
-        median = statistics.median(ratios) if ratios else math.inf
-        if ratios and faster >= len(ratios) - REMEASURE_ROUNDS_LOST and median <= 1.0 - REMEASURE_MARGIN:
-            winners.append((median, index))
-    return min(winners)[1] if winners else 0
-
-
-def finalist_label(index: int, chosen: int | None) -> str:
-    """What a finalist's record says of the choice: ``engine_pick`` (the engine's fastest, kept),
-    ``tvm_faster`` (another finalist TVM timed faster beyond noise) or ``not_chosen``."""
-    if index != chosen:
-        return FINALIST_NOT_CHOSEN
-    return "engine_pick" if index == 0 else "tvm_faster"
-
-
-def finalist_build(build: str | None, label: str) -> str:
-    """A TVM-measured record's ``build`` JSON with its ``finalist`` label (:func:`finalist_label`)."""
-    fields = orjson.loads(build) if build else {}
-    fields["finalist"] = label
-    return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def tune_dag(dag: ComputeDAG, job: dict[str, Any], store: Any = None, **options: Any) -> TuneProgress:

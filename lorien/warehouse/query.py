@@ -19,10 +19,7 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
     In the ``meta_schedule`` format, whose ``run_secs`` TVM compares with its own, a workload's
     records measured by TVM (``measured_by`` tvm, or ingested from TVM's logs) come before
     those Lorien's engine measured: the engine's latencies are another machine model's and do
-    not rank against TVM's (a job's ``remeasure_with_tvm`` leaves both kinds in the store); of
-    the TVM-measured ones, a finalist that ``remeasure_with_tvm`` did not choose (its build's
-    ``finalist`` is ``not_chosen``: TVM did not time it faster than the engine's pick beyond
-    noise) comes after the others.
+    not rank against TVM's (a job's ``remeasure_with_tvm`` leaves both kinds in the store).
     """
     import numpy as np
     import pyarrow as pa
@@ -50,20 +47,19 @@ def export_records(store: Store, target: str, log_format: str, best_only: bool =
     columns = {"workload_key": pc.cast(table.column("workload_key"), pa.string()),
                "layout": pc.cast(table.column("layout"), pa.string()), "tier": tiers}
     if log_format == "meta_schedule":
-        columns["export_rank"] = pa.array(_export_rank(table.column("build").to_pylist()))
+        columns["engine_measured"] = pa.array(_engine_measured(table.column("build").to_pylist()))
     keys = pa.table({**columns, "cost_s": table.column("cost_s"), "record_id": table.column("record_id")})
     order = pc.sort_indices(keys, sort_keys=[(name, "ascending") for name in keys.column_names]).to_numpy()
     starts = group_starts(keys.take(order), ("workload_key", "layout"))
     return table_to_records(table.take(np.asarray(order[starts])))
 
 
-def _export_rank(builds: list[str | None]) -> list[int]:
-    """Each meta_schedule record's rank by its ``build`` JSON, lowest exported first: 0 measured by
-    TVM (or an ingested log), 1 a TVM-measured finalist not chosen, 2 measured by Lorien's engine."""
-    from lorien.record import MEASURED_BY_ENGINE, finalist_not_chosen, measured_by_of
+def _engine_measured(builds: list[str | None]) -> list[bool]:
+    """Whether each record (by its ``build`` JSON) was measured by Lorien's engine."""
+    from lorien.record import MEASURED_BY_ENGINE, measured_by_of
 
-    memo: dict[str | None, int] = {}
+    memo: dict[str | None, bool] = {}
     for build in builds:
         if build not in memo:
-            memo[build] = 2 if measured_by_of(build) == MEASURED_BY_ENGINE else int(finalist_not_chosen(build))
+            memo[build] = measured_by_of(build) == MEASURED_BY_ENGINE
     return [memo[build] for build in builds]
