@@ -230,6 +230,7 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
     from dialects.autotvm.tuning import ConfigBuilder
     from lorien.engine import build
     from lorien.engine.arrays import argument_arrays
+    from lorien.engine.race import rotated
     from lorien.workload import compute_flop
 
     flop = compute_flop(task_name, args) or 0.0
@@ -248,8 +249,7 @@ def remeasure_gflops(task_name: str, args: list, entities: list[list], rounds: i
     runs: list[list[float]] = [[] for _ in entities]
     live = [i for i, item in enumerate(kernels) if item is not None]
     for r in range(rounds if live else 0):
-        shift = r % len(live)
-        for i in live[shift:] + live[:shift]:
+        for i in rotated(live, r):
             kernel, arrays = kernels[i]
             time.sleep(0.01)  # let idle threads of the previous kernel park
             runs[i].append(min(kernel.time(*arrays, number=1, repeat=3, min_repeat_ms=min_repeat_ms)))
@@ -758,6 +758,7 @@ def retime_samples(dialect: str, records: list, rounds: int, repeat: int = 3) ->
     from lorien.dialect import get_dialect
     from lorien.engine.arrays import argument_arrays
     from lorien.engine.measure import MeasureOption
+    from lorien.engine.race import rotated
 
     option = MeasureOption()
     owner = get_dialect(dialect)
@@ -773,8 +774,7 @@ def retime_samples(dialect: str, records: list, rounds: int, repeat: int = 3) ->
         kernels.append((record.config, kernel, arrays))
     times: dict[str, list[list[float]]] = {config: [] for config, _, _ in kernels}
     for r in range(rounds if kernels else 0):
-        shift = r % len(kernels)
-        for config, kernel, arrays in kernels[shift:] + kernels[:shift]:
+        for config, kernel, arrays in rotated(kernels, r):
             kernel(*arrays)  # the untimed run before the timed repeats, as the tuner's measurement
             costs = kernel.time(*arrays, number=option.number, repeat=repeat,
                                 min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)

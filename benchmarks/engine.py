@@ -226,14 +226,9 @@ def pick_fastest(candidates: list[tuple], finalists: int = FINALISTS) -> tuple:
 
 def screened_fastest(entries: list[tuple]) -> tuple:
     """The entry ``(label, kernel, arrays, ...)`` whose kernel has the fastest native run, the
-    entries measured in rotated rounds with successive halving (``race.screen``), not one after
-    the other; labels unique."""
-    by_label = {str(entry[0]): entry for entry in entries}
-    if len(by_label) != len(entries):
-        raise ValueError(f"screened_fastest: labels repeat in {[entry[0] for entry in entries]}")
-    [(label, _)] = race.screen({label: functools.partial(native_best_s, entry[1], entry[2])
-                                for label, entry in by_label.items()}, keep=1)
-    return by_label[label]
+    entries measured in rotated rounds with successive halving (:func:`pick_fastest` with one
+    finalist: ``race.screen``, not one after the other); labels unique."""
+    return pick_fastest([(str(entry[0]), entry[1], entry, entry[2]) for entry in entries], finalists=1)[2]
 
 
 def dense_grid(quick: bool, m: int = 512, n: int = 512, lanes: int | None = None) -> list[tuple[int, int, str, bool]]:
