@@ -585,9 +585,8 @@ def _open_for_reading(uri: str | None):
     from lorien.warehouse import open_store
 
     store = open_store(uri)
-    location = getattr(store, "location", None)
-    if isinstance(location, str) and "://" not in location:
-        path = location.removeprefix("file:")
+    path = getattr(store, "local_root", None)
+    if path is not None:
         if not os.path.isdir(path):
             store.close()
             raise StoreError(f"no warehouse at {path!r} (the directory does not exist; "

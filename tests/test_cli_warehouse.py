@@ -126,6 +126,16 @@ def test_query_prints_the_tophub_line_of_a_workload_as_autotvm(capsys, llvm_log,
     assert json.loads(out) == original
 
 
+def test_query_of_a_store_uri_with_options_reads_the_store_at_its_path(capsys, llvm_log, tophub_store):
+    original = native_lines(llvm_log)[5]
+    record = read_log(llvm_log).records[5]
+    for options in ("?preload=true", "?fsync=true&preload=true"):
+        code, out, err = run_cli(capsys, "query", "--workload-key", record.workload_key, "--target", SKYLAKE,
+                                 "--format", "autotvm", "--store", tophub_store + options)
+        assert code == 0, err
+        assert json.loads(out) == original
+
+
 def test_query_as_json_lists_the_best_records_fastest_first(capsys, llvm_log, tophub_store):
     record = read_log(llvm_log).records[0]
     code, out, _ = run_cli(capsys, "query", "--workload-key", "conv2d_NCHWc.x86#", "--prefix", "--nbest", "3",
@@ -343,8 +353,9 @@ def test_reading_a_store_directory_that_does_not_exist_is_an_error_naming_it(tmp
     missing = tmp_path / "no-such-warehouse"
     for argv in (["warehouse", "stats"], ["warehouse", "workloads"],
                  ["query", "--workload-key", "k", "--target", "llvm"]):
-        assert main([*argv, "--store", f"parquet:{missing}"]) == 1
-        assert f"no warehouse at '{missing}'" in capsys.readouterr().err
+        for options in ("", "?preload=true"):
+            assert main([*argv, "--store", f"parquet:{missing}{options}"]) == 1
+            assert f"no warehouse at '{missing}'" in capsys.readouterr().err
     assert not missing.exists()
 
 

@@ -122,6 +122,12 @@ class ParquetStore(Store):
     def __repr__(self) -> str:
         return f"ParquetStore({self.location!r})"
 
+    @property
+    def local_root(self) -> str | None:
+        """The local directory this store lives in (its URI's path, options such as
+        ``?preload=true`` left off); None for a store on S3."""
+        return self._files.root if self._files.is_local else None
+
     # -- writing ------------------------------------------------------------------------------
 
     def transaction(self, nbest: int | None = None, publish_each_batch: bool = False,
