@@ -532,3 +532,13 @@ def test_a_string_length_past_its_row_is_damage_even_where_only_keys_are_read(ro
     with pytest.warns(ServingIndexWarning, match="damaged"):
         answers = [store.best(target=SKYLAKE, **query) for query in QUERIES]
     assert answers == in_memory_answers(uri)
+
+
+def test_a_store_uri_option_that_is_not_yes_or_no_is_an_error_naming_it(root):
+    from lorien.errors import StoreError
+
+    for option in ("preload=maybe", "fsync=2"):
+        with pytest.raises(StoreError, match=re.escape(option.replace("=", "='") + "' is not a yes/no value")):
+            open_store(f"parquet:{root}?{option}")
+    for option in ("preload=true", "preload=0", "fsync=no", "fsync=YES"):
+        open_store(f"parquet:{root}?{option}").close()

@@ -300,6 +300,10 @@ def open_files(location: str) -> LocalFiles | S3Files:
     if unknown:
         raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync, preload)")
     def flag(name: str) -> bool:
-        return query.get(name, "false").lower() in ("1", "true", "yes")
+        value = query.get(name, "false").lower()
+        if value not in ("1", "true", "yes", "0", "false", "no"):
+            raise StoreError(f"store URI {location!r}: {name}={query[name]!r} is not a yes/no value "
+                             "(use true or false)")
+        return value in ("1", "true", "yes")
 
     return LocalFiles(path, fsync=flag("fsync"), preload=flag("preload"))
