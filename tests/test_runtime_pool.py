@@ -67,10 +67,13 @@ def test_spinning_is_bounded_in_time_not_in_pause_instructions():
     text = runtime_ir.ir_text("x86_64")
     assert "@spun_out" in text and "@clock_gettime" in text
     assert str(runtime_ir.SPIN_NS) in text
-    # the job ticket (generation and the job) shares one line; the counters have their own
+    # the job ticket (generation and the job) shares one line; the sleeper count has its own,
+    # and each thread's claim and done counters a line each (8 + 56 bytes)
     assert "@generation = internal global { i32, i32, i64, ptr, ptr, [32 x i8] }" in text
-    for counter in ("@next_part", "@done_parts", "@sleepers"):
+    for counter in ("@claimed_parts", "@finished_parts", "@sleepers"):
         assert f"{counter} = internal global [" in text and "align 64" in text.split(counter, 1)[1].split("\n")[0]
+    for counter in ("@claimed_parts", "@finished_parts"):
+        assert f"{counter} = internal global [256 x {{ i64, [56 x i8] }}]" in text
 
 
 PLACEMENT_SCRIPT = """
