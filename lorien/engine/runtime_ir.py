@@ -3,10 +3,12 @@
 It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persistent thread pool
 for parallel loops, a timing loop, aligned allocation), function for function: worker threads
 spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
-few parts per thread (a count that gives each thread the same share where one exists),
-claimed with a compare-and-swap on (job id, parts claimed); the caller runs parts too and waits
-for the last one, and a launch writes only the job ticket (the counters are tagged with the job
-id, not reset). Workers are kept off the caller's CPU and ask for a
+few parts per thread (a count that gives each thread the same share where one exists); each
+thread first runs its home parts (the same ones every launch, as OpenMP's schedule(static)),
+then steals parts another thread has not claimed, each claimed with a compare-and-swap on its
+home thread's (job id, parts claimed); the caller runs parts too and waits until every thread's
+done count adds up, and a launch writes only the job ticket (the counters are tagged with the
+job id, not reset). Workers are kept off the caller's CPU and ask for a
 short scheduler slice, so that a woken worker joins short loops on a loaded machine
 (docs/engine.md, "The runtime"). Only libc is called (pthread, ``syscall`` for the futex,
 thread id, affinity and slice, ``sched_getcpu``, ``clock_gettime``, ``posix_memalign``); their
