@@ -119,8 +119,8 @@ static long tagged_count(unsigned long tagged, unsigned id) {
 }
 
 /* Thread `self` runs parts of job id (of `parts` parts over `threads` threads, read with the id
-   from the job word): first its home parts, [t*parts/threads, (t+1)*parts/threads) for thread
-   t, the same every launch (as OpenMP's schedule(static): a row stays in one core's cache),
+   from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
+   for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's schedule(static): a row stays in one core's cache),
    then any part another thread has not claimed yet, so a late or descheduled thread holds back
    at most the part it is running. A part is claimed with a CAS on its home thread's
    (job id, parts claimed), so a thread that wakes late never runs a part twice or of a later
@@ -131,7 +131,8 @@ static void run_parts(unsigned id, unsigned parts, unsigned threads, unsigned se
     long finished = 0;
     for (unsigned k = 0; k < threads; k++) {
         unsigned home = (self + k) % threads;
-        unsigned first = home * parts / threads, size = (home + 1) * parts / threads - first;
+        unsigned first = (home * parts + threads - 1) / threads;
+        unsigned size = ((home + 1) * parts + threads - 1) / threads - first;
         for (;;) {
             unsigned long cur = atomic_load_explicit(&claimed_parts[home].word, memory_order_acquire);
             long claimed = tagged_count(cur, id);

@@ -170,10 +170,10 @@ other_job:
 }}
 
 ; Thread %self runs parts of job %id (of %parts parts over %threads threads, read with the id
-; from the job word): first its home parts, [t*parts/threads, (t+1)*parts/threads) for thread t,
-; the same every launch (as OpenMP's schedule(static): a row stays in one core's cache), then
-; any part another thread has not claimed yet, so a late or descheduled thread holds back at
-; most the part it is running. A part is claimed with a CAS on its home thread's (job id, parts
+; from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
+; for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's
+; schedule(static): a row stays in one core's cache), then any part another thread has not
+; claimed yet, so a late or descheduled thread holds back at most the part it is running. A part is claimed with a CAS on its home thread's (job id, parts
 ; claimed), so a thread that wakes late never runs a part twice or a part of a later job: a
 ; claim of job %id succeeds only while one of its parts is unclaimed, so the job, and the
 ; ticket's n, fn and ctx, are still its. Only the thread itself writes its done count.
@@ -195,11 +195,14 @@ next_home:
 home:
   %self_plus_k = add i64 %self64, %k
   %home_index = urem i64 %self_plus_k, %threads64
+  %threads_less_one = sub i64 %threads64, 1
   %first_scaled = mul i64 %home_index, %parts64
-  %first = udiv i64 %first_scaled, %threads64
+  %first_up = add i64 %first_scaled, %threads_less_one
+  %first = udiv i64 %first_up, %threads64
   %after = add i64 %home_index, 1
   %after_scaled = mul i64 %after, %parts64
-  %home_end = udiv i64 %after_scaled, %threads64
+  %after_up = add i64 %after_scaled, %threads_less_one
+  %home_end = udiv i64 %after_up, %threads64
   %size = sub i64 %home_end, %first
   %claimed_at = getelementptr [{max_threads} x {{ i64, [56 x i8] }}], ptr @claimed_parts, i64 0, i64 %home_index, i32 0
   br label %claim
