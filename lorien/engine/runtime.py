@@ -110,12 +110,14 @@ static int spun_out(int spins, int64_t *start) {
     return t - *start > SPIN_NS;
 }
 
-/* The count a counter tagged (job id << 32) | count holds for job id: 0 while it holds an
-   earlier job's; -1 when it holds a later job's (the caller is past job id). */
+/* The count a counter tagged (job id << 32) | count holds for job id: its count when the tag
+   is id; else 0 while job id is still the current job (the counter holds an earlier job's
+   count, however many jobs ago: a thread with no home parts leaves its counters alone, so a tag
+   may be 2^31 jobs old), and -1 once a later job has been launched (the caller is past job id). */
 static long tagged_count(unsigned long tagged, unsigned id) {
     unsigned tag = (unsigned)(tagged >> 32);
     if (tag == id) return (long)(tagged & 0xffffffffu);
-    return (int)(tag - id) > 0 ? -1 : 0;
+    return (unsigned)atomic_load_explicit(&job.word, memory_order_acquire) == id ? 0 : -1;
 }
 
 /* Thread `self` runs parts of job id (of `parts` parts over `threads` threads, read with the id

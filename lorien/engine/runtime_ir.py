@@ -151,8 +151,10 @@ define internal void @unlock() {{
   ret void
 }}
 
-; The count a counter tagged (job id << 32) | count holds for job %id: 0 while it holds an
-; earlier job's, -1 when it holds a later job's (the caller is past job %id).
+; The count a counter tagged (job id << 32) | count holds for job %id: its count when the tag
+; is %id; else 0 while job %id is still the current job (the counter holds an earlier job's
+; count, however many jobs ago: a thread with no home parts leaves its counters alone, so a tag
+; may be 2^31 jobs old), and -1 once a later job has been launched (the caller is past job %id).
 define internal i64 @tagged_count(i64 %tagged, i32 %id) {{
 entry:
   %high = lshr i64 %tagged, 32
@@ -163,9 +165,9 @@ this_job:
   %count = and i64 %tagged, 4294967295
   ret i64 %count
 other_job:
-  %ahead = sub i32 %tag, %id
-  %later = icmp sgt i32 %ahead, 0
-  %result = select i1 %later, i64 -1, i64 0
+  %current = load atomic i32, ptr @generation acquire, align 8
+  %still = icmp eq i32 %current, %id
+  %result = select i1 %still, i64 0, i64 -1
   ret i64 %result
 }}
 
