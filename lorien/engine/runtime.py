@@ -124,10 +124,11 @@ static long tagged_count(unsigned long tagged, unsigned id) {
    from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
    for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's
    schedule(static): a row stays in one core's cache), then any part another thread has not
-   claimed yet, so a late or descheduled thread holds back at most the part it is running. A part is claimed with a CAS on its home thread's
-   (job id, parts claimed), so a thread that wakes late never runs a part twice or of a later
-   job: a claim of job id succeeds only while one of its parts is unclaimed, so the job, and
-   the ticket's n, fn and ctx, are still its. Only the thread itself writes its done count. */
+   claimed yet, so a late or descheduled thread holds back at most the part it is running. A
+   part is claimed with a CAS on its home thread's (job id, parts claimed), so a thread that
+   wakes late never runs a part twice or of a later job: a claim of job id succeeds only while
+   one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its.
+   Only the thread itself writes its done count. */
 static void run_parts(unsigned id, unsigned parts, unsigned threads, unsigned self) {
     unsigned long tag = (unsigned long)id << 32;
     long finished = 0;

@@ -175,10 +175,11 @@ other_job:
 ; from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
 ; for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's
 ; schedule(static): a row stays in one core's cache), then any part another thread has not
-; claimed yet, so a late or descheduled thread holds back at most the part it is running. A part is claimed with a CAS on its home thread's (job id, parts
-; claimed), so a thread that wakes late never runs a part twice or a part of a later job: a
-; claim of job %id succeeds only while one of its parts is unclaimed, so the job, and the
-; ticket's n, fn and ctx, are still its. Only the thread itself writes its done count.
+; claimed yet, so a late or descheduled thread holds back at most the part it is running. A
+; part is claimed with a CAS on its home thread's (job id, parts claimed), so a thread that
+; wakes late never runs a part twice or a part of a later job: a claim of job %id succeeds only
+; while one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still
+; its. Only the thread itself writes its done count.
 ; Part p is [p*n/parts, (p+1)*n/parts): sizes differ by at most one iteration.
 define internal void @run_parts(i32 %id, i32 %parts, i32 %threads, i32 %self) {{
 entry:
