@@ -67,10 +67,13 @@ def test_spinning_is_bounded_in_time_not_in_pause_instructions():
     text = runtime_ir.ir_text("x86_64")
     assert "@spun_out" in text and "@clock_gettime" in text
     assert str(runtime_ir.SPIN_NS) in text
-    # the job ticket (generation and the job) shares one line; the counters have their own
+    # the job ticket (generation and the job) shares one line; the sleeper count has its own,
+    # and each thread's claim and done counters a line each (8 + 56 bytes)
     assert "@generation = internal global { i32, i32, i64, ptr, ptr, [32 x i8] }" in text
-    for counter in ("@next_part", "@done_parts", "@sleepers"):
+    for counter in ("@claimed_parts", "@finished_parts", "@sleepers"):
         assert f"{counter} = internal global [" in text and "align 64" in text.split(counter, 1)[1].split("\n")[0]
+    for counter in ("@claimed_parts", "@finished_parts"):
+        assert f"{counter} = internal global [256 x {{ i64, [56 x i8] }}]" in text
 
 
 PLACEMENT_SCRIPT = """
@@ -161,3 +164,94 @@ def test_a_loop_is_cut_into_parts_that_give_each_thread_the_same_share(tmp_path,
                       28: _cut(28, 4),    # 4 parts of 7, not 8 parts of 3 or 4 (12 / 16 rows)
                       37: _cut(37, 8),
                       112: _cut(112, 8)}
+
+
+HOME_PARTS_SCRIPT = """
+import ctypes, json, platform, threading
+import llvmlite.binding as llvm
+import numpy as np
+from lorien.engine import runtime, runtime_ir
+
+# A probe body in LLVM IR: each iteration of [begin, end) records the thread that ran it, and
+# each part lasts 50 us, so an awake worker has claimed its own parts before the caller has
+# finished its own and would look for parts to steal.
+PROBE = '''
+declare i64 @syscall(i64, ...)
+declare i32 @clock_gettime(i32, ptr)
+define internal i64 @now_ns() {
+  %ts = alloca [2 x i64]
+  %rc = call i32 @clock_gettime(i32 1, ptr %ts)
+  %s = load i64, ptr %ts
+  %ns_at = getelementptr [2 x i64], ptr %ts, i64 0, i64 1
+  %ns = load i64, ptr %ns_at
+  %s_ns = mul i64 %s, 1000000000
+  %t = add i64 %s_ns, %ns
+  ret i64 %t
+}
+define void @probe(ptr %ctx, i64 %begin, i64 %end) {
+entry:
+  %tid = call i64 (i64, ...) @syscall(i64 GETTID)
+  %tid32 = trunc i64 %tid to i32
+  %start = call i64 @now_ns()
+  br label %spin
+spin:
+  %t = call i64 @now_ns()
+  %elapsed = sub i64 %t, %start
+  %more = icmp slt i64 %elapsed, 50000
+  br i1 %more, label %spin, label %record
+record:
+  %i = phi i64 [ %begin, %spin ], [ %i_next, %record ]
+  %at = getelementptr i32, ptr %ctx, i64 %i
+  store i32 %tid32, ptr %at
+  %i_next = add i64 %i, 1
+  %again = icmp slt i64 %i_next, %end
+  br i1 %again, label %record, label %done
+done:
+  ret void
+}
+'''.replace("GETTID", str(runtime_ir._ARCHES[platform.machine()][0]["gettid"]))
+addresses = runtime.symbol_addresses()
+llvm.initialize_native_target(); llvm.initialize_native_asmprinter()
+libc = ctypes.CDLL(None)
+for name in ("syscall", "clock_gettime"):
+    llvm.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
+module = llvm.parse_assembly(PROBE)
+module.triple = llvm.get_process_triple()
+engine = llvm.create_mcjit_compiler(module, llvm.Target.from_triple(module.triple).create_target_machine())
+engine.finalize_object()
+parallel_for = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(addresses["lorien_parallel_for"])
+probe = engine.get_function_address("probe")
+ran_by = np.zeros(4, "int32")
+launches = []
+for i in range(300):                    # back to back: the worker spins between launches
+    ran_by[:] = 0
+    parallel_for(probe, ran_by.ctypes.data, 4)
+    if i >= 20:
+        launches.append(ran_by.tolist())
+print(json.dumps({"caller": threading.get_native_id(), "launches": launches}))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["llvm", "c"])
+def test_with_the_workers_awake_each_thread_runs_its_own_parts(tmp_path, runtime):
+    """4 parts over 2 threads: the caller's home parts are 0 and 1, the worker's 2 and 3, the
+    same every launch (as OpenMP's schedule(static)), so a part's data stays in one core's
+    cache. Claiming from one shared counter gave part 1 to whichever thread came first (the
+    worker, when awake). A thread steals only what the other has not claimed, so on a loaded
+    machine a descheduled worker's parts run on the caller: only launches in which the worker
+    ran a part are counted, and most (not all) of them must be the static split."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the worker and the caller cannot run at once")
+    env = {**os.environ, "LORIEN_RUNTIME": runtime, "LORIEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": str(REPO_ROOT), "LORIEN_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-c", HOME_PARTS_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    caller, launches = found["caller"], found["launches"]
+    assert all(0 not in ran_by for ran_by in launches)          # every part ran, in every launch
+    with_worker = [ran_by for ran_by in launches if any(tid != caller for tid in ran_by)]
+    assert len(with_worker) >= 20, f"the worker ran a part in only {len(with_worker)} of {len(launches)} launches"
+    static = [ran_by for ran_by in with_worker
+              if ran_by[:2] == [caller, caller] and ran_by[2] == ran_by[3] != caller]
+    assert len(static) >= 0.75 * len(with_worker), with_worker[:10]

@@ -61,12 +61,9 @@ typedef void (*kernel_fn)(void **);
 #define AFFINITY_BYTES 128
 
 static int wanted_threads = 0, started_threads = 0;
-/* The job ticket, one cache line: the job word ((parts << 32) | job id; its low half, the id,
-   is the futex word workers spin on), written in one store, and the job; a worker that sees a
-   new id has the whole job in the same line. The counters that threads write while they claim
-   and finish parts each have a line of their own, tagged with the job id: a launch writes
-   only the ticket (no counter is reset, so the workers see the job without the caller first
-   taking those lines back from them). */
+/* The job ticket, one cache line: the job word ((threads << 48) | (parts << 32) | job id; its
+   low half, the id, is the futex word workers spin on), written in one store, and the job; a
+   worker that sees a new id has the whole job in the same line. */
 static struct {
     _Atomic uint64_t word;
     int64_t n;
@@ -75,8 +72,12 @@ static struct {
 } job __attribute__((aligned(64)));
 #define FUTEX_WORD ((void *)&job.word)   /* the id: the word's low half (little endian) */
 static atomic_int sleepers __attribute__((aligned(64)));
-static atomic_ulong next_part __attribute__((aligned(64)));   /* (job id << 32) | parts claimed */
-static atomic_ulong done_parts __attribute__((aligned(64)));  /* (job id << 32) | parts finished */
+/* Per thread (the caller is thread 0), each on a cache line of its own and tagged
+   (job id << 32) | count: how many of its home parts are claimed (written by that thread, and
+   by another only when it steals one) and how many parts it has finished (written only by that
+   thread; the caller polls it). A launch writes only the ticket (nothing is reset). */
+typedef struct { _Atomic uint64_t word; } __attribute__((aligned(64))) line_t;
+static line_t claimed_parts[MAX_THREADS], finished_parts[MAX_THREADS];
 static unsigned initial_generation[MAX_THREADS];
 static atomic_int worker_tid[MAX_THREADS];   /* 0 until the worker has started */
 /* The CPUs the process may use (read when the pool starts) and the CPU the workers were last
@@ -109,35 +110,56 @@ static int spun_out(int spins, int64_t *start) {
     return t - *start > SPIN_NS;
 }
 
-/* The count a counter tagged (job id << 32) | count holds for job id: 0 while it holds an
-   earlier job's; -1 when it holds a later job's (the caller is past job id). */
+/* The count a counter tagged (job id << 32) | count holds for job id: its count when the tag
+   is id; else 0 while job id is still the current job (the counter holds an earlier job's
+   count, however many jobs ago: a thread with no home parts leaves its counters alone, so a tag
+   may be 2^31 jobs old), and -1 once a later job has been launched (the caller is past job id). */
 static long tagged_count(unsigned long tagged, unsigned id) {
     unsigned tag = (unsigned)(tagged >> 32);
     if (tag == id) return (long)(tagged & 0xffffffffu);
-    return (int)(tag - id) > 0 ? -1 : 0;
+    return (unsigned)atomic_load_explicit(&job.word, memory_order_acquire) == id ? 0 : -1;
 }
 
-/* Claim and run parts of job id (of `parts` parts, read with the id from the job word) until
-   none is left. Parts are claimed with a CAS on (job id, parts claimed), so a thread that
+/* Thread `self` runs parts of job id (of `parts` parts over `threads` threads, read with the id
+   from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
+   for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's
+   schedule(static): a row stays in one core's cache), then any part another thread has not
+   claimed yet, so a late or descheduled thread holds back at most the part it is running. A
+   part is claimed with a CAS on its home thread's (job id, parts claimed), so a thread that
    wakes late never runs a part twice or of a later job: a claim of job id succeeds only while
-   one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its. */
-static void run_parts(unsigned id, unsigned parts) {
-    for (;;) {
-        unsigned long cur = atomic_load_explicit(&next_part, memory_order_acquire);
-        long claimed = tagged_count(cur, id);
-        if (claimed < 0 || claimed >= (long)parts) return;
-        unsigned part = (unsigned)claimed;
-        if (!atomic_compare_exchange_weak_explicit(&next_part, &cur, ((unsigned long)id << 32) | (part + 1),
-                                                   memory_order_acq_rel, memory_order_acquire)) continue;
-        /* balanced: part sizes differ by at most one iteration (28 rows in 8 parts: 3 or 4,
-           not seven parts of 4 and an empty one, which left one thread 16 rows and the other 12) */
-        int64_t begin = (int64_t)part * job.n / parts, end = ((int64_t)part + 1) * job.n / parts;
-        if (begin < end) job.fn(job.ctx, begin, end);
-        unsigned long done = atomic_load_explicit(&done_parts, memory_order_relaxed);
-        while (!atomic_compare_exchange_weak_explicit(&done_parts, &done,
-                                                      ((unsigned long)id << 32) | (tagged_count(done, id) + 1),
-                                                      memory_order_acq_rel, memory_order_relaxed)) {}
+   one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its.
+   Only the thread itself writes its done count. */
+static void run_parts(unsigned id, unsigned parts, unsigned threads, unsigned self) {
+    unsigned long tag = (unsigned long)id << 32;
+    long finished = 0;
+    for (unsigned k = 0; k < threads; k++) {
+        unsigned home = (self + k) % threads;
+        unsigned first = (home * parts + threads - 1) / threads;
+        unsigned size = ((home + 1) * parts + threads - 1) / threads - first;
+        for (;;) {
+            unsigned long cur = atomic_load_explicit(&claimed_parts[home].word, memory_order_acquire);
+            long claimed = tagged_count(cur, id);
+            if (claimed < 0 || claimed >= (long)size) break;
+            if (!atomic_compare_exchange_weak_explicit(&claimed_parts[home].word, &cur, tag | (unsigned long)(claimed + 1),
+                                                       memory_order_acq_rel, memory_order_acquire)) continue;
+            /* balanced: part sizes differ by at most one iteration (28 rows in 8 parts: 3 or 4,
+               not seven parts of 4 and an empty one, which left one thread 16 rows and the other 12) */
+            int64_t part = first + claimed;
+            int64_t begin = part * job.n / parts, end = (part + 1) * job.n / parts;
+            if (begin < end) job.fn(job.ctx, begin, end);
+            atomic_store_explicit(&finished_parts[self].word, tag | (unsigned long)++finished, memory_order_release);
+        }
     }
+}
+
+/* The parts of job id the first `threads` threads have finished. */
+static long parts_finished(unsigned id, unsigned threads) {
+    long finished = 0;
+    for (unsigned t = 0; t < threads; t++) {
+        long count = tagged_count(atomic_load_explicit(&finished_parts[t].word, memory_order_acquire), id);
+        if (count > 0) finished += count;
+    }
+    return finished;
 }
 
 /* struct sched_attr's first fields (SCHED_ATTR_SIZE_VER0). */
@@ -197,7 +219,15 @@ static void *worker_main(void *arg) {
             }
         }
         seen = (unsigned)word;
-        run_parts(seen, (unsigned)(word >> 32));
+        unsigned threads = (unsigned)(word >> 48);
+        if ((unsigned)index >= threads) continue;   /* beyond this job's thread count: sit it out */
+        run_parts(seen, (unsigned)(word >> 32) & 0xffffu, threads, (unsigned)index);
+        /* Take the claim line back while idle: the caller read it when it looked for parts to
+           steal, and the next launch's claim would otherwise wait for that copy to go. A CAS of
+           the value to itself: a stealer's claim of a later job in between is kept. */
+        unsigned long mine = atomic_load_explicit(&claimed_parts[index].word, memory_order_relaxed);
+        atomic_compare_exchange_strong_explicit(&claimed_parts[index].word, &mine, mine,
+                                                memory_order_relaxed, memory_order_relaxed);
     }
     return NULL;
 }
@@ -265,13 +295,14 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     keep_workers_off(sched_getcpu(), started_threads);
     unsigned id = (unsigned)atomic_load_explicit(&job.word, memory_order_relaxed) + 1;
     job.fn = fn; job.ctx = ctx; job.n = n;
-    /* one store: a worker reads the id and the part count together */
-    atomic_store_explicit(&job.word, ((uint64_t)(unsigned)parts << 32) | id, memory_order_release);
+    /* one store: a worker reads the id, the part count and the thread count together */
+    atomic_store_explicit(&job.word, ((uint64_t)(unsigned)threads << 48) | ((uint64_t)(unsigned)parts << 32) | id,
+                          memory_order_release);
     if (atomic_load(&sleepers) > 0) syscall(SYS_futex, FUTEX_WORD, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-    run_parts(id, (unsigned)parts);
+    run_parts(id, (unsigned)parts, (unsigned)threads, 0);
     int spins = 0;
     int64_t start = 0;
-    while (tagged_count(atomic_load_explicit(&done_parts, memory_order_acquire), id) < parts) {
+    while (parts_finished(id, (unsigned)threads) < parts) {
         if (spun_out(++spins, &start)) sched_yield(); else cpu_relax();
     }
     pthread_mutex_unlock(&pool_lock);

@@ -3,10 +3,12 @@
 It is the same runtime as the C one in :mod:`lorien.engine.runtime` (a persistent thread pool
 for parallel loops, a timing loop, aligned allocation), function for function: worker threads
 spin briefly on a generation counter and then sleep on a futex; a parallel loop is cut into a
-few parts per thread (a count that gives each thread the same share where one exists),
-claimed with a compare-and-swap on (job id, parts claimed); the caller runs parts too and waits
-for the last one, and a launch writes only the job ticket (the counters are tagged with the job
-id, not reset). Workers are kept off the caller's CPU and ask for a
+few parts per thread (a count that gives each thread the same share where one exists); each
+thread first runs its home parts (the same ones every launch, as OpenMP's schedule(static)),
+then steals parts another thread has not claimed, each claimed with a compare-and-swap on its
+home thread's (job id, parts claimed); the caller runs parts too and waits until every thread's
+done count adds up, and a launch writes only the job ticket (the counters are tagged with the
+job id, not reset). Workers are kept off the caller's CPU and ask for a
 short scheduler slice, so that a woken worker joins short loops on a loaded machine
 (docs/engine.md, "The runtime"). Only libc is called (pthread, ``syscall`` for the futex,
 thread id, affinity and slice, ``sched_getcpu``, ``clock_gettime``, ``posix_memalign``); their
@@ -53,16 +55,18 @@ CLOCK_MONOTONIC = 1
 IR_TEMPLATE = r"""
 @wanted_threads = internal global i32 0
 @started_threads = internal global i32 0
-; The job ticket, one cache line: generation (the job id, the futex word workers spin on) and
-; parts, read and written together as one i64 (the job word, parts << 32 | id), then n, fn,
-; ctx. A worker that sees a new generation has the whole job in the same line.
+; The job ticket, one cache line: generation (the job id, the futex word workers spin on),
+; parts and threads, read and written together as one i64 (the job word,
+; threads << 48 | parts << 32 | id), then n, fn, ctx. A worker that sees a new generation has
+; the whole job in the same line.
 @generation = internal global {{ i32, i32, i64, ptr, ptr, [32 x i8] }} zeroinitializer, align 64
-; The counters each on a line of their own, written by the threads that claim and finish parts,
-; tagged with the job id: a launch writes only the ticket (no counter is reset, so the workers
-; see the job without the caller first taking those lines back from them).
 @sleepers = internal global [16 x i32] zeroinitializer, align 64
-@next_part = internal global [8 x i64] zeroinitializer, align 64      ; (job id << 32) | parts claimed
-@done_parts = internal global [8 x i64] zeroinitializer, align 64     ; (job id << 32) | parts finished
+; Per thread (the caller is thread 0), each on a cache line of its own and tagged
+; (job id << 32) | count: how many of its home parts are claimed (written by that thread, and
+; by another only when it steals one) and how many parts it has finished (written only by that
+; thread; the caller polls it). A launch writes only the ticket (nothing is reset).
+@claimed_parts = internal global [{max_threads} x {{ i64, [56 x i8] }}] zeroinitializer, align 64
+@finished_parts = internal global [{max_threads} x {{ i64, [56 x i8] }}] zeroinitializer, align 64
 @initial_generation = internal global [{max_threads} x i32] zeroinitializer
 @worker_tid = internal global [{max_threads} x i32] zeroinitializer   ; 0 until the worker has started
 ; The CPUs the process may use (read when the pool starts), and the CPU the workers were last
@@ -147,8 +151,10 @@ define internal void @unlock() {{
   ret void
 }}
 
-; The count a counter tagged (job id << 32) | count holds for job %id: 0 while it holds an
-; earlier job's, -1 when it holds a later job's (the caller is past job %id).
+; The count a counter tagged (job id << 32) | count holds for job %id: its count when the tag
+; is %id; else 0 while job %id is still the current job (the counter holds an earlier job's
+; count, however many jobs ago: a thread with no home parts leaves its counters alone, so a tag
+; may be 2^31 jobs old), and -1 once a later job has been launched (the caller is past job %id).
 define internal i64 @tagged_count(i64 %tagged, i32 %id) {{
 entry:
   %high = lshr i64 %tagged, 32
@@ -159,41 +165,71 @@ this_job:
   %count = and i64 %tagged, 4294967295
   ret i64 %count
 other_job:
-  %ahead = sub i32 %tag, %id
-  %later = icmp sgt i32 %ahead, 0
-  %result = select i1 %later, i64 -1, i64 0
+  %current = load atomic i32, ptr @generation acquire, align 8
+  %still = icmp eq i32 %current, %id
+  %result = select i1 %still, i64 0, i64 -1
   ret i64 %result
 }}
 
-; Claim and run parts of job %id (of %parts parts, read with the id from the job word) until
-; none is left. Parts are claimed with a CAS on (job id, parts claimed), so a thread that wakes
-; late never runs a part twice or a part of a later job: a claim of job %id succeeds only while
-; one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still its.
+; Thread %self runs parts of job %id (of %parts parts over %threads threads, read with the id
+; from the job word): first its home parts, [ceil(t*parts/threads), ceil((t+1)*parts/threads))
+; for thread t (the caller, thread 0, has at least one), the same every launch (as OpenMP's
+; schedule(static): a row stays in one core's cache), then any part another thread has not
+; claimed yet, so a late or descheduled thread holds back at most the part it is running. A
+; part is claimed with a CAS on its home thread's (job id, parts claimed), so a thread that
+; wakes late never runs a part twice or a part of a later job: a claim of job %id succeeds only
+; while one of its parts is unclaimed, so the job, and the ticket's n, fn and ctx, are still
+; its. Only the thread itself writes its done count.
 ; Part p is [p*n/parts, (p+1)*n/parts): sizes differ by at most one iteration.
-define internal void @run_parts(i32 %id, i32 %parts) {{
+define internal void @run_parts(i32 %id, i32 %parts, i32 %threads, i32 %self) {{
 entry:
   %parts64 = zext i32 %parts to i64
+  %threads64 = zext i32 %threads to i64
+  %self64 = zext i32 %self to i64
   %id64 = zext i32 %id to i64
   %tag = shl i64 %id64, 32
+  %done_at = getelementptr [{max_threads} x {{ i64, [56 x i8] }}], ptr @finished_parts, i64 0, i64 %self64, i32 0
+  br label %next_home
+next_home:
+  %k = phi i64 [ 0, %entry ], [ %k_next, %home_done ]
+  %finished = phi i64 [ 0, %entry ], [ %finished_claim, %home_done ]
+  %more_homes = icmp ult i64 %k, %threads64
+  br i1 %more_homes, label %home, label %done
+home:
+  %self_plus_k = add i64 %self64, %k
+  %home_index = urem i64 %self_plus_k, %threads64
+  %threads_less_one = sub i64 %threads64, 1
+  %first_scaled = mul i64 %home_index, %parts64
+  %first_up = add i64 %first_scaled, %threads_less_one
+  %first = udiv i64 %first_up, %threads64
+  %after = add i64 %home_index, 1
+  %after_scaled = mul i64 %after, %parts64
+  %after_up = add i64 %after_scaled, %threads_less_one
+  %home_end = udiv i64 %after_up, %threads64
+  %size = sub i64 %home_end, %first
+  %claimed_at = getelementptr [{max_threads} x {{ i64, [56 x i8] }}], ptr @claimed_parts, i64 0, i64 %home_index, i32 0
   br label %claim
 claim:
-  %cur = load atomic i64, ptr @next_part acquire, align 8
+  %finished_claim = phi i64 [ %finished, %home ], [ %finished_claim, %try ], [ %finished_next, %count ]
+  %cur = load atomic i64, ptr %claimed_at acquire, align 8
   %claimed = call i64 @tagged_count(i64 %cur, i32 %id)
   %later = icmp slt i64 %claimed, 0
-  %claimed_all = icmp sge i64 %claimed, %parts64
+  %claimed_all = icmp sge i64 %claimed, %size
   %stop = or i1 %later, %claimed_all
-  br i1 %stop, label %done, label %try
+  br i1 %stop, label %home_done, label %try
 try:
   %claimed_next = add i64 %claimed, 1
   %next = or i64 %tag, %claimed_next
-  %pair = cmpxchg weak ptr @next_part, i64 %cur, i64 %next acq_rel acquire
+  %pair = cmpxchg weak ptr %claimed_at, i64 %cur, i64 %next acq_rel acquire
   %won = extractvalue {{ i64, i1 }} %pair, 1
   br i1 %won, label %run, label %claim
 run:
+  %part = add i64 %first, %claimed
   %n = load i64, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
-  %begin_scaled = mul i64 %claimed, %n
+  %begin_scaled = mul i64 %part, %n
   %begin = sdiv i64 %begin_scaled, %parts64
-  %end_scaled = mul i64 %claimed_next, %n
+  %part_after = add i64 %part, 1
+  %end_scaled = mul i64 %part_after, %n
   %end = sdiv i64 %end_scaled, %parts64
   %nonempty = icmp slt i64 %begin, %end
   br i1 %nonempty, label %call, label %count
@@ -203,19 +239,38 @@ call:
   call void %fn(ptr %ctx, i64 %begin, i64 %end)
   br label %count
 count:
-  %done_now = load atomic i64, ptr @done_parts monotonic, align 8
-  br label %add
-add:
-  %done_seen = phi i64 [ %done_now, %count ], [ %done_found, %add ]
-  %finished = call i64 @tagged_count(i64 %done_seen, i32 %id)
-  %finished_next = add i64 %finished, 1
-  %done_next = or i64 %tag, %finished_next
-  %done_pair = cmpxchg weak ptr @done_parts, i64 %done_seen, i64 %done_next acq_rel monotonic
-  %done_found = extractvalue {{ i64, i1 }} %done_pair, 0
-  %added = extractvalue {{ i64, i1 }} %done_pair, 1
-  br i1 %added, label %claim, label %add
+  %finished_next = add i64 %finished_claim, 1
+  %done_word = or i64 %tag, %finished_next
+  store atomic i64 %done_word, ptr %done_at release, align 8
+  br label %claim
+home_done:
+  %k_next = add i64 %k, 1
+  br label %next_home
 done:
   ret void
+}}
+
+; The parts of job %id the first %threads threads have finished.
+define internal i64 @parts_finished(i32 %id, i32 %threads) {{
+entry:
+  %threads64 = zext i32 %threads to i64
+  br label %loop
+loop:
+  %t = phi i64 [ 0, %entry ], [ %t_next, %add ]
+  %sum = phi i64 [ 0, %entry ], [ %sum_next, %add ]
+  %more = icmp ult i64 %t, %threads64
+  br i1 %more, label %add, label %out
+add:
+  %done_at = getelementptr [{max_threads} x {{ i64, [56 x i8] }}], ptr @finished_parts, i64 0, i64 %t, i32 0
+  %word = load atomic i64, ptr %done_at acquire, align 8
+  %count = call i64 @tagged_count(i64 %word, i32 %id)
+  %positive = icmp sgt i64 %count, 0
+  %counted = select i1 %positive, i64 %count, i64 0
+  %sum_next = add i64 %sum, %counted
+  %t_next = add i64 %t, 1
+  br label %loop
+out:
+  ret i64 %sum
 }}
 
 ; A worker asks for a short scheduler slice (struct sched_attr's first 48 bytes: size, policy,
@@ -332,7 +387,7 @@ entry:
   store atomic i32 %tid32, ptr %tid_slot release, align 4
   br label %wait
 wait:
-  %seen = phi i32 [ %first_seen, %entry ], [ %now, %work ]
+  %seen = phi i32 [ %first_seen, %entry ], [ %now, %work ], [ %now, %take_parts ]
   br label %spin
 spin:
   %spins = phi i32 [ 0, %wait ], [ %spins_next, %relax ], [ 0, %sleep ]
@@ -354,9 +409,23 @@ sleep:
   %sleepers_after = atomicrmw sub ptr @sleepers, i32 1 seq_cst
   br label %spin
 work:
+  ; a worker beyond this job's thread count sits it out
   %word_high = lshr i64 %word, 32
-  %now_parts = trunc i64 %word_high to i32
-  call void @run_parts(i32 %now, i32 %now_parts)
+  %parts_field = trunc i64 %word_high to i32
+  %now_parts = and i32 %parts_field, 65535
+  %word_top = lshr i64 %word, 48
+  %now_threads = trunc i64 %word_top to i32
+  %index32 = trunc i64 %index to i32
+  %member = icmp ult i32 %index32, %now_threads
+  br i1 %member, label %take_parts, label %wait
+take_parts:
+  call void @run_parts(i32 %now, i32 %now_parts, i32 %now_threads, i32 %index32)
+  ; take the claim line back while idle: the caller read it when it looked for parts to steal,
+  ; and the next launch's claim would otherwise wait for that copy to go. A CAS of the value to
+  ; itself: a stealer's claim of a later job in between is kept.
+  %claim_at = getelementptr [{max_threads} x {{ i64, [56 x i8] }}], ptr @claimed_parts, i64 0, i64 %index, i32 0
+  %mine = load atomic i64, ptr %claim_at monotonic, align 8
+  %kept = cmpxchg ptr %claim_at, i64 %mine, i64 %mine monotonic monotonic
   br label %wait
 }}
 
@@ -542,11 +611,14 @@ launch:
   store ptr %fn, ptr getelementptr inbounds (i8, ptr @generation, i64 16)
   store ptr %ctx, ptr getelementptr inbounds (i8, ptr @generation, i64 24)
   store i64 %n, ptr getelementptr inbounds (i8, ptr @generation, i64 8)
-  ; one store of the job word: a worker reads the id and the part count together
+  ; one store of the job word: a worker reads the id, the part count and the thread count together
   %id64 = zext i32 %id to i64
   %parts_word = zext i32 %parts to i64
   %parts_high = shl i64 %parts_word, 32
-  %word = or i64 %parts_high, %id64
+  %threads_word = zext i32 %threads to i64
+  %threads_high = shl i64 %threads_word, 48
+  %parts_id = or i64 %parts_high, %id64
+  %word = or i64 %threads_high, %parts_id
   store atomic i64 %word, ptr @generation seq_cst, align 8
   %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
   %wake = icmp sgt i32 %sleeping, 0
@@ -555,13 +627,12 @@ wake_up:
   %woken = call i64 (i64, ...) @syscall(i64 {sys_futex}, ptr @generation, i64 {futex_wake}, i64 {max_threads}, ptr null, ptr null, i64 0)
   br label %own_share
 own_share:
-  call void @run_parts(i32 %id, i32 %parts)
+  call void @run_parts(i32 %id, i32 %parts, i32 %threads, i32 0)
   %all_parts = zext i32 %parts to i64
   br label %join
 join:
   %spins = phi i32 [ 0, %own_share ], [ %spins_next, %relax ], [ %spins_next, %yield ]
-  %done_tagged = load atomic i64, ptr @done_parts acquire, align 8
-  %finished = call i64 @tagged_count(i64 %done_tagged, i32 %id)
+  %finished = call i64 @parts_finished(i32 %id, i32 %threads)
   %all_done = icmp sge i64 %finished, %all_parts
   br i1 %all_done, label %release, label %count
 count:
