@@ -306,6 +306,9 @@ def _evaluate_op(tensor: te.Tensor, values: dict[str, np.ndarray], budget: int) 
     if not isinstance(body, te.Reduce):
         env = _grid(op.axis, 0, len(op.axis))
         return np.broadcast_to(_evaluate_expr(body, env, values), tensor.shape).astype(tensor.dtype)
+    contracted = _contract_product(tensor, values, budget)
+    if contracted is not None:
+        return contracted
     spatial, axes = op.axis, list(body.axes)
     points = math.prod(tensor.shape)
     split = 0  # reduce loops [0, split) run in Python, the rest is vectorized
@@ -324,6 +327,40 @@ def _evaluate_op(tensor: te.Tensor, values: dict[str, np.ndarray], budget: int) 
         part = _NUMPY_REDUCE[body.combiner](block, axis=reduce_dims) if reduce_dims else block
         result = part if result is None else _combine(body.combiner, result, part)
     return np.asarray(result, dtype=tensor.dtype)
+
+
+def _contract_product(tensor: te.Tensor, values: dict[str, np.ndarray], budget: int) -> np.ndarray | None:
+    """A sum over a product of two loads (a matmul, a convolution: most of a reference's time)
+    as one ``np.einsum``: each load gathered over only the axes its indices use (im2col, for a
+    convolution), then contracted, instead of the whole iteration space gathered in chunks.
+    None when the body has another form, or a gathered operand would pass ``4 * budget`` elements."""
+    body = tensor.op.body
+    source = body.source
+    if body.combiner != "sum" or not (isinstance(source, te.BinOp) and source.op == "mul"):
+        return None
+    factors = [source.a, source.b]
+    if not all(isinstance(f, te.Load) and f.dtype == tensor.dtype for f in factors) \
+            or tensor.dtype not in ("float32", "float64"):
+        return None
+    axes = list(tensor.op.axis) + list(body.axes)
+    if len(axes) > 52:
+        return None
+    letters = {ax: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, ax in enumerate(axes)}
+    operands, subscripts, seen = [], [], set()
+    for factor in factors:
+        names = {node for node in te.walk(factor) if isinstance(node, te.Var)}
+        used = [ax for ax in axes if ax in names]
+        if names - set(used) or math.prod(ax.extent for ax in used) > 4 * budget:
+            return None
+        gathered = _evaluate_expr(factor, _grid(used, 0, len(used)), values)
+        operands.append(np.broadcast_to(gathered, tuple(ax.extent for ax in used)))
+        subscripts.append("".join(letters[ax] for ax in used))
+        seen.update(used)
+    if not all(ax in seen for ax in tensor.op.axis):
+        return None
+    output = "".join(letters[ax] for ax in tensor.op.axis)
+    result = np.einsum(f"{subscripts[0]},{subscripts[1]}->{output}", *operands, optimize=True)
+    return np.asarray(result, dtype=tensor.dtype).reshape(tensor.shape)
 
 
 def _combine(combiner: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
