@@ -32,6 +32,13 @@ from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
 
 
+#: The xgb tuner's defaults here (beside :data:`lorien.tune.job.TEMPLATE_FREE_XGB_DEFAULTS`):
+#: a run guided by a pre-trained model (``cost_model``) evolves 64 candidates on the model's
+#: score from its best measured programs for every plan, as Ansor's search does; without it the
+#: guide picked among random programs only, and a guided run seldom improved on its first batch.
+AUTO_SCHEDULER_XGB_DEFAULTS: dict[str, Any] = {"guide_refine": 64}
+
+
 @functools.lru_cache(maxsize=16)
 def cached_dag(workload_key: str):
     """Workload DAGs are rebuilt in measurement workers from their key; cache them."""
@@ -172,7 +179,7 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
     workload_key = job_workload_key(job)
     target = parse_target(job.target).canonical
     space = cached_space(workload_key)
-    tuner = template_free_tuner(job, space)
+    tuner = template_free_tuner(job, space, AUTO_SCHEDULER_XGB_DEFAULTS)
     if store is not None and job.option("transfer") and hasattr(tuner, "load_history"):
         rows = transfer_rows(store, workload_key, target)  # one scan for the model and the seeds
         tuner.load_history(*transfer_history(store, space, workload_key, target, rows=rows))
