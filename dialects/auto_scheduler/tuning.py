@@ -31,7 +31,6 @@ from lorien.search.xgb import history_by_workload
 from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
 
-
 #: The xgb tuner's defaults here (beside :data:`lorien.tune.job.TEMPLATE_FREE_XGB_DEFAULTS`):
 #: a run guided by a pre-trained model (``cost_model``) evolves 64 candidates on the model's
 #: score from its best measured programs for every plan, as Ansor's search does; without it the
