@@ -6,6 +6,7 @@ and stamps its records; bad models are clear errors."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import orjson
@@ -374,3 +375,70 @@ def test_online_updates_learn_the_label_training_used():
     online = [label_cost(SimpleNamespace(costs=c, error_no=0)) for c in repeats]
     assert np.allclose(thrpt, [1e6 / c / 1e9 if np.isfinite(c) else 0.0 for c in online])
     assert label_cost(SimpleNamespace(costs=[1e-3], error_no=4)) == float("inf")
+
+
+class _DistanceGuide:
+    """A guide that knows the answer: it scores a point by minus its knob distance to ``OPTIMUM``."""
+
+    OPTIMUM = (21, 3, 17, 29, 9)
+
+    def __init__(self, space):
+        self.space = space
+
+    def distance(self, index) -> int:
+        return int(np.abs(np.array(self.space.knob_indices(int(index))) - np.array(self.OPTIMUM)).sum())
+
+    def score(self, indices):
+        return -np.array([self.distance(i) for i in indices], dtype=float)
+
+    def learn(self, indices, costs):
+        pass
+
+
+def test_a_guided_run_refines_its_best_measured_programs():
+    """With ``guide_refine`` a guided plan's pool also holds an evolution on the guide's score from
+    the run's best measured points (Ansor's search), so a run closes in on what the model likes
+    best; the guide's pick among fresh random points alone (``guide_refine`` 0, and the search
+    on the tuner's own knob model once trained) stays far from it in a large space. Same seeds,
+    same guide: only the refinement differs."""
+    from types import SimpleNamespace
+
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [32] * 5
+
+    space = Grid()
+    guide = _DistanceGuide(space)
+
+    def best_after(refine: int, seed: int, batches: int = 3) -> int:
+        tuner = XGBTuner(space, seed=seed, plan_size=16, optimizer="evolution", population=32, generations=1,
+                         guide_refine=refine)
+        tuner.set_guide(guide, pool=4)
+        best = math.inf
+        for _ in range(batches):
+            batch = tuner.next_batch(8)
+            tuner.update(batch, [SimpleNamespace(costs=[1e-3 * (1 + guide.distance(i))], error_no=0) for i in batch])
+            best = min(best, *(guide.distance(i) for i in batch))
+        return best
+
+    refined = [best_after(64, seed) for seed in range(5)]
+    picked = [best_after(0, seed) for seed in range(5)]
+    assert sum(refined) < 0.75 * sum(picked), (refined, picked)
+
+
+def test_guide_refine_is_a_tuner_option_off_by_default_in_every_dialect():
+    """``guide_refine`` reaches the xgb tuner from a job's tuner_options; no dialect turns it on
+    (measured without a gain: docs/costmodel.md); a negative value is a clear error."""
+    from lorien.dialect import get_dialect
+    from lorien.tune.job import TuneJob
+
+    def tuner_of(dialect: str, **extra):
+        return get_dialect(dialect).tuning_context(TuneJob.from_spec(_job(dialect, None, **extra)), None).tuner
+
+    for dialect in ("autotvm", "auto_scheduler", "meta_schedule"):
+        assert tuner_of(dialect).guide_refine == 0
+    assert tuner_of("auto_scheduler", tuner_options={"guide_refine": 64}).guide_refine == 64
+    with pytest.raises(ConfigError, match="guide_refine"):
+        tuner_of("auto_scheduler", tuner_options={"guide_refine": -1})

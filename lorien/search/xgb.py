@@ -91,7 +91,8 @@ class XGBTuner(Tuner):
                  feature_type: str = "knob", feature_fn: Callable[[np.ndarray], np.ndarray] | None = None,
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
                  num_boost_round: int = 80, rerank_factor: int = 2, optimizer: str = "sa",
-                 population: int = 256, generations: int = 4, weighted: bool = False, seed_quota: int = 2):
+                 population: int = 256, generations: int = 4, weighted: bool = False, seed_quota: int = 2,
+                 guide_refine: int = 0, guide_generations: int = 2):
         super().__init__(space, seed)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r} ({' or '.join(OPTIMIZERS)})")
@@ -134,6 +135,16 @@ class XGBTuner(Tuner):
         #: measured when its own model was first trained (exploration counts from there).
         self._explored: set[int] = set()
         self._explore_from: int | None = None
+        #: With a guide: the population of an evolution *on the guide's score* from the run's
+        #: best measured points, made for every plan once something is measured (0: none; the
+        #: search's candidates then come only from this tuner's own knob model, once trained).
+        #: Its candidates join the guide's pool, so a guided run refines the programs it found
+        #: good (Ansor's search) instead of only picking among fresh random ones.
+        self.guide_refine = int(guide_refine)
+        self.guide_generations = int(guide_generations)
+        if self.guide_refine < 0 or self.guide_generations < 1:
+            raise ValueError(f"guide_refine must be >= 0 and guide_generations >= 1, got {guide_refine}, "
+                             f"{guide_generations}")
 
     def set_guide(self, guide, pool: int = 8) -> None:
         """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
@@ -244,8 +255,9 @@ class XGBTuner(Tuner):
     def _guided_plan(self) -> list[int]:
         """A plan ranked by the pre-trained guide: seeds first, then the random points exploration
         is owed (:meth:`_exploration_due`), then the guide's best of a pool of ``guide_pool`` x
-        plan size random points and (once this tuner's own model is trained) the search's
-        candidates."""
+        plan size random points, (once this tuner's own model is trained) the search's
+        candidates and (with ``guide_refine``, once something is measured) the candidates of an
+        evolution on the guide's own score from the best measured points."""
         seeds = self._seeded()
         first = seeds[: self.seed_quota]
         explore = [i for i in sample_unvisited(self, self._exploration_due()) if i not in first]
@@ -269,6 +281,12 @@ class XGBTuner(Tuner):
                                   exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
                                   n_iter=self.sa_n_iter)
             pool = [i for i in dict.fromkeys([*searched, *random_part]) if i not in taken and i not in self.visited]
+        best = sorted((i for i, c in self.measured.items() if math.isfinite(c)), key=self.measured.__getitem__)
+        if self.guide_refine and best and wanted > 0:
+            refined = evolve(self.space, self._guide_fitness, self.guide_refine, self.rng,
+                             exclude=self.visited | taken, starts=best[:16] + seeds[self.seed_quota:],
+                             population=self.guide_refine, generations=self.guide_generations)
+            pool = [i for i in dict.fromkeys([*refined, *pool]) if i not in taken and i not in self.visited]
         if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
             picks = self.guide.choose(pool, max(0, wanted)) if pool else []
         else:
@@ -277,6 +295,16 @@ class XGBTuner(Tuner):
         chosen = first + explore + picks
         chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
+
+    def _guide_fitness(self, indices: np.ndarray) -> np.ndarray:
+        """The guide's scores as an evolution's fitness: a point that does not lower (``-inf``)
+        scores below every point that does, but finitely (the evolution weighs parents by score)."""
+        scores = np.asarray(self.guide.score([int(i) for i in indices]), dtype=float)
+        finite = np.isfinite(scores)
+        if not finite.any():
+            return np.zeros(len(scores))
+        floor = float(scores[finite].min())
+        return np.where(finite, scores, floor - 1.0)
 
     def _exploration_due(self) -> int:
         """Random points the next guided plan owes: ``epsilon`` of the points measured since this

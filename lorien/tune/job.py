@@ -133,12 +133,13 @@ def job_workload_key(job: TuneJob) -> str:
     return make_workload_key(job.task_name, list(job.args))
 
 
-def template_free_tuner(job: TuneJob, space: Any) -> Tuner:
+def template_free_tuner(job: TuneJob, space: Any, xgb_defaults: dict[str, Any] | None = None) -> Tuner:
     """The job's tuner over a template-free space (sketches, traces); ``xgb`` searches its model
-    by evolution (:data:`TEMPLATE_FREE_XGB_DEFAULTS`, unless the job's ``tuner_options`` say otherwise)."""
+    by evolution (:data:`TEMPLATE_FREE_XGB_DEFAULTS`, then the dialect's ``xgb_defaults``, unless
+    the job's ``tuner_options`` say otherwise)."""
     from lorien.search import create
 
-    options = ({**TEMPLATE_FREE_XGB_DEFAULTS, **job.tuner_options} if job.tuner == "xgb"
+    options = ({**TEMPLATE_FREE_XGB_DEFAULTS, **(xgb_defaults or {}), **job.tuner_options} if job.tuner == "xgb"
                else dict(job.tuner_options))
     return create(job.tuner, space, seed=job.seed, **options)
 
