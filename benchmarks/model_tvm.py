@@ -402,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="TVM's builder: forked (default: forked copies of this process, 30 s per "
                              "candidate, as Lorien's TVM re-measuring builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
+    parser.add_argument("--keep-work", type=Path, metavar="DIR",
+                        help="work in DIR (created; must not exist) and keep it: the ONNX files, stores and "
+                             "databases of every model, for a per-task study (default: a temporary directory, removed)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.tasks = args.tasks or (3 if quick else 8)
@@ -437,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)  # TVM's per-task tables
     print(f"model_tvm: {model_name} ({host_cpu_name()}, {os.cpu_count()} cores), TVM {tvm.__version__}, "
           f"target {target_json}; measure {MEASURE}", flush=True)
-    root = Path(tempfile.mkdtemp(prefix="lorien-model-tvm-"))
+    if args.keep_work is not None:
+        args.keep_work.mkdir(parents=True)
+    root = args.keep_work or Path(tempfile.mkdtemp(prefix="lorien-model-tvm-"))
     os.environ.setdefault("LORIEN_JOURNAL_DIR", str(root / "journal"))
     try:
         runs = []
@@ -447,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             with keeping_thread_affinity():
                 runs.append(run_model(name, args, root, target, target_json))
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep_work is None:
+            shutil.rmtree(root, ignore_errors=True)
     applied = sum(run.applied["lorien"] for run in runs)
     tasks = sum(run.tasks for run in runs)
     ratio = min(run.latency_ms["tvm"] / run.latency_ms["lorien"] for run in runs)

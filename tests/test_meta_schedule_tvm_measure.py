@@ -251,6 +251,27 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     assert written.costs == pytest.approx(best_tvm.costs)
 
 
+@pytest.mark.tvm
+def test_remeasure_with_tvm_times_its_finalists_in_more_rounds_than_a_tuning_job(store_uri):
+    """The job's 5 rounds time every engine candidate; its finalists are timed by TVM in at least
+    REMEASURE_ROUNDS rounds (one busy round moves a mean of 3 by a third), and a job asking for more
+    rounds keeps its own number."""
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.tuning import REMEASURE_ROUNDS, tune_dag
+
+    assert REMEASURE_ROUNDS > MEASURE["repeat"]
+    job = {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 1}
+    tune_dag(_matmul_32(), job, store_uri)
+    more = {**MEASURE, "repeat": REMEASURE_ROUNDS + 2, "min_repeat_ms": 0}
+    tune_dag(_matmul_32(), {**job, "measure": more}, store_uri)  # 2 more candidates, 1 more finalist
+    with open_store(store_uri) as store:
+        records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
+    engine_rounds = sorted(len(r.costs) for r in records if r.measured_by == MEASURED_BY_ENGINE)
+    tvm_rounds = sorted(len(r.costs) for r in records if r.measured_by == MEASURED_BY_TVM)
+    assert engine_rounds == [MEASURE["repeat"]] * 2 + [REMEASURE_ROUNDS + 2] * 2
+    assert tvm_rounds == [REMEASURE_ROUNDS, REMEASURE_ROUNDS + 2]
+
+
 def test_a_build_in_a_forked_worker_returns_its_artifact_and_raises_its_error():
     from dialects.meta_schedule.tvm_measure import build_in_fork
 

@@ -37,6 +37,11 @@ DIALECT = "meta_schedule"
 #: A design space of at most this many points is lowered whole when its job starts, so that
 #: points giving one engine program are measured once (:func:`program_keys`).
 DEDUP_SPACE_MAX = 64
+#: ``remeasure_with_tvm`` times its finalists in at least this many rounds, taking turns, whatever
+#: the job's ``repeat``: with the 3 rounds of a tuning job, one busy moment of a shared machine
+#: (a round 1.8x the others, seen on the BERT layer's tasks) moved a finalist's mean by a third
+#: and chose between finalists closer than that (docs/models.md).
+REMEASURE_ROUNDS = 9
 
 
 @functools.lru_cache(maxsize=16)
@@ -163,15 +168,19 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
                    ) -> Callable[[dict[bytes, Any], str], list[TuningRecord]]:
     """The end of a job with ``remeasure_with_tvm: N``: the ``N`` fastest traces Lorien's engine
     measured for the workload (this run's and the store's) built and timed by TVM
-    (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure``), as new
-    records whose build says ``measured_by: tvm``. Traces TVM already measured for the workload
-    and target (in the store) are not measured again; ``config_key``: the loop's identity of a
+    (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure`` with at least
+    :data:`REMEASURE_ROUNDS` rounds), as new records whose build says ``measured_by: tvm``. Traces
+    TVM already measured for the workload and target (in the store) are not measured again; ``config_key``: the loop's identity of a
     trace (:func:`trace_key`), which ``measured`` is keyed by."""
     import math
 
+    from lorien.engine.measure import MeasureOption
     from lorien.record import MEASURED_BY_TVM
     from lorien.search.base import result_cost
     from lorien.tune.loop import stored_history
+
+    rounds = max(int(job.measure.get("repeat", MeasureOption.repeat)), REMEASURE_ROUNDS)
+    measure = {**job.measure, "repeat": rounds}
 
     def finish(measured: dict[bytes, Any], source: str) -> list[TuningRecord]:
         from dialects.meta_schedule.tvm_measure import TvmMeasurer
@@ -186,7 +195,7 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
         if not best:
             return []
         traces = [orjson.loads(key) for key in best]
-        return to_records(traces, TvmMeasurer(dag, job.measure, target, entry)(traces), source)
+        return to_records(traces, TvmMeasurer(dag, measure, target, entry)(traces), source)
 
     return finish
 
