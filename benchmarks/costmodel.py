@@ -49,8 +49,8 @@ trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
 the BERT-base layer are then tuned twice per dialect with the xgb tuner, the same seed and
 budget (300 trials; one and three: 48; --quick: 32; --pretrained-trials): from scratch, and
 guided by the model
-(`cost_model`). Then the candidate best configs of both runs (each config a run's curve stepped
-at, and each run's 16 fastest by first measurement) are re-timed together in this process, the
+(`cost_model`). Then the candidate best configs of both runs (each run's first 8 configs, each
+config a run's curve stepped at, and each run's 16 fastest by first measurement) are re-timed together in this process, the
 tuner's timing method (an untimed run, then 3 timed runs) in 15 rotated rounds; a config's
 latency is its fastest of those 45 runs (other jobs only ever add time to a run); the target
 is 95 % of the throughput of the scratch run's re-timed best, and a run's trial count is the
@@ -720,13 +720,17 @@ def trials_to_reach(curve: list[float], threshold_s: float) -> int | None:
     return None
 
 
-def retime_candidates(runs: dict[str, list], top: int) -> list[str]:
-    """Configs to re-time for a layer: in every run, each config that was the run's best so far
-    when measured (the points its curve steps at, lucky noisy ones included) and its ``top``
-    fastest by first measurement; each config once (by its config string), in first-seen order."""
+def retime_candidates(runs: dict[str, list], top: int, first: int = 0) -> list[str]:
+    """Configs to re-time for a layer: in every run, its ``first`` first valid configs (its first
+    batch: a guided run's are the model's picks, and one measured slow under load would otherwise
+    never count), each config that was the run's best so far when measured (the points its curve
+    steps at, lucky noisy ones included) and its ``top`` fastest by first measurement; each config
+    once (by its config string), in first-seen order."""
     chosen: dict[str, None] = {}
     for records in runs.values():
         valid = [r for r in records if r.is_valid and r.cost_s is not None]
+        for record in valid[:first]:
+            chosen.setdefault(record.config, None)
         best = math.inf
         for record in valid:
             if record.cost_s < best:
@@ -853,6 +857,9 @@ QUICK_TRAIN_S = 180.0
 #: first measurement) re-timed beside the configs its curve stepped at.
 RETIME_ROUNDS = 15
 RETIME_TOP = 16
+#: Each run's first configs re-timed as well (the xgb tuner's first batch): a good one measured
+#: at several times its speed under load was neither a curve step nor among the fastest.
+RETIME_FIRST = 8
 
 
 def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str, seed: int = 0) -> dict:
@@ -870,7 +877,7 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
         tune_job(_job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model), None,
                  on_batch=lambda state, batch, records=records: records.extend(batch))
         runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
-    candidates = retime_candidates({k: v["records"] for k, v in runs.items()}, RETIME_TOP)
+    candidates = retime_candidates({k: v["records"] for k, v in runs.items()}, RETIME_TOP, RETIME_FIRST)
     by_config = {}
     for run in runs.values():
         for record in run["records"]:

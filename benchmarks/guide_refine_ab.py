@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[refine] = records
                 bench.log(f"  {name} seed {seed} guide_refine {refine}: {len(records)} trials in "
                           f"{time.perf_counter() - start:.0f}s (load {os.getloadavg()[0]:.1f})")
-            candidates = bench.retime_candidates({str(k): v for k, v in runs.items()}, bench.RETIME_TOP)
+            candidates = bench.retime_candidates({str(k): v for k, v in runs.items()}, bench.RETIME_TOP, bench.RETIME_FIRST)
             by_config = {}
             for records in runs.values():
                 for record in records:

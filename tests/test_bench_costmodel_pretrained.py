@@ -60,6 +60,15 @@ def test_retime_candidates_are_curve_steps_and_each_runs_fastest(bench):
     assert bench.retime_candidates({"scratch": scratch}, top=2) == ["a", "b", "d"]
 
 
+def test_retime_candidates_take_each_runs_first_configs_too(bench):
+    # "g" was measured slow (under load, say) in the guided run's first batch: neither a curve
+    # step nor among its fastest, it is re-timed only as one of the run's first configs
+    scratch = _run(("a", 5.0), ("b", 1.0))
+    guided = _run(("f", 4.0), ("g", 6.0), ("h", 0.5))
+    assert "g" not in bench.retime_candidates({"scratch": scratch, "guided": guided}, top=1)
+    assert bench.retime_candidates({"scratch": scratch, "guided": guided}, top=1, first=2) == ["a", "b", "f", "g", "h"]
+
+
 def test_a_lucky_first_measurement_does_not_count_after_re_timing(bench):
     """The defect re-timing fixes: a scratch config measured 4x too fast once 'reached 95 %' at trial 1."""
     scratch = _run(("lucky", 0.5), ("x", 2.5), ("y", 2.0), ("z", 2.1))
