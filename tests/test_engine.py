@@ -213,6 +213,16 @@ def test_same_program_is_compiled_once():
     assert first.address == second.address
 
 
+def test_dump_ir_writes_the_ir_every_compiled_object_was_built_from(tmp_path, monkeypatch):
+    from lorien.engine.codegen import llvm as llvm_codegen
+
+    data, weight, out = _dense(m=4, n=4, k=4)
+    ir_text = llvm_codegen.render(lower(create_schedule(out), [data, weight, out], "kernel"), "kernel")
+    monkeypatch.setenv("LORIEN_DUMP_IR", str(tmp_path / "corpus"))
+    llvm_codegen.compile_object(ir_text)
+    assert [path.read_text() for path in (tmp_path / "corpus").glob("*.ll")] == [ir_text]
+
+
 def test_max_reduction_matches_numpy():
     a = te.placeholder((6, 10), name="a")
     k = te.reduce_axis(10, name="k")

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -357,7 +358,18 @@ def compile_object(ir_text: str, target: cpu.CpuTarget | None = None) -> bytes:
     """O3 object code of ``ir_text`` for ``target`` (default this host): what a builder
     process ships to a runner."""
     machine = (target or cpu.host_cpu()).machine()
+    dump_dir = os.environ.get("LORIEN_DUMP_IR")
+    if dump_dir:
+        _dump_ir(ir_text, dump_dir)
     return machine.emit_object(_optimized_module(ir_text, machine))
+
+
+def _dump_ir(ir_text: str, dump_dir: str) -> None:
+    """Write ``ir_text`` to ``<dump_dir>/<sha256>.ll`` ($LORIEN_DUMP_IR: a corpus of the IR the
+    engine really builds, for ``benchmarks/codegen_pipeline.py``)."""
+    path = Path(dump_dir) / f"{hashlib.sha256(ir_text.encode()).hexdigest()[:24]}.ll"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(ir_text)
 
 
 def load_object(obj: bytes, fn_name: str) -> int:
