@@ -11,6 +11,15 @@ DEFAULT_STORE_URI = "parquet:./lorien-warehouse"
 STORE_ENV = "LORIEN_STORE"
 
 
+def uri_flag(options: dict[str, str], name: str, uri: str) -> bool:
+    """A store URI's yes/no option ``name`` (absent or empty: no); a value that is neither yes
+    (1, true, yes) nor no (0, false, no) is a StoreError naming it."""
+    value = options.get(name, "").lower()
+    if value not in ("", "1", "true", "yes", "0", "false", "no"):
+        raise StoreError(f"store URI {uri!r}: {name}={options[name]!r} is not a yes/no value (use true or false)")
+    return value in ("1", "true", "yes")
+
+
 def default_store_uri() -> str:
     """``$LORIEN_STORE``, else ``parquet:./lorien-warehouse`` (not yet resolved; see
     :func:`resolve_store_uri`)."""

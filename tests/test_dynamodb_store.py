@@ -511,6 +511,14 @@ def test_an_unknown_uri_option_is_refused():
         open_store("dynamodb:t?endpont_url=http://127.0.0.1:9")
 
 
+def test_a_create_value_that_is_neither_yes_nor_no_is_refused():
+    """create=maybe named as an error, as the parquet store's fsync / preload (it read as no)."""
+    with pytest.raises(StoreError, match=r"create='maybe' is not a yes/no value"):
+        parse_dynamodb_uri("t?create=maybe")
+    assert parse_dynamodb_uri("t?create=yes").create and parse_dynamodb_uri("t?create=1").create
+    assert not parse_dynamodb_uri("t?create=").create and not parse_dynamodb_uri("t").create
+
+
 @pytest.fixture(scope="module")
 def authenticating_server(aws_credentials):
     """A second moto server that checks credentials (IAM auth on from the first request)."""

@@ -26,6 +26,7 @@ from botocore.exceptions import (
 )
 
 from lorien.errors import StoreError, StoreUnreachableError
+from lorien.storeuri import uri_flag
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def parse_dynamodb_uri(rest: str) -> DynamoDBLocation:
         table=table,
         endpoint_url=options.get("endpoint_url") or None,
         region=options.get("region") or None,
-        create=options.get("create", "").lower() in ("1", "true", "yes"),
+        create=uri_flag(options, "create", f"dynamodb:{rest}"),
         archive=options.get("archive") or None,
     )
 

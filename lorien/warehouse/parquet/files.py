@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lorien.errors import StoreError, StoreUnreachableError
+from lorien.storeuri import uri_flag
 from lorien.warehouse.parquet.layout import STAGING_DIR
 from lorien.warehouse.parquet.tables import write_parquet
 
@@ -299,11 +300,4 @@ def open_files(location: str) -> LocalFiles | S3Files:
     unknown = set(query) - {"fsync", "preload"}
     if unknown:
         raise StoreError(f"unknown option(s) {sorted(unknown)} in store URI {location!r} (known: fsync, preload)")
-    def flag(name: str) -> bool:
-        value = query.get(name, "false").lower()
-        if value not in ("1", "true", "yes", "0", "false", "no"):
-            raise StoreError(f"store URI {location!r}: {name}={query[name]!r} is not a yes/no value "
-                             "(use true or false)")
-        return value in ("1", "true", "yes")
-
-    return LocalFiles(path, fsync=flag("fsync"), preload=flag("preload"))
+    return LocalFiles(path, fsync=uri_flag(query, "fsync", location), preload=uri_flag(query, "preload", location))
