@@ -27,26 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lorien.engine import cpu  # noqa: E402
 from lorien.engine.codegen import llvm as llvm_codegen  # noqa: E402
-
-
-def _parse(ir_text: str, machine) -> llvm.ModuleRef:
-    mod = llvm.parse_assembly(ir_text)
-    mod.triple = llvm.get_process_triple()
-    mod.data_layout = str(machine.target_data)
-    mod.verify()
-    return mod
+from lorien.engine.race import rotated  # noqa: E402
 
 
 def _pipeline(speed_level: int, **options: bool) -> Callable:
-    def run(mod: llvm.ModuleRef, machine) -> None:
-        pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
-        pto.loop_vectorization = False
-        pto.slp_vectorization = False
-        for name, value in options.items():
-            setattr(pto, name, value)
-        pb = llvm.create_pass_builder(machine, pto)
-        pb.getModulePassManager().run(mod, pb)
-    return run
+    """The engine's IR pipeline (``llvm_codegen.run_passes``) at ``speed_level`` with ``options``."""
+    return lambda mod, machine: llvm_codegen.run_passes(mod, machine, speed_level, **options)
 
 
 def _explicit(mod: llvm.ModuleRef, machine) -> None:
@@ -120,10 +106,10 @@ def main() -> None:
     for index, path in enumerate(files):
         ir_text = path.read_text()
         objects = {}
-        for name in names[index % len(names):] + names[: index % len(names)]:
+        for name in rotated(names, index):
             run, pass_machine, emit_machine, options = table[name]
             _set(options)
-            mod = _parse(ir_text, emit_machine)
+            mod = llvm_codegen.parse_module(ir_text, emit_machine)
             start = time.perf_counter()
             run(mod, pass_machine)
             middle = time.perf_counter()

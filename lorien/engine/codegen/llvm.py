@@ -339,18 +339,32 @@ def _codegen_options() -> None:
     llvm.set_option("lorien", "-post-RA-scheduler=false")
 
 
-def _optimized_module(ir_text: str, machine):
-    _codegen_options()
+def parse_module(ir_text: str, machine):
+    """``ir_text`` parsed and verified as a module for this process's triple and ``machine``'s data layout."""
     mod = llvm.parse_assembly(ir_text)
     mod.triple = llvm.get_process_triple()
     mod.data_layout = str(machine.target_data)
     mod.verify()
-    # Schedules vectorize explicitly; LLVM's own vectorizers only double the compile time.
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    return mod
+
+
+def run_passes(mod, machine, speed_level: int = 3, **tuning: bool) -> None:
+    """The engine's IR pipeline on ``mod``: LLVM's ``speed_level`` module pipeline without its
+    loop and SLP vectorizers (schedules vectorize explicitly; LLVM's own vectorizers only double
+    the compile time); ``tuning`` sets other pipeline tuning options (benchmarks/codegen_pipeline.py)."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     pto.loop_vectorization = False
     pto.slp_vectorization = False
+    for name, value in tuning.items():
+        setattr(pto, name, value)
     pb = llvm.create_pass_builder(machine, pto)
     pb.getModulePassManager().run(mod, pb)
+
+
+def _optimized_module(ir_text: str, machine):
+    _codegen_options()
+    mod = parse_module(ir_text, machine)
+    run_passes(mod, machine)
     return mod
 
 
