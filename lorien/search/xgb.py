@@ -228,14 +228,12 @@ class XGBTuner(Tuner):
         if self.guide is not None:
             return self._guided_plan()
         seeds = self._seeded()
-        first, rest = seeds[: self.seed_quota], seeds[self.seed_quota:]  # measured in this plan; search starts
+        first = seeds[: self.seed_quota]  # measured in this plan; the rest start the search
         if self.booster_ is None:
             plan = (first + [i for i in sample_unvisited(self, self.plan_size) if i not in seeds])[: self.plan_size]
             return cover_paths(self.space, plan, self.visited, start=len(first))
         n_random = int(math.ceil(self.epsilon * self.plan_size))
-        best_measured = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
-                               key=self.measured.__getitem__)[:16]
-        best_measured += rest
+        best_measured = self._search_starts(seeds)
         wanted = self.plan_size - n_random - len(first)
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
         if self.optimizer == "evolution":
@@ -270,8 +268,7 @@ class XGBTuner(Tuner):
         self._guide_candidates = random_part
         pool = random_part
         if self.booster_ is not None and wanted > 0:
-            starts = sorted((i for i, c in self.measured.items() if math.isfinite(c)),
-                            key=self.measured.__getitem__)[:16] + seeds[self.seed_quota:]
+            starts = self._search_starts(seeds)
             if self.optimizer == "evolution":
                 searched = evolve(self.space, self.predict, wanted * self.rerank_factor, self.rng,
                                   exclude=self.visited, starts=starts, population=self.population,
@@ -281,10 +278,9 @@ class XGBTuner(Tuner):
                                   exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
                                   n_iter=self.sa_n_iter)
             pool = [i for i in dict.fromkeys([*searched, *random_part]) if i not in taken and i not in self.visited]
-        best = sorted((i for i, c in self.measured.items() if math.isfinite(c)), key=self.measured.__getitem__)
-        if self.guide_refine and best and wanted > 0:
+        if self.guide_refine and wanted > 0 and any(math.isfinite(c) for c in self.measured.values()):
             refined = evolve(self.space, self._guide_fitness, self.guide_refine, self.rng,
-                             exclude=self.visited | taken, starts=best[:16] + seeds[self.seed_quota:],
+                             exclude=self.visited | taken, starts=self._search_starts(seeds),
                              population=self.guide_refine, generations=self.guide_generations)
             pool = [i for i in dict.fromkeys([*refined, *pool]) if i not in taken and i not in self.visited]
         if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
@@ -295,6 +291,12 @@ class XGBTuner(Tuner):
         chosen = first + explore + picks
         chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
+
+    def _search_starts(self, seeds: list[int]) -> list[int]:
+        """Where a search over a model starts: the 16 fastest points measured so far, then the
+        seeds this plan does not measure itself (those past ``seed_quota``)."""
+        best = sorted((i for i, c in self.measured.items() if math.isfinite(c)), key=self.measured.__getitem__)
+        return best[:16] + seeds[self.seed_quota:]
 
     def _guide_fitness(self, indices: np.ndarray) -> np.ndarray:
         """The guide's scores as an evolution's fitness: a point that does not lower (``-inf``)
