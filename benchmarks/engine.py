@@ -53,12 +53,19 @@ minimums are printed beside.
   256³ and a ResNet-18 conv2d_NCHWc layer; ``trials_per_s_vs_tvm``: the same count of trials
   of the same workloads by TVM MetaSchedule's ``tune_tir`` (geomean of the two ratios), or
   ``nan`` with a line saying so when apache-tvm is not installed.
-- ``launch_warm_us`` / ``launch_cold_us``: fork-join overhead of a 2-thread parallel loop
-  (a 2-row parallel loop minus one row run serially), with the pool's threads spinning (warm)
-  or asleep after 50 ms idle (cold); ``launch_*_vs_omp`` against the same loop compiled with
-  ``gcc -O3 -fopenmp`` (libgomp), timed by the same native loop, the two sides taking turns
-  in every round (each after a 20 ms pause, so that neither side's spinning workers hold a
-  core through the other's turn).
+- ``launch_warm_us``: fork-join overhead of a 2-thread parallel loop with the pool's threads
+  spinning (warm): a 2-row x 256-float parallel loop (1 KiB a row: the launch is the cost, as
+  in a small kernel) minus its first row run serially, the best of 7 rounds of 2000
+  back-to-back runs each; ``launch_warm_wide_us`` the same with 32768-float rows (128 KiB in
+  and out a row; the key until issue 23's ninth round: a difference of two minima of loops of
+  several microseconds, which moved more between processes than the launch costs);
+  ``launch_cold_us`` the wide loop after the threads slept 50 ms. ``launch_*_vs_omp`` against
+  the same loop compiled with ``gcc -O3 -fopenmp`` (libgomp, ``schedule(static)``), timed by
+  the same native loop, the two sides taking turns in every round (each after a 20 ms pause,
+  so that neither side's spinning workers hold a core through the other's turn). Every loop
+  of both sides runs on the same two page-aligned arrays (the serial loops on their first
+  row), and each side's serial baseline is its compiler's loop with no parallel runtime (for
+  OpenMP the plain loop, not a 1-thread OpenMP region, whose own cost would be left out).
 - ``launch_us_c`` / ``dense512_vs_numpy_c``: the engine runtime built from C instead of LLVM IR
   (``$LORIEN_RUNTIME=c``), measured in a child process.
 
@@ -817,8 +824,17 @@ def bench_tvm_tuning(trials: int) -> dict[str, float]:
 OMP_SOURCE = r"""
 #include <omp.h>
 #include <time.h>
+static double seconds_between(struct timespec t0, struct timespec t1) {
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
 static void rows(const float *a, float *out, long count, long width) {
     #pragma omp parallel for schedule(static)
+    for (long r = 0; r < count; r++)
+        for (long i = 0; i < width; i++) out[r * width + i] = a[r * width + i] * 2.0f + 1.0f;
+}
+/* The same loop with no OpenMP region: the serial baseline, as Lorien's is a kernel with no
+   parallel loop. */
+static void rows_serial(const float *a, float *out, long count, long width) {
     for (long r = 0; r < count; r++)
         for (long i = 0; i < width; i++) out[r * width + i] = a[r * width + i] * 2.0f + 1.0f;
 }
@@ -828,14 +844,29 @@ double omp_time_rows(const float *a, float *out, long count, long width, long nu
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long n = 0; n < number; n++) rows(a, out, count, width);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return seconds_between(t0, t1);
+}
+double serial_time_rows(const float *a, float *out, long count, long width, long number) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long n = 0; n < number; n++) {
+        rows_serial(a, out, count, width);
+        __asm__ __volatile__("" : : "r"(out) : "memory");   /* every run stores, none is folded away */
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return seconds_between(t0, t1);
 }
 """
+#: Row widths of the launched loop (floats): 32768 (128 KiB in and out per row, the figure
+#: reported since the first round) and 256 (1 KiB: a loop whose cost is the launch, what a
+#: small kernel pays; the key).
 LAUNCH_WIDTH = 1 << 15
+LAUNCH_SMALL_WIDTH = 256
 COLD_IDLE_S = 0.05
 
 
 def _rows_kernel(rows: int, width: int, parallel: bool):
+    """out = a * 2 + 1 over ``rows`` x ``width`` floats, the rows a parallel loop when ``parallel``."""
     a = te.placeholder((rows, width), name="a")
     out = te.compute((rows, width), lambda r, i: a[r, i] * 2.0 + 1.0, name="out")
     s = create_schedule(out)
@@ -844,45 +875,65 @@ def _rows_kernel(rows: int, width: int, parallel: bool):
     s[out].vectorize(inner)
     if parallel:
         s[out].parallel(r)
-    return build(s, [a, out]), [np.ones((rows, width), "float32"), np.zeros((rows, width), "float32")]
+    return build(s, [a, out])
+
+
+def launch_arrays(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The launched loop's input (ones) and output, 2 rows of ``width`` floats, each starting on
+    a page: every loop of both sides runs on these two arrays (the serial loops on their first
+    row), so that where the input and output streams fall within a page (4K aliasing of loads
+    with earlier stores, cache sets) is the same for every loop, both sides and every process;
+    NumPy's own allocations put them at offsets that differ from one process to the next."""
+    a, out = aligned_zeros((2, width), "float32", alignment=4096), aligned_zeros((2, width), "float32", alignment=4096)
+    a.fill(1.0)
+    return a, out
 
 
 #: Idle time before each side's warm rounds: longer than either side's workers spin after a
 #: loop (Lorien's 1 ms, libgomp's GOMP_SPINCOUNT), so neither holds the other's second core.
 SIDE_PAUSE_S = 0.02
+#: Warm rounds: each side's best of these (2000 back-to-back runs each) is its figure.
+WARM_ROUNDS = 7
+WARM_RUNS = 2000
 
 
 def _launch_overheads(sides: dict[str, tuple[Callable[[int], float], Callable[[int], float]]],
                       rounds: int) -> dict[str, tuple[float, float]]:
     """Per side, (warm, cold) fork-join overhead in microseconds: the best 2-row parallel run
-    minus the best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S.
-    ``sides`` maps a name to (parallel_s, serial_s): seconds of ``number`` runs. The sides take
-    turns in every warm and cold round, so a load that comes and goes reaches both alike."""
+    minus the best 1-row serial run; cold runs come after the threads sat idle for COLD_IDLE_S
+    (``rounds`` of them; none when 0). ``sides`` maps a name to (parallel_s, serial_s): seconds
+    of ``number`` runs. The sides take turns in every warm and cold round, so a load that comes
+    and goes reaches both alike."""
     warm_par = dict.fromkeys(sides, math.inf)
     warm_one = dict.fromkeys(sides, math.inf)
-    for _ in range(7):
+    for _ in range(WARM_ROUNDS):
         for name, (parallel_s, serial_s) in sides.items():
             time.sleep(SIDE_PAUSE_S)
-            warm_par[name] = min(warm_par[name], parallel_s(2000) / 2000)
-            warm_one[name] = min(warm_one[name], serial_s(2000) / 2000)
+            warm_par[name] = min(warm_par[name], parallel_s(WARM_RUNS) / WARM_RUNS)
+            warm_one[name] = min(warm_one[name], serial_s(WARM_RUNS) / WARM_RUNS)
     cold: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(rounds):
         for name, (parallel_s, _) in sides.items():
             time.sleep(COLD_IDLE_S)
             cold[name].append(parallel_s(1))
     return {name: (max(0.0, (warm_par[name] - warm_one[name]) * 1e6),
-                   max(0.0, (statistics.median(cold[name]) - warm_one[name]) * 1e6)) for name in sides}
+                   max(0.0, (statistics.median(cold[name]) - warm_one[name]) * 1e6) if cold[name] else NAN)
+            for name in sides}
 
 
-def _lorien_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]]:
-    par, par_arrays = _rows_kernel(2, LAUNCH_WIDTH, True)
-    one, one_arrays = _rows_kernel(1, LAUNCH_WIDTH, False)
-    return (lambda number: par.time(*par_arrays, number=number)[0] * number,
-            lambda number: one.time(*one_arrays, number=number)[0] * number)
+def _lorien_launch_side(a: np.ndarray, out: np.ndarray) -> tuple[Callable[[int], float], Callable[[int], float]]:
+    """Lorien's (parallel_s, serial_s) on ``a``/``out``: the 2-row parallel kernel, and the 1-row
+    serial kernel on their first row (a view: same addresses)."""
+    width = a.shape[1]
+    par, one = _rows_kernel(2, width, True), _rows_kernel(1, width, False)
+    return (lambda number: par.time(a, out, number=number)[0] * number,
+            lambda number: one.time(a[:1], out[:1], number=number)[0] * number)
 
 
-def _omp_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]] | None:
-    """The same loop with OpenMP (gcc -fopenmp); None when there is no compiler."""
+def _omp_launch_side(a: np.ndarray, out: np.ndarray) -> tuple[Callable[[int], float], Callable[[int], float]] | None:
+    """The same loop with OpenMP (gcc -fopenmp) on the same arrays, its serial baseline the loop
+    with no OpenMP region (as Lorien's is a kernel with no parallel loop); None when there is no
+    compiler."""
     from lorien.native import NativeBuildError, load_shared
 
     try:
@@ -890,36 +941,35 @@ def _omp_launch_side() -> tuple[Callable[[int], float], Callable[[int], float]] 
     except NativeBuildError as exc:
         print(f"parallel launch (OpenMP): skipped ({str(exc).splitlines()[0]})")
         return None
-    lib.omp_time_rows.restype = ctypes.c_double
+    lib.omp_time_rows.restype = lib.serial_time_rows.restype = ctypes.c_double
     lib.omp_time_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                   ctypes.c_long, ctypes.c_int]
-    a, out = np.ones((2, LAUNCH_WIDTH), "float32"), np.zeros((2, LAUNCH_WIDTH), "float32")
-    threads = runtime.num_threads()
-
-    def timed(count: int, number: int, use: int) -> float:
-        return lib.omp_time_rows(a.ctypes.data, out.ctypes.data, count, LAUNCH_WIDTH, number, use)
-
-    return lambda number: timed(2, number, threads), lambda number: timed(1, number, 1)
+    lib.serial_time_rows.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    width, threads = a.shape[1], runtime.num_threads()
+    return (lambda number: lib.omp_time_rows(a.ctypes.data, out.ctypes.data, 2, width, number, threads),
+            lambda number: lib.serial_time_rows(a.ctypes.data, out.ctypes.data, 1, width, number))
 
 
-def bench_launch(rounds: int, with_omp: bool = False) -> dict[str, tuple[float, float]]:
-    """(warm, cold) fork-join overhead in microseconds of Lorien's pool (``lorien``) and, with
-    ``with_omp``, of the same loop on OpenMP (``omp``; nan when there is no compiler), measured
-    in turns."""
-    sides = {"lorien": _lorien_launch_side()}
-    omp = _omp_launch_side() if with_omp else None
-    if omp:
-        sides["omp"] = omp
-    found = _launch_overheads(sides, rounds)
-    warm, cold = found["lorien"]
-    print(f"parallel launch (lorien, {runtime.backend()} runtime, {runtime.num_threads()} threads): "
-          f"warm {warm:.2f} us, cold {cold:.2f} us")
-    if omp:
-        warm, cold = found["omp"]
-        print(f"parallel launch (OpenMP, libgomp, {runtime.num_threads()} threads): warm {warm:.2f} us, "
-              f"cold {cold:.2f} us")
-    elif with_omp:
-        found["omp"] = (NAN, NAN)
+def bench_launch(rounds: int, with_omp: bool = False) -> dict[str, dict[str, tuple[float, float]]]:
+    """Fork-join overhead in microseconds of Lorien's pool (``lorien``) and, with ``with_omp``, of
+    the same loop on OpenMP (``omp``; nan when there is no compiler), measured in turns, per row
+    width: ``{"small": {side: (warm, nan)}, "large": {side: (warm, cold)}}`` (256 and 32768
+    floats a row; the cold launch, ``rounds`` of it, on the large loop only)."""
+    found: dict[str, dict[str, tuple[float, float]]] = {}
+    for size, width, cold_rounds in (("small", LAUNCH_SMALL_WIDTH, 0), ("large", LAUNCH_WIDTH, rounds)):
+        a, out = launch_arrays(width)
+        sides = {"lorien": _lorien_launch_side(a, out)}
+        omp = _omp_launch_side(a, out) if with_omp else None
+        if omp:
+            sides["omp"] = omp
+        found[size] = _launch_overheads(sides, cold_rounds)
+        np.testing.assert_array_equal(out, np.full_like(out, 3.0))
+        if with_omp and not omp:
+            found[size]["omp"] = (NAN, NAN)
+        described = ", ".join(f"{name} warm {warm:.2f} us" + ("" if math.isnan(cold) else f", cold {cold:.2f} us")
+                              for name, (warm, cold) in found[size].items())
+        print(f"parallel launch, 2 rows x {width} floats ({runtime.backend()} runtime, libgomp for omp, "
+              f"{runtime.num_threads()} threads): {described}")
     return found
 
 
@@ -941,7 +991,7 @@ def bench_other_runtime(name: str, quick: bool) -> tuple[float, float]:
 def runtime_child(quick: bool) -> None:
     """--runtime-child: warm launch overhead and dense 512 on this process's runtime, then JSON."""
     limiter = pin_blas_threads(runtime.num_threads())
-    launch_us, _ = bench_launch(rounds=5)["lorien"]
+    launch_us, _ = bench_launch(rounds=5)["small"]["lorien"]
     dense512 = bench_dense(512, 512, 512, dense_grid(quick), 30 if quick else 120)["numpy"]
     limiter.restore_original_limits()
     print(json.dumps({"runtime": runtime.backend(), "launch_us": launch_us, "dense512": dense512}))
@@ -983,9 +1033,11 @@ def main() -> None:
         print("layers vs PyTorch: skipped (torch is not installed: pip install torch==2.13.0)")
     limiter = pin_blas_threads(threads)
     peak = host_peak(threads)
+    unmeasured = {"lorien": (NAN, NAN), "omp": (NAN, NAN)}
     launches = (bench_launch(rounds=10 if quick else 40, with_omp=True) if "launch" in wanted
-                else {"lorien": (NAN, NAN), "omp": (NAN, NAN)})
-    (launch_warm, launch_cold), (omp_warm, omp_cold) = launches["lorien"], launches["omp"]
+                else {"small": unmeasured, "large": unmeasured})
+    (launch_warm, _), (omp_warm, _) = launches["small"]["lorien"], launches["small"]["omp"]
+    (wide_warm, launch_cold), (omp_wide_warm, omp_cold) = launches["large"]["lorien"], launches["large"]["omp"]
     dense_samples = 30 if quick else 150
     lanes = min(peak.lanes, vector_lanes())  # the widest vector the FMAs run at full rate
     skipped = {"numpy": NAN, "torch": NAN, "gflops": NAN, "numpy_gflops": NAN}
@@ -1063,6 +1115,7 @@ def main() -> None:
           f" trials_per_s_dense={dense_rate:.2f} trials_per_s_conv={conv_rate:.2f}"
           f" trials_per_s_vs_tvm={vs_tvm:.1f}"
           f" launch_warm_us={launch_warm:.2f} launch_warm_vs_omp={omp_warm / max(launch_warm, 1e-3):.2f}"
+          f" launch_warm_wide_us={wide_warm:.2f} launch_warm_wide_vs_omp={omp_wide_warm / max(wide_warm, 1e-3):.2f}"
           f" launch_cold_us={launch_cold:.2f} launch_cold_vs_omp={omp_cold / max(launch_cold, 1e-3):.2f}"
           f" launch_us_c={launch_c:.2f} dense512_vs_numpy_c={dense512_c:.2f}")
 

@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engine.py"
@@ -89,3 +90,19 @@ def _race_on(bench, clock: FakeTime):
     def on_fake_clock(calls, **options):
         return race(calls, clock=clock.perf_counter, sleep=clock.sleep, **options)
     return on_fake_clock
+
+
+def test_the_launch_loops_of_both_sides_share_page_aligned_arrays_and_compute_the_loop(bench, monkeypatch):
+    monkeypatch.setattr(bench, "WARM_RUNS", 20)
+    monkeypatch.setattr(bench, "SIDE_PAUSE_S", 0.0)
+    a, out = bench.launch_arrays(256)
+    assert a.ctypes.data % 4096 == 0 and out.ctypes.data % 4096 == 0
+    lorien_par, lorien_one = bench._lorien_launch_side(a, out)
+    lorien_par(3)
+    np.testing.assert_array_equal(out, np.full_like(out, 3.0))        # both rows: 1 * 2 + 1
+    out.fill(0.0)
+    lorien_one(3)
+    np.testing.assert_array_equal(out[0], np.full(256, 3.0, "float32"))  # the serial loop: the first row only
+    np.testing.assert_array_equal(out[1], np.zeros(256, "float32"))
+    found = bench.bench_launch(rounds=1, with_omp=True)   # checks the shared output of every loop run
+    assert set(found) == {"small", "large"} and all(set(size) == {"lorien", "omp"} for size in found.values())
