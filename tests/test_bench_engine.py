@@ -106,3 +106,49 @@ def test_the_launch_loops_of_both_sides_share_page_aligned_arrays_and_compute_th
     np.testing.assert_array_equal(out[1], np.zeros(256, "float32"))
     found = bench.bench_launch(rounds=1, with_omp=True)   # checks the shared output of every loop run
     assert set(found) == {"small", "large"} and all(set(size) == {"lorien", "omp"} for size in found.values())
+
+
+def _count_sets(bench, monkeypatch) -> list[int]:
+    sets = []
+    once = bench._paired_once
+
+    def counted(calls, samples, block):
+        sets.append(samples)
+        return once(calls, samples, block)
+    monkeypatch.setattr(bench, "_paired_once", counted)
+    return sets
+
+
+def test_a_side_at_its_one_thread_speed_in_most_blocks_has_every_side_timed_again(bench, monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(bench, "time", clock)
+    sets = _count_sets(bench, monkeypatch)
+    first_set_until = 2.0      # the first set (5 blocks a side after a 0.25 s pause each) ends at 2.5 s
+
+    def lorien() -> None:       # 20 us with the pool's worker, 40 us in the first set's first 4 blocks
+        clock.now += 40e-6 if clock.now < first_set_until else 20e-6
+
+    def torch() -> None:        # 30 us throughout
+        clock.now += 30e-6
+
+    times = bench.paired_samples({"lorien": lorien, "torch": torch}, samples=30, block=6)
+    assert sets == [30, 30]
+    assert bench.statistics.median(times["lorien"]) == pytest.approx(20e-6)
+    assert bench.statistics.median(times["torch"]) == pytest.approx(30e-6)
+    assert all(len(found) == 30 for found in times.values())
+
+
+def test_sides_near_their_minimum_are_timed_once(bench, monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(bench, "time", clock)
+    sets = _count_sets(bench, monkeypatch)
+    counted = {"a": 0, "b": 0}
+
+    def kernel(name: str, seconds: float):
+        def call() -> None:
+            counted[name] += 1
+            clock.now += seconds * (1.5 if counted[name] % 2 else 1.0)   # median at most 1.5x the minimum
+        return call
+
+    bench.paired_samples({"a": kernel("a", 20e-6), "b": kernel("b", 30e-6)}, samples=12, block=6)
+    assert sets == [12]

@@ -201,3 +201,32 @@ def test_race_of_real_batch1_dense_kernels_picks_one_that_stays_bit_close_to_num
     assert min(result.score.values()) == 1.0
     for name in makes:
         np.testing.assert_allclose(outs[name], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_finalists_within_close_of_the_leader_race_again_and_the_best_turn_of_both_races_counts():
+    # "b" (10 us) ran 3 % slow through the whole first race (a load that held all along) and
+    # trailed "a" (10.2 us) by 1 %; "c" (12 us) is far behind and does not race again
+    machine = SharedMachine()
+    first_race_end = {}
+
+    def b_call() -> None:
+        machine.log.append("b")
+        machine.now += 10.3e-6 if machine.now < first_race_end["s"] else 10e-6
+
+    calls = {"a": machine.kernel("a", 10.2e-6), "b": b_call, "c": machine.kernel("c", 12e-6)}
+    # one race without `close` on a copy of the machine measures where the first race ends
+    first_race_end["s"] = float("inf")
+    fooled = race.race(calls, rounds=3, clock=machine.clock, sleep=machine.sleep)
+    assert fooled.winner == "a" and not fooled.reraced
+    first_race_end["s"], machine.now = machine.now, 0.0
+    result = race.race(calls, rounds=3, close=0.02, clock=machine.clock, sleep=machine.sleep)
+    assert result.winner == "b"
+    assert sorted(result.reraced) == ["a", "b"]
+    assert result.seconds["b"] == pytest.approx(10e-6)
+    assert result.calls["c"] < result.calls["a"]      # c ran in the first race only
+    assert "raced again: " in result.describe()
+
+
+def test_close_must_not_be_negative():
+    with pytest.raises(ValueError, match="close"):
+        race.race({"a": lambda: None, "b": lambda: None}, close=-0.1)

@@ -22,6 +22,10 @@ rotated every round, so each meets the machine's moods as often as the others:
   24-28 us, turn by turn, for each of four kernels). The best turn is what the kernel does when
   it gets the cores it asks for; a median of a few calls, or of turns, is a count of the turns
   the other process left alone, which is a coin toss.
+  With ``close``, the candidates within that fraction of the leader race again among
+  themselves (the best turn of both races counts): on a quiet 2-core znver4 one run's race put
+  two dense 1024³ kernels 0.2 % apart (10.48 and 10.51 ms) where another run's put them 5 %
+  apart the other way (10.28 and 9.76 ms); the first run kept the slower one.
 
 ``clock`` and ``sleep`` are parameters so that tests can drive a simulated machine.
 """
@@ -82,19 +86,24 @@ def screen(measure: Mapping[str, Callable[[], float]], keep: int, full_rounds: i
 class RaceResult:
     """What :func:`race` found: the ``winner``; per candidate ``seconds`` (its best turn's
     figure), ``score`` (``seconds`` over the winner's: 1.0 for the winner), ``typical`` (the
-    median of its turn figures: how the load treated it) and ``calls`` (timed calls, all turns)."""
+    median of its turn figures: how the load treated it), ``calls`` (timed calls, all turns) and
+    ``reraced`` (the candidates that raced again, within ``close`` of the leader; empty when
+    none did)."""
 
     winner: str
     score: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     typical: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    reraced: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        """One line: each candidate's best-turn and median-turn seconds, best first."""
+        """One line: each candidate's best-turn and median-turn seconds, best first, and which
+        raced again."""
         order = sorted(self.score, key=self.score.__getitem__)
-        return ", ".join(f"{name} {self.seconds[name] * 1e6:.1f} us x{self.score[name]:.2f} (median turn "
+        line = ", ".join(f"{name} {self.seconds[name] * 1e6:.1f} us x{self.score[name]:.2f} (median turn "
                          f"{self.typical[name] * 1e6:.1f} us, {self.calls[name]} calls)" for name in order)
+        return line + (f"; raced again: {', '.join(self.reraced)}" if self.reraced else "")
 
 
 def low_quantile(seconds: list[float], quantile: float) -> float:
@@ -105,39 +114,59 @@ def low_quantile(seconds: list[float], quantile: float) -> float:
 
 def race(calls: Mapping[str, Callable[[], object]], rounds: int = 9, turn_budget_s: float = 0.003,
          min_calls: int = 6, max_calls: int = 400, quantile: float = 0.25, pause_s: float = PAUSE_S,
-         clock: Callable[[], float] = time.perf_counter,
+         close: float = 0.0, clock: Callable[[], float] = time.perf_counter,
          sleep: Callable[[float], None] = time.sleep) -> RaceResult:
     """The fastest of ``calls`` (name -> a callable with no arguments), timed in ``rounds``
-    interleaved, rotated rounds of time-budgeted turns (see the module's docstring)."""
+    interleaved, rotated rounds of time-budgeted turns (see the module's docstring). With
+    ``close`` > 0, the candidates whose best turn is within ``close`` (a fraction) of the
+    leader's race again among themselves for ``rounds`` more rounds, and each one's best turn of
+    all counts: a load that held for the whole first race can have slowed one of them more than
+    the others, and two within noise of each other may differ by more on a quieter core."""
     if not calls:
         raise ValueError("race: no candidates")
-    if rounds < 1 or min_calls < 1 or max_calls < min_calls or not 0.0 <= quantile <= 1.0:
+    if rounds < 1 or min_calls < 1 or max_calls < min_calls or not 0.0 <= quantile <= 1.0 or close < 0.0:
         raise ValueError(f"race: rounds ({rounds}) and min_calls ({min_calls}) must be at least 1, "
-                         f"max_calls ({max_calls}) at least min_calls, quantile ({quantile}) within [0, 1]")
+                         f"max_calls ({max_calls}) at least min_calls, quantile ({quantile}) within [0, 1], "
+                         f"close ({close}) not negative")
     names = list(calls)
     if len(names) == 1:
         return RaceResult(names[0], {names[0]: 1.0}, {names[0]: math.nan}, {names[0]: math.nan}, {names[0]: 0})
     figures: dict[str, list[float]] = {name: [] for name in names}
     counts = dict.fromkeys(names, 0)
-    for round_index in range(rounds):
-        for name in rotated(names, round_index):
-            call = calls[name]
-            if pause_s > 0:
-                sleep(pause_s)
-            call()
-            seconds: list[float] = []
-            turn_start = clock()
-            while len(seconds) < max_calls:
-                start = clock()
-                call()
-                end = clock()
-                seconds.append(end - start)
-                if len(seconds) >= min_calls and end - turn_start >= turn_budget_s:
-                    break
-            counts[name] += len(seconds)
-            figures[name].append(low_quantile(seconds, quantile))
+
+    def run_rounds(entrants: list[str]) -> None:
+        for round_index in range(rounds):
+            for name in rotated(entrants, round_index):
+                seconds = _turn(calls[name], turn_budget_s, min_calls, max_calls, pause_s, clock, sleep)
+                counts[name] += len(seconds)
+                figures[name].append(low_quantile(seconds, quantile))
+
+    run_rounds(names)
+    leader = min(min(values) for values in figures.values())
+    contenders = [name for name in names if min(figures[name]) <= leader * (1.0 + close)] if close > 0 else []
+    if len(contenders) > 1:
+        run_rounds(contenders)
     best = {name: min(values) for name, values in figures.items()}
     winner = min(names, key=best.__getitem__)
     score = {name: best[name] / best[winner] if best[winner] > 0 else 1.0 for name in names}
     typical = {name: statistics.median(values) for name, values in figures.items()}
-    return RaceResult(winner, score, best, typical, counts)
+    return RaceResult(winner, score, best, typical, counts, contenders if len(contenders) > 1 else [])
+
+
+def _turn(call: Callable[[], object], turn_budget_s: float, min_calls: int, max_calls: int, pause_s: float,
+          clock: Callable[[], float], sleep: Callable[[float], None]) -> list[float]:
+    """One turn of :func:`race`: a pause, one untimed call, then timed calls until the budget is
+    spent (at least ``min_calls``, at most ``max_calls``); their seconds."""
+    if pause_s > 0:
+        sleep(pause_s)
+    call()
+    seconds: list[float] = []
+    turn_start = clock()
+    while len(seconds) < max_calls:
+        start = clock()
+        call()
+        end = clock()
+        seconds.append(end - start)
+        if len(seconds) >= min_calls and end - turn_start >= turn_budget_s:
+            break
+    return seconds
