@@ -295,10 +295,13 @@ void lorien_parallel_for(body_fn fn, void *ctx, int64_t n) {
     keep_workers_off(sched_getcpu(), started_threads);
     unsigned id = (unsigned)atomic_load_explicit(&job.word, memory_order_relaxed) + 1;
     job.fn = fn; job.ctx = ctx; job.n = n;
-    /* one store: a worker reads the id, the part count and the thread count together */
+    /* one store: a worker reads the id, the part count and the thread count together. Sequentially
+       consistent with the load of sleepers after it (as in the IR build): with a release store
+       the load could be done before the store is visible, read no sleeper while a worker that
+       went to sleep read the old id in futex_wait, and the worker would miss this job's wake. */
     atomic_store_explicit(&job.word, ((uint64_t)(unsigned)threads << 48) | ((uint64_t)(unsigned)parts << 32) | id,
-                          memory_order_release);
-    if (atomic_load(&sleepers) > 0) syscall(SYS_futex, FUTEX_WORD, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+                          memory_order_seq_cst);
+    if (atomic_load_explicit(&sleepers, memory_order_seq_cst) > 0) syscall(SYS_futex, FUTEX_WORD, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
     run_parts(id, (unsigned)parts, (unsigned)threads, 0);
     int spins = 0;
     int64_t start = 0;

@@ -619,6 +619,9 @@ launch:
   %threads_high = shl i64 %threads_word, 48
   %parts_id = or i64 %parts_high, %id64
   %word = or i64 %threads_high, %parts_id
+  ; sequentially consistent with the load of sleepers after it: a release store could become
+  ; visible after that load, which then sees no sleeper while a worker going to sleep reads
+  ; the old id in futex_wait, and the worker misses this job's wake
   store atomic i64 %word, ptr @generation seq_cst, align 8
   %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
   %wake = icmp sgt i32 %sleeping, 0
