@@ -252,7 +252,8 @@ def pick_fastest(candidates: list[tuple], finalists: int = FINALISTS) -> tuple:
     result = race.race({label: by_label[label][1].bind(*by_label[label][3]) for label, _ in screened},
                        rounds=RACE_ROUNDS, close=RACE_CLOSE)
     print("  finalists (native fastest run: " + ", ".join(f"{label} {s * 1e6:.1f} us" for label, s in screened)
-          + f"); race (best of {RACE_ROUNDS} turns, 25th percentile of each turn's calls): "
+          + f"); race (best of {RACE_ROUNDS} turns, {RACE_ROUNDS} more within {RACE_CLOSE:.0%} of the leader; "
+          "25th percentile of each turn's calls): "
           + result.describe())
     return by_label[result.winner]
 
