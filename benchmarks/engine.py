@@ -53,10 +53,11 @@ minimums are printed beside.
   256³ and a ResNet-18 conv2d_NCHWc layer; ``trials_per_s_vs_tvm``: the same count of trials
   of the same workloads by TVM MetaSchedule's ``tune_tir`` (geomean of the two ratios), or
   ``nan`` with a line saying so when apache-tvm is not installed.
-- ``launch_warm_us``: fork-join overhead of a 2-thread parallel loop with the pool's threads
-  spinning (warm): a 2-row x 256-float parallel loop (1 KiB a row: the launch is the cost, as
-  in a small kernel) minus its first row run serially, the best of 7 rounds of 2000
-  back-to-back runs each; ``launch_warm_wide_us`` the same with 32768-float rows (128 KiB in
+- ``launch_warm_us``: what a 2-thread parallel loop costs above its serial run with the
+  pool's threads spinning (warm): a 2-row x 256-float parallel loop (1 KiB a row: the launch is
+  the cost, as in a small kernel; Lorien's caller may run the worker's row too when it gets
+  there first, which libgomp's static schedule cannot) minus its first row run serially, the
+  best of 7 rounds of 2000 back-to-back runs each; ``launch_warm_wide_us`` the same with 32768-float rows (128 KiB in
   and out a row; the key until issue 23's ninth round: a difference of two minima of loops of
   several microseconds, which moved more between processes than the launch costs);
   ``launch_cold_us`` the wide loop after the threads slept 50 ms. ``launch_*_vs_omp`` against
@@ -67,7 +68,7 @@ minimums are printed beside.
   row), and each side's serial baseline is its compiler's loop with no parallel runtime (for
   OpenMP the plain loop, not a 1-thread OpenMP region, whose own cost would be left out).
 - ``launch_us_c`` / ``dense512_vs_numpy_c``: the engine runtime built from C instead of LLVM IR
-  (``$LORIEN_RUNTIME=c``), measured in a child process.
+  (``$LORIEN_RUNTIME=c``), measured in a child process (the warm launch of the 256-float rows).
 
     python benchmarks/engine.py            # full run, about 10 minutes (TVM tuning included)
     python benchmarks/engine.py --quick    # fewer samples and layers, 8 trials
