@@ -1,5 +1,6 @@
-"""benchmarks/engine.py's timing: warm-up of each block, and the pick of a layer's kernel, on a
-simulated clock (no wall-clock assertions)."""
+"""benchmarks/engine.py's timing: warm-up of each block, re-timing, and the pick of a layer's
+kernel, on a simulated clock; the launch loops' shared arrays on real kernels (no wall-clock
+assertions)."""
 
 from __future__ import annotations
 
