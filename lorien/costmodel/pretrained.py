@@ -14,9 +14,10 @@ with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tune
   run's measurements alone (same program features) is fitted beside it; a candidate's score
   blends the two by rank, each weighed by how well it ordered this run's batches before it
   had learned them (:meth:`ProgramModel.weights`: Kendall's tau over the pairs each new batch
-  makes with itself and the points measured before, none below chance), so the guide starts from the warehouse, ends on this workload's
-  evidence, and drops a model that ranks this workload no better than chance; when neither
-  does, the tuner plans as it would without a guide (:attr:`ProgramGuide.informative`);
+  makes with itself and the points measured before, none below chance), so the guide starts
+  from the warehouse, ends on this workload's evidence, and drops a model that ranks this
+  workload no better than chance; when neither does, the tuner plans as it would without a
+  guide (:attr:`ProgramGuide.informative`);
 - stamps every record it measured with the model (``build`` JSON: ``cost_model`` with the
   model's name, path and content digest).
 """
