@@ -299,7 +299,8 @@ def _guided_run(tuner, batches: int, batch_size: int = 8) -> list[int]:
 def test_a_guided_run_measures_its_exploration_share():
     """A guided plan is made again after every batch, so random points kept at its tail (where an
     unguided plan keeps them) are never measured: once the tuner's own model is trained (16
-    points here), a quarter of what the run measures (epsilon 0.25) is random all the same."""
+    points here), a quarter of what the run measures (epsilon 0.25) is random all the same (no
+    share for the unguided plan here: its picks are not the guide's either)."""
     from lorien.search.base import MixedRadixSpace
     from lorien.search.xgb import XGBTuner
 
@@ -308,7 +309,7 @@ def test_a_guided_run_measures_its_exploration_share():
 
     guide = _RecordingChooser()
     tuner = XGBTuner(Grid(), seed=0, plan_size=16, epsilon=0.25, optimizer="evolution", population=32,
-                     generations=1)
+                     generations=1, unguided_share=0.0)
     tuner.set_guide(guide, pool=4)
     measured = _guided_run(tuner, 12)
     explored = [i for i in measured[16:] if i not in guide.picked]
@@ -442,3 +443,93 @@ def test_guide_refine_is_a_tuner_option_off_by_default_in_every_dialect():
     assert tuner_of("auto_scheduler", tuner_options={"guide_refine": 64}).guide_refine == 64
     with pytest.raises(ConfigError, match="guide_refine"):
         tuner_of("auto_scheduler", tuner_options={"guide_refine": -1})
+
+
+def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_a_batch(program_model):
+    """The guide weighs the pre-trained model by how well it ordered this run's measurements
+    before learning them, not by how many there are: a workload whose programs run in the
+    reverse of the model's order (costs made so here) drops the model after its first batch;
+    the guide then ranks nothing (the next batch is the unguided plan's) until the run's own
+    model has ordered a batch better than chance, and from then on ranks by that model alone."""
+    from types import SimpleNamespace
+
+    import xgboost as xgb
+    from scipy.stats import spearmanr
+
+    from lorien.costmodel.pretrained import guide_tuner
+    from lorien.dialect import get_dialect
+    from lorien.tune.job import TuneJob
+
+    job = TuneJob.from_spec(_job("meta_schedule", program_model, trials=32, batch_size=8))
+    context = get_dialect("meta_schedule").tuning_context(job, None)
+    guide_tuner(context, job)
+    tuner, guide = context.tuner, context.tuner.guide
+    model = guide.model
+
+    def prior(indices):  # the model's scores as trained
+        return model.base.predict(xgb.DMatrix(model.matrix(np.vstack([guide.features(i) for i in indices]))))
+
+    def measure(batch):  # the model's least liked points are the fastest
+        costs = 1e-4 * np.exp(np.clip(prior(batch), -30, 30))
+        tuner.update(batch, [SimpleNamespace(costs=[cost], error_no=0) for cost in costs.tolist()])
+
+    rng = np.random.default_rng(5)
+    sample = [int(i) for i in rng.choice(len(context.space), size=120, replace=False)]
+    sample = [i for i in sample if guide.features(i) is not None]
+    median = np.median(prior(sample))
+    first = tuner.next_batch(8)
+    assert prior(first).min() > median  # the model's choice: what it likes
+    measure(first)
+    assert guide.model.skill("prior") < 0 and guide.model.weights() == (0.0, 0.0)
+    assert not guide.informative  # the run's own model has not ordered anything yet
+    second = tuner.next_batch(8)
+    assert prior(second).min() < median  # not the model's choice: random (no knob model of its own yet)
+    measure(second)
+    assert guide.model.skill("own") > 0 and guide.model.weights()[0] == 0.0 and guide.informative
+    rest = [i for i in sample if i not in tuner.visited]
+    assert spearmanr(guide.score(rest), -prior(rest)).statistic > 0.5  # the run's order, not the model's
+
+
+def test_a_guided_run_measures_the_unguided_plans_share():
+    """Once the tuner's own model is trained (16 points here), a quarter of what a guided run
+    measures (``unguided_share`` 0.25, the default) is the unguided plan's choice, the best of
+    the search on that model, whatever the guide likes; with ``unguided_share`` 0 the guide
+    picks everything but the exploration share (epsilon 0 here: nothing)."""
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [16, 16, 16, 16]
+
+    def unguided(share: float | None) -> tuple[float, list[int]]:
+        guide = _RecordingChooser()
+        options = {} if share is None else {"unguided_share": share}
+        tuner = XGBTuner(Grid(), seed=0, plan_size=16, epsilon=0.0, optimizer="evolution", population=32,
+                         generations=1, **options)
+        tuner.set_guide(guide, pool=4)
+        measured = _guided_run(tuner, 12)
+        assert all(i in guide.picked for i in measured[:16])  # no model of its own yet: the guide's picks
+        later = measured[16:]
+        return sum(i not in guide.picked for i in later) / len(later), later
+
+    share, _ = unguided(None)
+    assert 0.2 <= share <= 0.35
+    assert unguided(0.0)[0] == 0.0
+    with pytest.raises(ValueError, match="unguided_share"):
+        XGBTuner(Grid(), unguided_share=1.5)
+
+
+def test_unguided_share_is_a_tuner_option_in_every_dialect():
+    """``unguided_share`` reaches the xgb tuner from a job's tuner_options (default 0.25 in every
+    dialect); a value outside [0, 1] is a clear error."""
+    from lorien.dialect import get_dialect
+    from lorien.tune.job import TuneJob
+
+    def tuner_of(dialect: str, **extra):
+        return get_dialect(dialect).tuning_context(TuneJob.from_spec(_job(dialect, None, **extra)), None).tuner
+
+    for dialect in ("autotvm", "auto_scheduler", "meta_schedule"):
+        assert tuner_of(dialect).unguided_share == 0.25
+    assert tuner_of("meta_schedule", tuner_options={"unguided_share": 0.5}).unguided_share == 0.5
+    with pytest.raises(ConfigError, match="unguided_share"):
+        tuner_of("meta_schedule", tuner_options={"unguided_share": -0.1})

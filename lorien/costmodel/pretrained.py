@@ -12,8 +12,12 @@ with ``cost_model: PATH`` (``lorien tune --cost-model PATH``); then the xgb tune
 - keeps learning online: after every batch the pre-trained booster is boosted further on the
   run's own measurements (its throughput relative to the run's best), and a model of the
   run's measurements alone (same program features) is fitted beside it; a candidate's score
-  blends the two by rank, the run's own model weighing ``n / (n + PRIOR_WEIGHT)`` after ``n``
-  measurements, so the guide starts from the warehouse and ends on this workload's evidence;
+  blends the two by rank, each weighed by how well it ordered this run's batches before it
+  had learned them (:meth:`ProgramModel.weights`: Kendall's tau over the pairs each new batch
+  makes with itself and the points measured before, none below chance), so the guide starts
+  from the warehouse, ends on this workload's evidence, and drops a model that ranks this
+  workload no better than chance; when neither does, the tuner plans as it would without a
+  guide (:attr:`ProgramGuide.informative`);
 - stamps every record it measured with the model (``build`` JSON: ``cost_model`` with the
   model's name, path and content digest).
 """
@@ -34,8 +38,6 @@ from lorien.features.program import FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dic
 
 #: Boosting rounds added to the pre-trained model after each measured batch.
 ONLINE_ROUNDS = 20
-#: Measurements at which the run's own model weighs as much as the pre-trained one.
-PRIOR_WEIGHT = 16
 #: Measurements before the run's own model is fitted.
 MIN_LOCAL = 8
 #: A guided plan's picks keep this fraction of the candidate pool's median feature distance
@@ -92,6 +94,10 @@ class ProgramModel:
         self.online_rounds = ONLINE_ROUNDS
         self.local = None  # a booster of the run's measurements alone
         self.measured = 0
+        #: (concordant, discordant) pairs of the measured batches' points, as each model ordered a
+        #: batch before learning it (:meth:`judge`): ``prior`` the pre-trained booster as updated
+        #: so far, ``own`` the model of the run's measurements alone.
+        self.pairs = {"prior": [0, 0], "own": [0, 0]}
 
     def describe(self) -> dict[str, Any]:
         """What a record guided by this model says about it (its build JSON's ``cost_model``)."""
@@ -109,11 +115,53 @@ class ProgramModel:
             return np.zeros(0)
         matrix = self.matrix(np.asarray(vectors))
         prior = self.booster.predict(xgb.DMatrix(matrix))
-        if self.local is None or len(prior) < 2:
+        prior_weight, own_weight = self.weights()
+        if self.local is None or own_weight == 0 or len(prior) < 2:
             return prior
         local = self.local.predict(xgb.DMatrix(matrix))
-        weight = self.measured / (self.measured + PRIOR_WEIGHT)
-        return (1 - weight) * _ranks(prior) + weight * _ranks(local)
+        if prior_weight == 0:
+            return local
+        return (prior_weight * _ranks(prior) + own_weight * _ranks(local)) / (prior_weight + own_weight)
+
+    def skill(self, which: str) -> float | None:
+        """Kendall's tau of a model's order (``prior`` or ``own``) of this run's measured batches,
+        each scored before the model learned it, over the pairs a batch's points make (:meth:`judge`):
+        1 every pair in the measured order, 0 chance, -1 reversed; None before it ordered any pair."""
+        concordant, discordant = self.pairs[which]
+        total = concordant + discordant
+        return (concordant - discordant) / total if total else None
+
+    def weights(self) -> tuple[float, float]:
+        """Blend weights of (the pre-trained model, the run's own model): each its :meth:`skill`,
+        0 at or below chance. The pre-trained model weighs 1 until it has ordered a batch; the
+        run's own model 0 until it has (fitted on a handful of points, it is often worse than
+        the prior it would replace: on the BERT dense layer in meta_schedule, docs/costmodel.md)."""
+        prior, own = self.skill("prior"), self.skill("own")
+        prior_weight = 1.0 if prior is None else max(0.0, prior)
+        own_weight = 0.0 if own is None or self.local is None else max(0.0, own)
+        return prior_weight, own_weight
+
+    @property
+    def informative(self) -> bool:
+        """False when neither model has ordered this run's measurements better than chance."""
+        return sum(self.weights()) > 0
+
+    def judge(self, vectors: np.ndarray, costs: Sequence[float], new: int) -> None:
+        """Count how the models, as they are before learning them, order the ``new`` last of a
+        run's measurements: every pair with a new point in it, among themselves and against the
+        points measured before (which span the run's range, where a batch holds only what was
+        picked together; failed points: throughput 0; pairs measured alike are left out)."""
+        import xgboost as xgb
+
+        throughput = _throughput(np.asarray(costs, dtype=float))
+        if new < 1 or len(throughput) < 2:
+            return
+        fresh = np.zeros(len(throughput), dtype=bool)
+        fresh[-new:] = True
+        matrix = xgb.DMatrix(self.matrix(np.asarray(vectors)))
+        _count_pairs(self.pairs["prior"], self.booster.predict(matrix), throughput, fresh)
+        if self.local is not None:
+            _count_pairs(self.pairs["own"], self.local.predict(matrix), throughput, fresh)
 
     def learn(self, vectors: np.ndarray, costs: Sequence[float]) -> None:
         """Boost the pre-trained model further on a run's measurements (failed: throughput 0)."""
@@ -122,7 +170,7 @@ class ProgramModel:
         costs = np.asarray(costs, dtype=float)
         if len(costs) < 2:
             return
-        throughput = np.where(np.isfinite(costs) & (costs > 0), 1.0 / np.where(costs > 0, costs, 1.0), 0.0)
+        throughput = _throughput(costs)
         if throughput.max() <= 0:
             return
         label = throughput / throughput.max()
@@ -138,6 +186,23 @@ class ProgramModel:
             local = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.3, "nthread": 1, "verbosity": 0,
                      "tree_method": "hist", "seed": 0}
             self.local = xgb.train(local, xgb.DMatrix(self.matrix(vectors), label=label), num_boost_round=60)
+
+
+def _throughput(costs: np.ndarray) -> np.ndarray:
+    """1 / cost of each measurement, 0 for a failed one (cost not finite or not positive)."""
+    good = np.isfinite(costs) & (costs > 0)
+    return np.where(good, 1.0 / np.where(good, costs, 1.0), 0.0)
+
+
+def _count_pairs(counts: list[int], scores: np.ndarray, throughput: np.ndarray, fresh: np.ndarray) -> None:
+    """Add the concordant and discordant pairs of ``scores`` against ``throughput`` that hold a
+    ``fresh`` point to ``counts`` (pairs tied in either are left out)."""
+    score_sign = np.sign(scores[:, None] - scores[None, :])
+    truth_sign = np.sign(throughput[:, None] - throughput[None, :])
+    upper = np.triu(np.ones_like(score_sign, dtype=bool), 1) & (fresh[:, None] | fresh[None, :])
+    product = (score_sign * truth_sign)[upper]
+    counts[0] += int((product > 0).sum())
+    counts[1] += int((product < 0).sum())
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
@@ -207,8 +272,19 @@ class ProgramGuide:
         ranked += [j for j in order if not np.isfinite(scores[j])]
         return [indices[j] for j in ranked[:k]]
 
+    @property
+    def informative(self) -> bool:
+        """Whether the model still ranks this run's points better than chance (:meth:`ProgramModel.weights`)."""
+        return self.model.informative
+
     def learn(self, indices: Sequence[int], costs: Sequence[float]) -> None:
-        """Record measurements and update the model on every lowered point measured so far."""
+        """Record measurements, let the model's order of the new ones (before it learns them) tell
+        how far to trust it, and update it on every lowered point measured so far."""
+        new = {int(i): float(c) for i, c in zip(indices, costs, strict=True) if self.features(i) is not None}
+        known = [(i, c) for i, c in self.measured.items() if i not in new and self.features(i) is not None]
+        known += list(new.items())
+        if new and len(known) >= 2:
+            self.model.judge(np.vstack([self.features(i) for i, _ in known]), [c for _, c in known], len(new))
         for index, cost in zip(indices, costs, strict=True):
             self.measured[int(index)] = float(cost)
         known = [(i, c) for i, c in self.measured.items() if self.features(i) is not None]

@@ -92,7 +92,7 @@ class XGBTuner(Tuner):
                  epsilon: float = 0.05, sa_parallel_size: int = 128, sa_n_iter: int = 60,
                  num_boost_round: int = 80, rerank_factor: int = 2, optimizer: str = "sa",
                  population: int = 256, generations: int = 4, weighted: bool = False, seed_quota: int = 2,
-                 guide_refine: int = 0, guide_generations: int = 2):
+                 guide_refine: int = 0, guide_generations: int = 2, unguided_share: float = 0.25):
         super().__init__(space, seed)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r} ({' or '.join(OPTIMIZERS)})")
@@ -145,6 +145,15 @@ class XGBTuner(Tuner):
         if self.guide_refine < 0 or self.guide_generations < 1:
             raise ValueError(f"guide_refine must be >= 0 and guide_generations >= 1, got {guide_refine}, "
                              f"{guide_generations}")
+        #: With a guide, once this tuner's own model is trained: the share of what the run measures
+        #: that is the unguided plan's choice (the search's best on this tuner's model, as a run
+        #: without a guide measures it), so a guide that ranks this workload poorly cannot keep the
+        #: run off what the search finds; the rest is the guide's.
+        self.unguided_share = float(unguided_share)
+        if not 0.0 <= self.unguided_share <= 1.0:
+            raise ValueError(f"unguided_share must be within [0, 1], got {unguided_share}")
+        #: The unguided plan's points a guided run measured (counted against ``unguided_share``).
+        self._unguided: set[int] = set()
 
     def set_guide(self, guide, pool: int = 8) -> None:
         """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
@@ -158,6 +167,7 @@ class XGBTuner(Tuner):
         self._plan = []
         self._guide_candidates = []
         self._explored = set()
+        self._unguided = set()
         self._explore_from = None
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
@@ -236,28 +246,39 @@ class XGBTuner(Tuner):
         best_measured = self._search_starts(seeds)
         wanted = self.plan_size - n_random - len(first)
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
-        if self.optimizer == "evolution":
-            chosen = evolve(self.space, self.predict, pool, self.rng, exclude=self.visited, starts=best_measured,
-                            population=self.population, generations=self.generations)
-        else:
-            chosen = anneal(self.space, self.predict, pool, self.rng,
-                            exclude=self.visited, starts=best_measured,
-                            parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
-        if self.rerank_booster_ is not None and chosen:
-            scores = self._predict_full(np.array(chosen, dtype=np.int64))
-            chosen = [chosen[i] for i in np.argsort(-scores)[:wanted]]
+        chosen = self._reranked(self._search(best_measured, pool), wanted)
         chosen = first + [i for i in chosen if i not in first]
         chosen += [i for i in sample_unvisited(self, n_random + self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
+    def _search(self, starts: list[int], num: int) -> list[int]:
+        """The ``num`` best points on this tuner's model found by its optimizer from ``starts``, best first."""
+        if self.optimizer == "evolution":
+            return evolve(self.space, self.predict, num, self.rng, exclude=self.visited, starts=starts,
+                          population=self.population, generations=self.generations)
+        return anneal(self.space, self.predict, num, self.rng, exclude=self.visited, starts=starts,
+                      parallel_size=self.sa_parallel_size, n_iter=self.sa_n_iter)
+
+    def _reranked(self, chosen: list[int], wanted: int) -> list[int]:
+        """The search's ``wanted`` best: re-ranked by the loop-feature model where there is one."""
+        if self.rerank_booster_ is None or not chosen:
+            return chosen[:wanted]
+        scores = self._predict_full(np.array(chosen, dtype=np.int64))
+        return [chosen[i] for i in np.argsort(-scores)[:wanted]]
+
     def _guided_plan(self) -> list[int]:
         """A plan ranked by the pre-trained guide: seeds first, then the random points exploration
-        is owed (:meth:`_exploration_due`), then the guide's best of a pool of ``guide_pool`` x
-        plan size random points, (once this tuner's own model is trained) the search's
-        candidates and (with ``guide_refine``, once something is measured) the candidates of an
-        evolution on the guide's own score from the best measured points."""
+        is owed (:meth:`_exploration_due`), then (once this tuner's own model is trained) the
+        unguided plan's picks owed to ``unguided_share`` (:meth:`_unguided_due`), then the
+        guide's best of a pool of ``guide_pool`` x plan size random points, the search's
+        candidates (once this tuner's own model is trained) and (with ``guide_refine``, once
+        something is measured) the candidates of an evolution on the guide's own score from the
+        best measured points. A guide that no longer ranks this run's measurements better than
+        chance (``informative`` False) picks nothing: the rest is the unguided plan's choice
+        (random until this tuner's own model is trained)."""
         seeds = self._seeded()
         first = seeds[: self.seed_quota]
+        informative = getattr(self.guide, "informative", True)
         explore = [i for i in sample_unvisited(self, self._exploration_due()) if i not in first]
         self._explored.update(explore)
         taken = set(first) | set(explore)
@@ -267,17 +288,21 @@ class XGBTuner(Tuner):
         random_part = [i for i in dict.fromkeys(random_part) if i not in taken]
         self._guide_candidates = random_part
         pool = random_part
+        unguided: list[int] = []
         if self.booster_ is not None and wanted > 0:
             starts = self._search_starts(seeds)
-            if self.optimizer == "evolution":
-                searched = evolve(self.space, self.predict, wanted * self.rerank_factor, self.rng,
-                                  exclude=self.visited, starts=starts, population=self.population,
-                                  generations=self.generations)
-            else:
-                searched = anneal(self.space, self.predict, wanted * self.rerank_factor, self.rng,
-                                  exclude=self.visited, starts=starts, parallel_size=self.sa_parallel_size,
-                                  n_iter=self.sa_n_iter)
+            searched = self._search(starts, wanted * self.rerank_factor)
+            due = wanted if not informative else min(wanted, self._unguided_due())
+            if due:
+                unguided = [i for i in self._reranked(searched, wanted) if i not in taken][:due]
+                self._unguided.update(unguided)
+                taken |= set(unguided)
+                wanted -= len(unguided)
             pool = [i for i in dict.fromkeys([*searched, *random_part]) if i not in taken and i not in self.visited]
+        if not informative:
+            chosen = first + explore + unguided + [i for i in random_part if i not in taken]
+            chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
+            return chosen[: self.plan_size]
         if self.guide_refine and wanted > 0 and any(math.isfinite(c) for c in self.measured.values()):
             refined = evolve(self.space, self._guide_fitness, self.guide_refine, self.rng,
                              exclude=self.visited | taken, starts=self._search_starts(seeds),
@@ -288,7 +313,7 @@ class XGBTuner(Tuner):
         else:
             scores = self.guide.score(pool) if pool else np.zeros(0)
             picks = [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
-        chosen = first + explore + picks
+        chosen = first + explore + unguided + picks
         chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
         return chosen[: self.plan_size]
 
@@ -308,18 +333,33 @@ class XGBTuner(Tuner):
         floor = float(scores[finite].min())
         return np.where(finite, scores, floor - 1.0)
 
+    def _since_own_model(self) -> int | None:
+        """Points measured since this tuner's own model was first trained (None before)."""
+        if self.booster_ is None:
+            return None
+        if self._explore_from is None:
+            self._explore_from = len(self.visited)
+        return len(self.visited) - self._explore_from
+
     def _exploration_due(self) -> int:
         """Random points the next guided plan owes: ``epsilon`` of the points measured since this
         tuner's own model was first trained, rounded up, less those already explored. A guided
         plan is made again after every batch, so a share kept at its tail (as an unguided plan
         keeps it) would never be measured; none before the model is trained, as unguided."""
-        if self.booster_ is None:
+        since = self._since_own_model()
+        if since is None:
             return 0
-        if self._explore_from is None:
-            self._explore_from = len(self.visited)
         self._explored &= self.visited  # planned but dropped with a plan: not explored
-        since = len(self.visited) - self._explore_from
         return max(0, math.ceil(self.epsilon * (since + 1)) - len(self._explored))
+
+    def _unguided_due(self) -> int:
+        """The unguided plan's points the next guided plan owes: ``unguided_share`` of the points
+        measured since this tuner's own model was first trained, rounded up, less those measured."""
+        since = self._since_own_model()
+        if since is None:
+            return 0
+        self._unguided &= self.visited  # planned but dropped with a plan: not measured
+        return max(0, math.ceil(self.unguided_share * (since + 1)) - len(self._unguided))
 
     def predict(self, indices: np.ndarray) -> np.ndarray:
         """Model score (predicted normalized throughput) of config indices."""
