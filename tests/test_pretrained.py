@@ -445,11 +445,12 @@ def test_guide_refine_is_a_tuner_option_off_by_default_in_every_dialect():
         tuner_of("auto_scheduler", tuner_options={"guide_refine": -1})
 
 
-def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_a_batch(program_model):
+def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_two_batches(program_model):
     """The guide weighs the pre-trained model by how well it ordered this run's measurements
     before learning them, not by how many there are: a workload whose programs run in the
-    reverse of the model's order (costs made so here) drops the model after its first batch;
-    the guide then ranks nothing (the next batch is the unguided plan's) until the run's own
+    reverse of the model's order (costs made so here) drops the model after its second batch
+    (the first, its favourites alone, is not judged: it keeps the model for the second); the
+    guide then ranks nothing (the next batch is the unguided plan's) until the run's own
     model has ordered a batch better than chance, and from then on ranks by that model alone."""
     from types import SimpleNamespace
 
@@ -480,11 +481,14 @@ def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_a_batch(program_m
     first = tuner.next_batch(8)
     assert prior(first).min() > median  # the model's choice: what it likes
     measure(first)
-    assert guide.model.skill("prior") < 0 and guide.model.weights() == (0.0, 0.0)
-    assert not guide.informative  # the run's own model has not ordered anything yet
+    assert guide.model.skill("prior") is None and guide.model.weights() == (1.0, 0.0)  # not judged yet
     second = tuner.next_batch(8)
-    assert prior(second).min() < median  # not the model's choice: random (no knob model of its own yet)
+    assert prior(second).min() > median  # still the model's choice
     measure(second)
+    assert guide.model.skill("prior") < 0 and guide.model.weights()[0] == 0.0
+    third = tuner.next_batch(8)
+    assert prior(third).min() < median  # no longer the model's choice
+    measure(third)
     assert guide.model.skill("own") > 0 and guide.model.weights()[0] == 0.0 and guide.informative
     rest = [i for i in sample if i not in tuner.visited]
     assert spearmanr(guide.score(rest), -prior(rest)).statistic > 0.5  # the run's order, not the model's
