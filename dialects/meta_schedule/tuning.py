@@ -159,7 +159,10 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
         from dialects.meta_schedule.tvm_measure import TvmMeasurer
 
         return TvmMeasurer(dag, job.measure, target, entry)
-    return lambda traces: measure_traces(dag, traces, job.measure, engine_target(target))
+    from lorien.engine.measure import keeping_fastest
+
+    return keeping_fastest(lambda traces, best_cost_s: measure_traces(dag, traces, job.measure,
+                                                                      engine_target(target), best_cost_s))
 
 
 def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],

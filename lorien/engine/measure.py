@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import atexit
 import hashlib
+import math
 import os
 import pickle
 import signal
@@ -55,6 +56,11 @@ class MeasureOption:
     rtol: float = 1e-3
     atol: float = 1e-3
     seed: int = 0
+    #: Stop timing a candidate once its repeats so far sum to ``repeat`` x the fastest mean of
+    #: its tuning job so far (:func:`keeping_fastest`): its mean of all ``repeat`` could not be
+    #: below that, so it cannot become the fastest; its record has fewer costs. A slow candidate
+    #: of a tuning job is then timed once instead of ``repeat`` times.
+    stop_slower_repeats: bool = True
 
 
 @dataclass
@@ -158,7 +164,7 @@ def _task_run(payload: tuple) -> list[float]:
     from lorien.engine.build import Kernel
     from lorien.engine.codegen import llvm as llvm_codegen
 
-    artifact, reference, option = payload
+    artifact, reference, option, slower_than_s = payload
     program, target = artifact["program"], artifact["target"]
     try:
         target.check_runnable()
@@ -181,8 +187,8 @@ def _task_run(payload: tuple) -> list[float]:
                 worst = float(np.max(np.abs(got.astype(np.float64) - np.asarray(want, np.float64))))
                 raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
                                                          f"(max abs error {worst:.3g})")
-    return kernel.time(*arrays, number=option.number, repeat=option.repeat,
-                       min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
+    return kernel.time(*arrays, number=option.number, repeat=option.repeat, min_repeat_ms=option.min_repeat_ms,
+                       flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s)
 
 
 _TASKS = {"build": _task_build, "run": _task_run}
@@ -342,8 +348,9 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
-            option: MeasureOption) -> list[MeasureResult]:
-        """One MeasureResult per input, in order."""
+            option: MeasureOption, best_cost_s: float = math.inf) -> list[MeasureResult]:
+        """One MeasureResult per input, in order. ``best_cost_s``: the fastest mean of the tuning
+        job so far (see ``MeasureOption.stop_slower_repeats``)."""
 
     @staticmethod
     def create(kind: str = "local", **kwargs) -> Runner:
@@ -389,15 +396,18 @@ class LocalRunner(Runner):
         self.pool = WorkerPool(1)
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
-            option: MeasureOption) -> list[MeasureResult]:
-        results = []
+            option: MeasureOption, best_cost_s: float = math.inf) -> list[MeasureResult]:
+        results: list[MeasureResult] = []
         for inp, built in zip(inputs, builds, strict=True):
+            if results and results[-1].ok:  # the fastest so far includes this batch's candidates timed before
+                best_cost_s = min(best_cost_s, results[-1].mean_cost_s)
             started = time.perf_counter()
             if built.error_no != ErrorNo.NO_ERROR:
                 results.append(MeasureResult([FAILED_COST_S], int(built.error_no), built.time_cost_s, time.time(),
                                              built.error_msg))
                 continue
-            reply = self.pool.call("run", (built.artifact, inp.reference, option), option.run_timeout_s)
+            slower_than_s = best_cost_s if option.stop_slower_repeats else math.inf
+            reply = self.pool.call("run", (built.artifact, inp.reference, option, slower_than_s), option.run_timeout_s)
             all_cost = built.time_cost_s + time.perf_counter() - started
             if reply[0] == "ok":
                 results.append(MeasureResult(list(reply[1]), int(ErrorNo.NO_ERROR), all_cost, time.time()))
@@ -421,8 +431,10 @@ def _shutdown_default() -> None:
 
 
 def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
-                  builder: Builder | None = None, runner: Runner | None = None) -> list[MeasureResult]:
-    """Build all candidates (in parallel), then run them one by one; one result per input."""
+                  builder: Builder | None = None, runner: Runner | None = None,
+                  best_cost_s: float = math.inf) -> list[MeasureResult]:
+    """Build all candidates (in parallel), then run them one by one; one result per input.
+    ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
         if not _DEFAULT:
@@ -430,4 +442,18 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
             atexit.register(_shutdown_default)
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
-    return runner.run(inputs, builder.build(inputs, option), option)
+    return runner.run(inputs, builder.build(inputs, option), option, best_cost_s)
+
+
+def keeping_fastest(measure: Callable[[list, float], list[MeasureResult]]) -> Callable[[list], list[MeasureResult]]:
+    """A tuning job's ``measure(candidates)`` that calls ``measure(candidates, best_cost_s)`` with
+    the fastest mean it has measured so far (inf at first), so that candidates which cannot beat
+    it stop their repeats early (``MeasureOption.stop_slower_repeats``)."""
+    fastest = [math.inf]
+
+    def measure_keeping_fastest(candidates: list) -> list[MeasureResult]:
+        results = measure(candidates, fastest[0])
+        fastest[0] = min([fastest[0], *(result.mean_cost_s for result in results if result.ok)])
+        return results
+
+    return measure_keeping_fastest
