@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
@@ -333,8 +334,11 @@ class Builder(abc.ABC):
     """Turns measure inputs into loadable artifacts."""
 
     @abc.abstractmethod
-    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
-        """One BuildResult per input, in order; failures carry an error code and message."""
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
+              ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
+        """One BuildResult per input, in order; failures carry an error code and message.
+        ``ahead``: inputs the next call will ask for, built with these where the builder can
+        (the next call then hands out their results without building them again)."""
 
     @staticmethod
     def create(kind: str = "local", **kwargs) -> Builder:
@@ -364,16 +368,25 @@ class LocalBuilder(Builder):
 
     def __init__(self, n_parallel: int | None = None):
         self.pool = WorkerPool(n_parallel or os.cpu_count() or 1)
+        #: The last call's ``ahead`` builds, by pickled input: the next call's only.
+        self._built_ahead: dict[bytes, BuildResult] = {}
 
-    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
-        payloads, results = [], [None] * len(inputs)
-        for i, inp in enumerate(inputs):
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
+              ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
+        built_before, self._built_ahead = self._built_ahead, {}
+        payloads, results = [], [None] * (len(inputs) + len(ahead))
+        for i, inp in enumerate([*inputs, *ahead]):
             try:
-                payloads.append((i, pickle.dumps(inp)))
+                payload = pickle.dumps(inp)
             except (pickle.PicklingError, AttributeError, TypeError) as err:
                 results[i] = BuildResult(None, ErrorNo.INSTANTIATION_ERROR, f"candidate does not pickle: {err}")
+                continue
+            if i < len(inputs) and payload in built_before:
+                results[i] = built_before[payload]
+            else:
+                payloads.append((i, payload))
         started = time.perf_counter()
-        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s)
+        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s) if payloads else []
         elapsed = (time.perf_counter() - started) / max(1, len(payloads))
         for (i, _), reply in zip(payloads, replies, strict=True):
             if reply[0] == "ok":
@@ -386,7 +399,10 @@ class LocalBuilder(Builder):
             else:
                 results[i] = BuildResult(None, ErrorNo.COMPILE_HOST,
                                          f"build worker died ({_signal_name(reply[1])})", elapsed)
-        return results
+        for (i, payload) in payloads:
+            if i >= len(inputs):
+                self._built_ahead[payload] = results[i]
+        return results[:len(inputs)]
 
 
 class LocalRunner(Runner):
@@ -432,9 +448,10 @@ def _shutdown_default() -> None:
 
 def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
                   builder: Builder | None = None, runner: Runner | None = None,
-                  best_cost_s: float = math.inf) -> list[MeasureResult]:
+                  best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = ()) -> list[MeasureResult]:
     """Build all candidates (in parallel), then run them one by one; one result per input.
-    ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``)."""
+    ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
+    ``ahead``: candidates the next call will measure, built now with these (``Builder.build``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
         if not _DEFAULT:
@@ -442,17 +459,18 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
             atexit.register(_shutdown_default)
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
-    return runner.run(inputs, builder.build(inputs, option), option, best_cost_s)
+    builds = builder.build(inputs, option, ahead) if ahead else builder.build(inputs, option)
+    return runner.run(inputs, builds, option, best_cost_s)
 
 
-def keeping_fastest(measure: Callable[[list, float], list[MeasureResult]]) -> Callable[[list], list[MeasureResult]]:
-    """A tuning job's ``measure(candidates)`` that calls ``measure(candidates, best_cost_s)`` with
-    the fastest mean it has measured so far (inf at first), so that candidates which cannot beat
-    it stop their repeats early (``MeasureOption.stop_slower_repeats``)."""
+def keeping_fastest(measure: Callable[..., list[MeasureResult]]) -> Callable[..., list[MeasureResult]]:
+    """A tuning job's ``measure(candidates, *more)`` that calls ``measure(candidates, best_cost_s,
+    *more)`` with the fastest mean it has measured so far (inf at first), so that candidates which
+    cannot beat it stop their repeats early (``MeasureOption.stop_slower_repeats``)."""
     fastest = [math.inf]
 
-    def measure_keeping_fastest(candidates: list) -> list[MeasureResult]:
-        results = measure(candidates, fastest[0])
+    def measure_keeping_fastest(candidates: list, *more: Any) -> list[MeasureResult]:
+        results = measure(candidates, fastest[0], *more)
         fastest[0] = min([fastest[0], *(result.mean_cost_s for result in results if result.ok)])
         return results
 
