@@ -122,22 +122,24 @@ def test_the_fastest_so_far_includes_the_candidates_of_the_batch_timed_before(me
     assert [len(result.costs) for result in results] == [3, 1, 1], [result.costs for result in results]
 
 
-def test_candidates_built_ahead_are_handed_to_the_next_call_without_building_again():
+def test_candidates_built_ahead_are_handed_to_a_later_call_without_building_again():
     builder = Builder.create("local", n_parallel=2)
     built = []
     pool_map = builder.pool.map
     builder.pool.map = lambda kind, payloads, timeout_s: built.append(len(payloads)) or pool_map(kind, payloads, timeout_s)
-    now, ahead, other = (MeasureInput(functools.partial(dense_candidate, 16, tile), reference.dense) for tile in (1, 2, 4))
+    now, first, second, other = (MeasureInput(functools.partial(dense_candidate, 16, tile), reference.dense)
+                                 for tile in (1, 2, 4, 8))
     option = MeasureOption(build_timeout_s=20)
     try:
-        (first,) = builder.build([now], option, ahead=[ahead])
-        second, third = builder.build([ahead, other], option)
-        (again,) = builder.build([ahead], option)  # only the call right after keeps them
+        results = builder.build([now], option, ahead=[first, second])
+        results += builder.build([first], option, ahead=[second])
+        results += builder.build([second, other], option)
+        results += builder.build([second], option)  # asked for already: built again
     finally:
         builder.pool.shutdown()
-    assert built == [2, 1, 1]
-    assert first.error_no == second.error_no == third.error_no == again.error_no == ErrorNo.NO_ERROR
-    assert second.artifact["fn_name"] == again.artifact["fn_name"] != third.artifact["fn_name"]
+    assert built == [3, 1, 1]
+    assert all(result.error_no == ErrorNo.NO_ERROR for result in results)
+    assert results[2].artifact["fn_name"] == results[4].artifact["fn_name"] != results[3].artifact["fn_name"]
 
 
 def test_keeping_fastest_hands_each_batch_the_fastest_mean_measured_before():

@@ -334,7 +334,7 @@ def test_xgb_announces_nothing_when_the_pending_batch_completes_a_plan():
     assert tuner.upcoming(8) == []  # learning these 8 refits the model and makes a new plan
 
 
-def _tune(builds_ahead: bool) -> tuple[list[list[int]], list[list[int]]]:
+def _tune(kind: str, builds_ahead: bool, **options) -> tuple[list[list[int]], list[list[int]]]:
     """The batches measured and the ``ahead`` configs each call got (as indices), 64 trials of 8."""
     space = small_space()
     index_of = {orjson.dumps(space.get(i).to_json_entity()): i for i in range(len(space))}
@@ -347,18 +347,22 @@ def _tune(builds_ahead: bool) -> tuple[list[list[int]], list[list[int]]]:
         aheads.append([index_of[key_of(c)] for c in ahead])
         return [Result([synthetic_cost(space, index)]) for index in batches[-1]]
 
-    tuner = create("xgb", space, seed=5, optimizer="evolution", plan_size=16)
+    tuner = create(kind, space, seed=5, **options)
     progress = TuneProgress(total=64)
     tune_batches(tuner, space, progress, {}, 8, None, BatchSink(None, None, None, lambda record: ""), measure,
                  lambda configs, results: [], None, key_of, builds_ahead)
     return batches, aheads
 
 
-def test_each_batch_is_built_ahead_where_the_tuner_knows_it_and_the_search_is_unchanged():
-    batches, aheads = _tune(builds_ahead=True)
-    plain_batches, plain_aheads = _tune(builds_ahead=False)
+@pytest.mark.parametrize("kind, options, known", [
+    ("xgb", {"optimizer": "evolution", "plan_size": 16}, [1, 0] * 4),  # a plan of 16: two batches
+    ("xgb", {}, [3, 2, 1, 0] * 2),  # a plan of 32: four batches
+    ("random", {}, [7, 6, 5, 4, 3, 2, 1, 0])])  # nothing depends on results: the whole budget
+def test_batches_are_built_ahead_where_the_tuner_knows_them_and_the_search_is_unchanged(kind, options, known):
+    """Each ``measure`` call gets as ``ahead`` the next ``known[i]`` batches, and the batches are
+    those of a loop that builds nothing ahead."""
+    batches, aheads = _tune(kind, True, **options)
+    plain_batches, plain_aheads = _tune(kind, False, **options)
     assert batches == plain_batches and len(batches) == 8
     assert all(not ahead for ahead in plain_aheads)
-    # a plan of 16 is two batches: the second is known (and built) with the first
-    assert [ahead == batches[i + 1] for i, ahead in enumerate(aheads[:-1])] == [True, False] * 3 + [True]
-    assert aheads[-1] == []  # the budget ends with the last batch
+    assert aheads == [[index for batch in batches[i + 1:i + 1 + k] for index in batch] for i, k in enumerate(known)]

@@ -185,7 +185,7 @@ def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, An
                    ahead: Sequence[Any] = ()) -> list[Any]:
     """Build and measure traces in isolated workers for the CPU ``target`` (default this host),
     each output checked against NumPy; one MeasureResult per trace (``best_cost_s``: the job's
-    fastest so far; ``ahead``: traces the next call measures, built with these; as for
+    fastest so far; ``ahead``: traces later calls measure, built with these; as for
     ``measure_batch``)."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 

@@ -337,8 +337,9 @@ class Builder(abc.ABC):
     def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
               ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
         """One BuildResult per input, in order; failures carry an error code and message.
-        ``ahead``: inputs the next call will ask for, built with these where the builder can
-        (the next call then hands out their results without building them again)."""
+        ``ahead``: inputs later calls will ask for, built with these where the builder can (a
+        later call then hands out their results without building them again, as long as every
+        call in between names them ``ahead`` too)."""
 
     @staticmethod
     def create(kind: str = "local", **kwargs) -> Builder:
@@ -368,7 +369,8 @@ class LocalBuilder(Builder):
 
     def __init__(self, n_parallel: int | None = None):
         self.pool = WorkerPool(n_parallel or os.cpu_count() or 1)
-        #: The last call's ``ahead`` builds, by pickled input: the next call's only.
+        #: Builds of ``ahead`` inputs, by pickled input, until a call asks for them or no longer
+        #: names them.
         self._built_ahead: dict[bytes, BuildResult] = {}
 
     def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
@@ -381,8 +383,10 @@ class LocalBuilder(Builder):
             except (pickle.PicklingError, AttributeError, TypeError) as err:
                 results[i] = BuildResult(None, ErrorNo.INSTANTIATION_ERROR, f"candidate does not pickle: {err}")
                 continue
-            if i < len(inputs) and payload in built_before:
+            if payload in built_before:
                 results[i] = built_before[payload]
+                if i >= len(inputs):
+                    self._built_ahead[payload] = results[i]
             else:
                 payloads.append((i, payload))
         started = time.perf_counter()
@@ -451,7 +455,7 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
                   best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = ()) -> list[MeasureResult]:
     """Build all candidates (in parallel), then run them one by one; one result per input.
     ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
-    ``ahead``: candidates the next call will measure, built now with these (``Builder.build``)."""
+    ``ahead``: candidates later calls will measure, built now with these (``Builder.build``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
         if not _DEFAULT:

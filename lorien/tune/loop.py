@@ -62,9 +62,9 @@ class TuneContext:
     - ``schedule_of(config) -> (schedule, tensors)``: the engine schedule of a config, not
       built (program features are computed from it, so a job's ``cost_model`` can guide the
       tuner; None: this dialect's candidates cannot be guided by one).
-    - ``builds_ahead``: ``measure(configs, ahead)`` also takes configs the next batch will measure
+    - ``builds_ahead``: ``measure(configs, ahead)`` also takes configs later batches will measure
       (the tuner knows them before this batch's results), to build them with this batch; they are
-      measured, not built again, by the next call.
+      measured, not built again, by later calls.
     - ``finish(measured, source) -> records``: run once after the last batch, given every known
       config's result by its key (this run's MeasureResults, stored records); its records
       (e.g. the best configs measured again another way) are committed and reported like a

@@ -142,16 +142,17 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
     tuner; until the budget is spent, the space exhausted or ``early_stopping`` trials bring
     nothing better. ``measured``: results by config key (``key_of``), never measured again.
     ``builds_ahead``: ``measure(configs, ahead)`` is also handed the configs the tuner will
-    propose next whatever this batch measures (:meth:`~lorien.search.base.Tuner.upcoming`), to
-    build them with this batch (the build workers then wait at the end of one batch in two)."""
+    propose next whatever this batch measures (:meth:`~lorien.search.base.Tuner.upcoming`, up
+    to the rest of the budget), to build them with this batch: the build workers then wait for
+    the slowest build once for all of them, not once a batch."""
     try:
         while progress.trials < progress.total and tuner.has_next():
             indices, candidates = next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
                                                   measured, key_of)
             if not candidates:
                 break
-            ahead = upcoming_configs(tuner, space, min(batch_size, progress.total - progress.trials - len(candidates)),
-                                     measured, {key_of(config) for config in candidates}, key_of) if builds_ahead else []
+            ahead = upcoming_configs(tuner, space, progress.total - progress.trials - len(candidates), measured,
+                                     {key_of(config) for config in candidates}, key_of) if builds_ahead else []
             results = measure(candidates, ahead) if ahead else measure(candidates)
             measured.update((key_of(config), result) for config, result in zip(candidates, results, strict=True))
             if not finish_batch(tuner, indices, candidates, results, to_records(candidates, results), progress, sink,
