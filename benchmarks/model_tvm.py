@@ -14,8 +14,8 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
      benchmark's process by default (``forked_builder``: no import, as many at once as cores, 30 s per
      build, as LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
      spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
-   - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (XGBoost + evolution,
-     the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
+   - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (the job's default
+     tuner, ``random``: the YAML names none; the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
      are built and timed by TVM and committed as TVM-measured records; ``lorien export
      --format meta_schedule`` then writes each task's best TVM-measured record;
    - **Lorien, engine only**: each task's best record as Lorien's engine timed it (from the

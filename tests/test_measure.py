@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import functools
+import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import psutil
 import pytest
 
 from lorien.engine import ops, reference, te
-from lorien.engine.measure import Builder, MeasureInput, MeasureOption, Runner, measure_batch
+from lorien.engine.measure import (
+    Builder,
+    MeasureInput,
+    MeasureOption,
+    MeasureResult,
+    Runner,
+    keeping_fastest,
+    measure_batch,
+)
 from lorien.engine.schedule import create_schedule
 from lorien.errors import LorienError
 from lorien.record import ErrorNo
@@ -91,6 +101,60 @@ def test_valid_candidate_is_checked_and_timed(measure_parts):
     assert result.error_no == ErrorNo.NO_ERROR, result.error_msg
     assert len(result.costs) == 3 and all(0 < c < 1 for c in result.costs)
     assert result.all_cost > 0 and result.timestamp > 0
+
+
+def test_a_candidate_that_cannot_beat_the_fastest_so_far_stops_its_repeats(measure_parts):
+    builder, runner = measure_parts
+    inp = MeasureInput(functools.partial(dense_candidate, 32, 8), reference.dense)
+    option = MeasureOption(repeat=3, build_timeout_s=20, run_timeout_s=5)
+    (slow,) = measure_batch([inp], option, builder, runner, best_cost_s=1e-12)
+    (kept,) = measure_batch([inp], replace(option, stop_slower_repeats=False), builder, runner, best_cost_s=1e-12)
+    (unknown,) = measure_batch([inp], option, builder, runner)
+    assert slow.ok and len(slow.costs) == 1, slow.costs  # 3 x 1e-12 s: one repeat already sums to more
+    assert len(kept.costs) == 3 and len(unknown.costs) == 3
+
+
+def test_the_fastest_so_far_includes_the_candidates_of_the_batch_timed_before(measure_parts):
+    builder, runner = measure_parts
+    fast = MeasureInput(functools.partial(dense_candidate, 8, 8), reference.dense)
+    slow = MeasureInput(functools.partial(dense_candidate, 384, 1), reference.dense)  # ~100,000x the work
+    results = measure_batch([fast, slow, slow], MeasureOption(repeat=3, run_timeout_s=20), builder, runner)
+    assert [len(result.costs) for result in results] == [3, 1, 1], [result.costs for result in results]
+
+
+def test_candidates_built_ahead_are_handed_to_a_later_call_without_building_again():
+    builder = Builder.create("local", n_parallel=2)
+    built = []
+    pool_map = builder.pool.map
+    builder.pool.map = lambda kind, payloads, timeout_s: built.append(len(payloads)) or pool_map(kind, payloads, timeout_s)
+    now, first, second, other = (MeasureInput(functools.partial(dense_candidate, 16, tile), reference.dense)
+                                 for tile in (1, 2, 4, 8))
+    option = MeasureOption(build_timeout_s=20)
+    try:
+        results = builder.build([now], option, ahead=[first, second])
+        results += builder.build([first], option, ahead=[second])
+        results += builder.build([second, other], option)
+        results += builder.build([second], option)  # asked for already: built again
+    finally:
+        builder.pool.shutdown()
+    assert built == [3, 1, 1]
+    assert all(result.error_no == ErrorNo.NO_ERROR for result in results)
+    assert results[2].artifact["fn_name"] == results[4].artifact["fn_name"] != results[3].artifact["fn_name"]
+
+
+def test_keeping_fastest_hands_each_batch_the_fastest_mean_measured_before():
+    seen = []
+
+    def measure(candidates, best_cost_s):
+        seen.append(best_cost_s)
+        return [MeasureResult([cost, cost], ErrorNo.NO_ERROR, 0.0, 0.0) if cost else
+                MeasureResult([1e10], ErrorNo.WRONG_ANSWER, 0.0, 0.0) for cost in candidates]
+
+    measure_job = keeping_fastest(measure)
+    measure_job([3.0, 0.0, 2.0])
+    measure_job([5.0])
+    measure_job([1.0])
+    assert seen == [math.inf, 2.0, 2.0]
 
 
 def test_kernels_are_measured_on_64_byte_aligned_arrays(measure_parts):

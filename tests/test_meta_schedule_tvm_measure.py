@@ -260,9 +260,10 @@ def test_remeasure_with_tvm_times_its_finalists_in_more_rounds_than_a_tuning_job
     from dialects.meta_schedule.tuning import REMEASURE_ROUNDS, tune_dag
 
     assert REMEASURE_ROUNDS > MEASURE["repeat"]
-    job = {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 1}
+    every_round = {**MEASURE, "stop_slower_repeats": False}  # a slow candidate would stop after its first
+    job = {"trials": 2, "batch_size": 2, "measure": every_round, "tuner": "random", "remeasure_with_tvm": 1}
     tune_dag(_matmul_32(), job, store_uri)
-    more = {**MEASURE, "repeat": REMEASURE_ROUNDS + 2, "min_repeat_ms": 0}
+    more = {**every_round, "repeat": REMEASURE_ROUNDS + 2, "min_repeat_ms": 0}
     tune_dag(_matmul_32(), {**job, "measure": more}, store_uri)  # 2 more candidates, 1 more finalist
     with open_store(store_uri) as store:
         records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]

@@ -6,11 +6,13 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 import pytest
 
 from dialects.autotvm.space import ConfigSpace
 from lorien.errors import ConfigError
 from lorien.search import create
+from lorien.tune.progress import BatchSink, TuneProgress, tune_batches
 
 
 @dataclass
@@ -292,3 +294,75 @@ def test_the_first_batch_holds_every_value_of_a_path_knob(kind, options):
         batch = create(kind, space, seed=seed, **options).next_batch(3)
         assert len(set(batch)) == 3
         assert sorted(space.knob_indices(i)[1] for i in batch) == [0, 1, 2], seed
+
+
+def _xgb_with_a_pending_batch(space, options, batches):
+    """An xgb tuner that proposed ``batches`` batches of 8 and learned all but the last."""
+    tuner = create("xgb", space, seed=3, **options)
+    for _ in range(batches - 1):
+        indices = tuner.next_batch(8)
+        tuner.update(indices, [Result([synthetic_cost(space, i)]) for i in indices])
+    return tuner, tuner.next_batch(8)
+
+
+@pytest.mark.parametrize("options", [{}, {"optimizer": "evolution", "plan_size": 16}])
+def test_xgb_upcoming_points_are_the_next_batch_whatever_the_pending_results(options):
+    """What ``upcoming`` announces before a batch's results are learned is what ``next_batch``
+    proposes after, whichever results are learned; nothing where learning them refits the model."""
+    space = small_space()
+    announced_steps = []
+    for batches in range(1, 7):
+        (fast, pending), (slow, _) = (_xgb_with_a_pending_batch(space, options, batches) for _ in range(2))
+        announced = fast.upcoming(8)
+        assert announced == slow.upcoming(8)
+        fast.update(pending, [Result([synthetic_cost(space, i)]) for i in pending])
+        slow.update(pending, [Result([100.0 - synthetic_cost(space, i)]) for i in pending])
+        if announced:
+            announced_steps.append(batches)
+            assert fast.next_batch(len(announced)) == slow.next_batch(len(announced)) == announced
+    plan_batches = (options.get("plan_size") or 32) // 8
+    assert announced_steps == [b for b in range(1, 7) if b % plan_batches]
+
+
+def test_xgb_announces_nothing_when_the_pending_batch_completes_a_plan():
+    space = small_space()
+    tuner = create("xgb", space, seed=0, plan_size=16)
+    first = tuner.next_batch(8)
+    assert len(tuner.upcoming(8)) == 8  # 8 of 16 learned after this batch: the plan stands
+    tuner.update(first, [Result([1.0])] * 8)
+    tuner.next_batch(8)
+    assert tuner.upcoming(8) == []  # learning these 8 refits the model and makes a new plan
+
+
+def _tune(kind: str, builds_ahead: bool, **options) -> tuple[list[list[int]], list[list[int]]]:
+    """The batches measured and the ``ahead`` configs each call got (as indices), 64 trials of 8."""
+    space = small_space()
+    index_of = {orjson.dumps(space.get(i).to_json_entity()): i for i in range(len(space))}
+    key_of = lambda config: orjson.dumps(config.to_json_entity())  # noqa: E731
+    batches: list[list[int]] = []
+    aheads: list[list[int]] = []
+
+    def measure(configs, ahead=()):
+        batches.append([index_of[key_of(c)] for c in configs])
+        aheads.append([index_of[key_of(c)] for c in ahead])
+        return [Result([synthetic_cost(space, index)]) for index in batches[-1]]
+
+    tuner = create(kind, space, seed=5, **options)
+    progress = TuneProgress(total=64)
+    tune_batches(tuner, space, progress, {}, 8, None, BatchSink(None, None, None, lambda record: ""), measure,
+                 lambda configs, results: [], None, key_of, builds_ahead)
+    return batches, aheads
+
+
+@pytest.mark.parametrize("kind, options, known", [
+    ("xgb", {"optimizer": "evolution", "plan_size": 16}, [1, 0] * 4),  # a plan of 16: two batches
+    ("xgb", {}, [3, 2, 1, 0] * 2),  # a plan of 32: four batches
+    ("random", {}, [7, 6, 5, 4, 3, 2, 1, 0])])  # nothing depends on results: the whole budget
+def test_batches_are_built_ahead_where_the_tuner_knows_them_and_the_search_is_unchanged(kind, options, known):
+    """Each ``measure`` call gets as ``ahead`` the next ``known[i]`` batches, and the batches are
+    those of a loop that builds nothing ahead."""
+    batches, aheads = _tune(kind, True, **options)
+    plain_batches, plain_aheads = _tune(kind, False, **options)
+    assert batches == plain_batches and len(batches) == 8
+    assert all(not ahead for ahead in plain_aheads)
+    assert aheads == [[index for batch in batches[i + 1:i + 1 + k] for index in batch] for i, k in enumerate(known)]

@@ -89,11 +89,12 @@ def _entry(workload_key: str) -> tuple[str, Any]:
 
 def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
                   measure: dict[str, Any] | None = None, target: str | None = None,
-                  layout_rewrite: bool = False) -> list[Any]:
+                  layout_rewrite: bool = False, best_cost_s: float = math.inf) -> list[Any]:
     """Build and measure candidates (lists of Ansor steps) in isolated workers for the CPU
     ``target`` (default this host), each output checked against NumPy; one MeasureResult per
     candidate. ``layout_rewrite``: weights packed as the loops read them, before the timing
-    (:mod:`dialects.auto_scheduler.layout`)."""
+    (:mod:`dialects.auto_scheduler.layout`); ``best_cost_s``: the job's fastest so far, as for
+    ``measure_batch``."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -104,7 +105,7 @@ def measure_steps(workload_key: str, candidates: Sequence[list[list[Any]]],
     reference = WorkloadReference(workload_key, entry)
     inputs = [MeasureInput(StepsBuilder(workload_key, entry, orjson.dumps(steps).decode(), layout_rewrite), reference,
                            target=target) for steps in candidates]
-    return measure_batch(inputs, option)
+    return measure_batch(inputs, option, best_cost_s=best_cost_s)
 
 
 def job_layout_rewrite(job: TuneJob, workload_key: str) -> bool:
@@ -192,11 +193,13 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
                             float(r.timestamp), source=source, layout_rewrite=rewrite)
                 for steps, r in zip(candidates, results, strict=True)]
 
+    from lorien.engine.measure import keeping_fastest
+
     return TuneContext(
         workload_key=workload_key, task_name=workload_registry.parse_workload_key(workload_key)[0], space=space,
         tuner=tuner,
-        measure=lambda candidates: measure_steps(workload_key, candidates, job.measure, engine_target(target),
-                                                 rewrite),
+        measure=keeping_fastest(lambda candidates, best_cost_s: measure_steps(
+            workload_key, candidates, job.measure, engine_target(target), rewrite, best_cost_s)),
         to_records=to_records, index_of=lambda record: space.index_of_steps(orjson.loads(record.config)),
         encode_log=lambda record: encode_record(record, "ansor"),
         schedule_of=functools.partial(_schedule_of, workload_key, rewrite))

@@ -6,6 +6,7 @@ AutoTVM's form. The loop resumes, commits, logs and reports.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,16 +75,17 @@ def measure_inputs(task_name: str, args: Sequence[Any], configs: Sequence[Config
 
 
 def measure_configs(task_name: str, args: Sequence[Any], configs: Sequence[ConfigEntity],
-                    measure: dict[str, Any] | None = None, target: str | None = None) -> list[Any]:
+                    measure: dict[str, Any] | None = None, target: str | None = None,
+                    best_cost_s: float = math.inf) -> list[Any]:
     """Build and measure configs for ``target`` (default this host) in isolated workers; one
-    MeasureResult per config."""
+    MeasureResult per config (``best_cost_s``: the job's fastest so far, as for ``measure_batch``)."""
     from lorien.engine.measure import MeasureOption, measure_batch
 
     try:
         option = MeasureOption(**(measure or {}))
     except TypeError as exc:
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
-    return measure_batch(measure_inputs(task_name, args, configs, target), option)
+    return measure_batch(measure_inputs(task_name, args, configs, target), option, best_cost_s=best_cost_s)
 
 
 def transfer_history(task: Task, store: Any, target_key: str, limit: int = 5000) -> tuple[np.ndarray, np.ndarray]:
@@ -178,9 +180,12 @@ def tuning_context(job: TuneJob, store: Any) -> TuneContext:
         except (DialectError, KeyError, TypeError, ValueError) as exc:
             raise DialectError(f"its config is not a point of {task.name}'s space: {exc}") from None
 
+    from lorien.engine.measure import keeping_fastest
+
     return TuneContext(
         workload_key=autotvm_workload_key(task_name, args), task_name=task_name, space=task.space, tuner=tuner,
-        measure=lambda configs: measure_configs(task_name, args, configs, job.measure, target.canonical),
+        measure=keeping_fastest(lambda configs, best_cost_s: measure_configs(
+            task_name, args, configs, job.measure, target.canonical, best_cost_s)),
         to_records=to_records, index_of=index_of,
         config_key=lambda config: orjson.dumps(config.to_json_entity()), record_key=_entity_key,
         encode_log=encode, config_summary=lambda config: config.to_json_entity(),

@@ -9,6 +9,7 @@ record); a workload tuned here is an entry ``[hash, {"lorien_dag": DAG as plain 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +181,12 @@ class DagReference:
 
 
 def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None = None,
-                   target: str | None = None) -> list[Any]:
+                   target: str | None = None, best_cost_s: float = math.inf,
+                   ahead: Sequence[Any] = ()) -> list[Any]:
     """Build and measure traces in isolated workers for the CPU ``target`` (default this host),
-    each output checked against NumPy; one MeasureResult per trace."""
+    each output checked against NumPy; one MeasureResult per trace (``best_cost_s``: the job's
+    fastest so far; ``ahead``: traces later calls measure, built with these; as for
+    ``measure_batch``)."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -191,6 +195,6 @@ def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, An
         raise ConfigError(f"bad measure options {measure}: {exc}") from exc
     text = dag_text(dag)
     reference = DagReference(text)
-    inputs = [MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference, target=target)
-              for trace in traces]
-    return measure_batch(inputs, option)
+    inputs, built_ahead = ([MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference, target=target)
+                            for trace in group] for group in (traces, ahead))
+    return measure_batch(inputs, option, best_cost_s=best_cost_s, ahead=built_ahead)

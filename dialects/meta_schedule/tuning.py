@@ -100,7 +100,8 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
         measure=job_measure(dag, job, target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
-        finish=finish, schedule_of=functools.partial(_schedule_of, dag))
+        finish=finish, schedule_of=functools.partial(_schedule_of, dag),
+        builds_ahead=job.option("measure_with") != "tvm")
 
 
 def program_keys(dag: ComputeDAG, space: TraceSpace, target: str | None) -> dict[bytes, bytes]:
@@ -159,7 +160,10 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
         from dialects.meta_schedule.tvm_measure import TvmMeasurer
 
         return TvmMeasurer(dag, job.measure, target, entry)
-    return lambda traces: measure_traces(dag, traces, job.measure, engine_target(target))
+    from lorien.engine.measure import keeping_fastest
+
+    return keeping_fastest(lambda traces, best_cost_s, ahead=(): measure_traces(
+        dag, traces, job.measure, engine_target(target), best_cost_s, ahead))
 
 
 def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],

@@ -151,23 +151,28 @@ class Kernel:
         return call
 
     def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 1, min_repeat_ms: float = 0,
-             flush_cache: bool = False, warmup: bool = True) -> list[float]:
+             flush_cache: bool = False, warmup: bool = True, slower_than_s: float = math.inf) -> list[float]:
         """Seconds per run for each of ``repeat`` repeats of ``number`` runs (TVM semantics).
 
         With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
         One untimed run comes first, as in TVM's time evaluator, unless ``warmup`` is False
         (the caller has just run the kernel on these arrays, e.g. to check its output).
+        ``slower_than_s``: the repeats stop (fewer costs) once their sum reaches ``repeat`` x
+        ``slower_than_s``: the mean of all ``repeat`` could then not be below it, whatever the
+        rest gave (a tuner's fastest so far: this kernel cannot beat it).
         """
         ptrs = self._pointers(arrays)
         with runtime.threads(self.num_threads):
-            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache, warmup)
+            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache, warmup, slower_than_s)
 
     def _time(self, ptrs: ctypes.Array, number: int, repeat: int, min_repeat_ms: float,
-              flush_cache: bool, warmup: bool = True) -> list[float]:
+              flush_cache: bool, warmup: bool = True, slower_than_s: float = math.inf) -> list[float]:
         if warmup:
             runtime.time_kernel(self.address, ptrs, 1)
-        costs = []
+        costs: list[float] = []
         for _ in range(repeat):
+            if sum(costs) >= repeat * slower_than_s:
+                break
             while True:
                 if flush_cache:
                     flush_cpu_cache()

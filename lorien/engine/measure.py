@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import atexit
 import hashlib
+import math
 import os
 import pickle
 import signal
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +57,11 @@ class MeasureOption:
     rtol: float = 1e-3
     atol: float = 1e-3
     seed: int = 0
+    #: Stop timing a candidate once its repeats so far sum to ``repeat`` x the fastest mean of
+    #: its tuning job so far (:func:`keeping_fastest`): its mean of all ``repeat`` could not be
+    #: below that, so it cannot become the fastest; its record has fewer costs. A slow candidate
+    #: of a tuning job is then timed once instead of ``repeat`` times.
+    stop_slower_repeats: bool = True
 
 
 @dataclass
@@ -158,7 +165,7 @@ def _task_run(payload: tuple) -> list[float]:
     from lorien.engine.build import Kernel
     from lorien.engine.codegen import llvm as llvm_codegen
 
-    artifact, reference, option = payload
+    artifact, reference, option, slower_than_s = payload
     program, target = artifact["program"], artifact["target"]
     try:
         target.check_runnable()
@@ -181,8 +188,8 @@ def _task_run(payload: tuple) -> list[float]:
                 worst = float(np.max(np.abs(got.astype(np.float64) - np.asarray(want, np.float64))))
                 raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
                                                          f"(max abs error {worst:.3g})")
-    return kernel.time(*arrays, number=option.number, repeat=option.repeat,
-                       min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
+    return kernel.time(*arrays, number=option.number, repeat=option.repeat, min_repeat_ms=option.min_repeat_ms,
+                       flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s)
 
 
 _TASKS = {"build": _task_build, "run": _task_run}
@@ -327,8 +334,12 @@ class Builder(abc.ABC):
     """Turns measure inputs into loadable artifacts."""
 
     @abc.abstractmethod
-    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
-        """One BuildResult per input, in order; failures carry an error code and message."""
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
+              ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
+        """One BuildResult per input, in order; failures carry an error code and message.
+        ``ahead``: inputs later calls will ask for, built with these where the builder can (a
+        later call then hands out their results without building them again, as long as every
+        call in between names them ``ahead`` too)."""
 
     @staticmethod
     def create(kind: str = "local", **kwargs) -> Builder:
@@ -342,8 +353,9 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
-            option: MeasureOption) -> list[MeasureResult]:
-        """One MeasureResult per input, in order."""
+            option: MeasureOption, best_cost_s: float = math.inf) -> list[MeasureResult]:
+        """One MeasureResult per input, in order. ``best_cost_s``: the fastest mean of the tuning
+        job so far (see ``MeasureOption.stop_slower_repeats``)."""
 
     @staticmethod
     def create(kind: str = "local", **kwargs) -> Runner:
@@ -357,16 +369,28 @@ class LocalBuilder(Builder):
 
     def __init__(self, n_parallel: int | None = None):
         self.pool = WorkerPool(n_parallel or os.cpu_count() or 1)
+        #: Builds of ``ahead`` inputs, by pickled input, until a call asks for them or no longer
+        #: names them.
+        self._built_ahead: dict[bytes, BuildResult] = {}
 
-    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption) -> list[BuildResult]:
-        payloads, results = [], [None] * len(inputs)
-        for i, inp in enumerate(inputs):
+    def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
+              ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
+        built_before, self._built_ahead = self._built_ahead, {}
+        payloads, results = [], [None] * (len(inputs) + len(ahead))
+        for i, inp in enumerate([*inputs, *ahead]):
             try:
-                payloads.append((i, pickle.dumps(inp)))
+                payload = pickle.dumps(inp)
             except (pickle.PicklingError, AttributeError, TypeError) as err:
                 results[i] = BuildResult(None, ErrorNo.INSTANTIATION_ERROR, f"candidate does not pickle: {err}")
+                continue
+            if payload in built_before:
+                results[i] = built_before[payload]
+                if i >= len(inputs):
+                    self._built_ahead[payload] = results[i]
+            else:
+                payloads.append((i, payload))
         started = time.perf_counter()
-        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s)
+        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s) if payloads else []
         elapsed = (time.perf_counter() - started) / max(1, len(payloads))
         for (i, _), reply in zip(payloads, replies, strict=True):
             if reply[0] == "ok":
@@ -379,7 +403,10 @@ class LocalBuilder(Builder):
             else:
                 results[i] = BuildResult(None, ErrorNo.COMPILE_HOST,
                                          f"build worker died ({_signal_name(reply[1])})", elapsed)
-        return results
+        for (i, payload) in payloads:
+            if i >= len(inputs):
+                self._built_ahead[payload] = results[i]
+        return results[:len(inputs)]
 
 
 class LocalRunner(Runner):
@@ -389,15 +416,18 @@ class LocalRunner(Runner):
         self.pool = WorkerPool(1)
 
     def run(self, inputs: Sequence[MeasureInput], builds: Sequence[BuildResult],
-            option: MeasureOption) -> list[MeasureResult]:
-        results = []
+            option: MeasureOption, best_cost_s: float = math.inf) -> list[MeasureResult]:
+        results: list[MeasureResult] = []
         for inp, built in zip(inputs, builds, strict=True):
+            if results and results[-1].ok:  # the fastest so far includes this batch's candidates timed before
+                best_cost_s = min(best_cost_s, results[-1].mean_cost_s)
             started = time.perf_counter()
             if built.error_no != ErrorNo.NO_ERROR:
                 results.append(MeasureResult([FAILED_COST_S], int(built.error_no), built.time_cost_s, time.time(),
                                              built.error_msg))
                 continue
-            reply = self.pool.call("run", (built.artifact, inp.reference, option), option.run_timeout_s)
+            slower_than_s = best_cost_s if option.stop_slower_repeats else math.inf
+            reply = self.pool.call("run", (built.artifact, inp.reference, option, slower_than_s), option.run_timeout_s)
             all_cost = built.time_cost_s + time.perf_counter() - started
             if reply[0] == "ok":
                 results.append(MeasureResult(list(reply[1]), int(ErrorNo.NO_ERROR), all_cost, time.time()))
@@ -421,8 +451,11 @@ def _shutdown_default() -> None:
 
 
 def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
-                  builder: Builder | None = None, runner: Runner | None = None) -> list[MeasureResult]:
-    """Build all candidates (in parallel), then run them one by one; one result per input."""
+                  builder: Builder | None = None, runner: Runner | None = None,
+                  best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = ()) -> list[MeasureResult]:
+    """Build all candidates (in parallel), then run them one by one; one result per input.
+    ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
+    ``ahead``: candidates later calls will measure, built now with these (``Builder.build``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
         if not _DEFAULT:
@@ -430,4 +463,19 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
             atexit.register(_shutdown_default)
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
-    return runner.run(inputs, builder.build(inputs, option), option)
+    builds = builder.build(inputs, option, ahead) if ahead else builder.build(inputs, option)
+    return runner.run(inputs, builds, option, best_cost_s)
+
+
+def keeping_fastest(measure: Callable[..., list[MeasureResult]]) -> Callable[..., list[MeasureResult]]:
+    """A tuning job's ``measure(candidates, *more)`` that calls ``measure(candidates, best_cost_s,
+    *more)`` with the fastest mean it has measured so far (inf at first), so that candidates which
+    cannot beat it stop their repeats early (``MeasureOption.stop_slower_repeats``)."""
+    fastest = [math.inf]
+
+    def measure_keeping_fastest(candidates: list, *more: Any) -> list[MeasureResult]:
+        results = measure(candidates, fastest[0], *more)
+        fastest[0] = min([fastest[0], *(result.mean_cost_s for result in results if result.ok)])
+        return results
+
+    return measure_keeping_fastest

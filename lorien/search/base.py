@@ -121,6 +121,12 @@ class Tuner(ABC):
     def next_batch(self, n: int) -> list[int]:
         """Up to ``n`` config indices not proposed before."""
 
+    def upcoming(self, n: int) -> list[int]:
+        """Up to ``n`` indices the next ``next_batch`` calls will propose first, in that order,
+        whatever the results of the points proposed so far turn out to be (so they can be built
+        before those results are in); empty where the next proposals depend on them (the default)."""
+        return []
+
     def update(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
         """Record the measurements of proposed indices (keeps the best)."""
         for index, result in zip(indices, results, strict=True):

@@ -15,12 +15,36 @@ class RandomTuner(Tuner):
 
     def __init__(self, space: IndexedSpace, seed: int | None = None):
         super().__init__(space, seed)
+        self._drawn: list[int] = []  # drawn by upcoming(), proposed next
+        self._batch = 1  # the size of the batches asked for, by which upcoming() draws
 
     def next_batch(self, n: int) -> list[int]:
-        batch = sample_unvisited(self, n)
-        if not self.visited:
-            batch = cover_paths(self.space, batch, self.visited)
-        return [self._mark(i) for i in batch]
+        self._batch = max(1, n)
+        batch, self._drawn = self._drawn[:n], self._drawn[n:]
+        return [self._mark(i) for i in batch + self._draw(n - len(batch))]
+
+    def upcoming(self, n: int) -> list[int]:
+        """Random points do not depend on any result: the next ones are drawn now, batch by batch
+        of the size last asked for (as the next ``next_batch`` calls would draw them), and
+        proposed by those calls."""
+        while len(self._drawn) < n:
+            drawn = self._draw(min(self._batch, n - len(self._drawn)))
+            if not drawn:
+                break
+            self._drawn += drawn
+        return self._drawn[:n]
+
+    def _draw(self, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        first = not self.visited and not self._drawn
+        drawn = set(self._drawn)
+        self.visited |= drawn  # never drawn twice
+        try:
+            batch = sample_unvisited(self, n)
+            return cover_paths(self.space, batch, self.visited) if first else batch
+        finally:
+            self.visited -= drawn
 
 
 def sample_unvisited(tuner: Tuner, n: int) -> list[int]:

@@ -123,6 +123,7 @@ class XGBTuner(Tuner):
         self.history_y: np.ndarray | None = None
         self.booster_ = None
         self._plan: list[int] = []
+        self._pending = 0  # points proposed and not learned yet
         self._since_fit = 0
         #: A pre-trained model that ranks candidates (:meth:`set_guide`), or None.
         self.guide = None
@@ -200,9 +201,20 @@ class XGBTuner(Tuner):
             index = self._plan.pop(0)
             if index not in self.visited:
                 batch.append(self._mark(index))
+        self._pending += len(batch)
         return batch
 
+    def upcoming(self, n: int) -> list[int]:
+        """The rest of the current plan, when learning the points proposed so far will not
+        replace it: no guide (it ranks the plan again after every batch) and no refit due
+        (fewer than ``plan_size`` points learned since the last one, those pending included).
+        A plan that is used up is not made here: it would start from the points measured by then."""
+        if self.guide is not None or self._since_fit + self._pending >= self.plan_size:
+            return []
+        return [index for index in self._plan if index not in self.visited][:n]
+
     def update(self, indices: Sequence[int], results: Sequence[MeasuredLike]) -> None:
+        self._pending = max(0, self._pending - len(indices))
         super().update(indices, results)
         costs = [label_cost(r) for r in results]
         # the tuner's own model and its search's starting points learn the fastest repeat, as the

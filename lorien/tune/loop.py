@@ -62,6 +62,9 @@ class TuneContext:
     - ``schedule_of(config) -> (schedule, tensors)``: the engine schedule of a config, not
       built (program features are computed from it, so a job's ``cost_model`` can guide the
       tuner; None: this dialect's candidates cannot be guided by one).
+    - ``builds_ahead``: ``measure(configs, ahead)`` also takes configs later batches will measure
+      (the tuner knows them before this batch's results), to build them with this batch; they are
+      measured, not built again, by later calls.
     - ``finish(measured, source) -> records``: run once after the last batch, given every known
       config's result by its key (this run's MeasureResults, stored records); its records
       (e.g. the best configs measured again another way) are committed and reported like a
@@ -81,6 +84,7 @@ class TuneContext:
     config_summary: Callable[[Any], Any] = lambda config: config
     schedule_of: Callable[[Any], tuple[Any, list[Any]]] | None = None
     finish: Callable[[dict[bytes, Any], str], list[TuningRecord]] | None = None
+    builds_ahead: bool = False
 
 
 def stored_history(store: Any, job: TuneJob, workload_key: str) -> list[TuningRecord]:
@@ -142,7 +146,7 @@ def tune_job(job: TuneJob | dict[str, Any], store: Any = None, *, resume: Sequen
         return records
 
     tune_batches(context.tuner, context.space, progress, measured, job.batch_size, job.early_stopping, sink,
-                 context.measure, to_records, on_batch, context.config_key)
+                 context.measure, to_records, on_batch, context.config_key, context.builds_ahead)
     if context.finish is not None:
         finished = context.finish(measured, source)
         if finished:

@@ -108,6 +108,16 @@ def next_candidates(tuner: Any, space: Any, wanted: int, measured: dict[bytes, A
     return indices, candidates
 
 
+def upcoming_configs(tuner: Any, space: Any, wanted: int, measured: dict[bytes, Any], proposed: set[bytes],
+                     key_of: Callable[[Any], bytes]) -> list[Any]:
+    """Configs of the points the tuner will propose next whatever the pending batch measures
+    (:meth:`~lorien.search.base.Tuner.upcoming`), less those measured or proposed already."""
+    if wanted <= 0:
+        return []
+    configs = [space.get(index) for index in tuner.upcoming(wanted)]
+    return [config for config in configs if key_of(config) not in measured and key_of(config) not in proposed]
+
+
 def finish_batch(tuner: Any, indices: list[int], configs: list[Any], results: list[Any],
                  records: list[TuningRecord], progress: TuneProgress, sink: BatchSink,
                  on_batch: BatchCallback | None, early_stopping: int | None) -> bool:
@@ -126,18 +136,24 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
                  early_stopping: int | None, sink: BatchSink,
                  measure: Callable[[list[Any]], list[Any]],
                  to_records: Callable[[list[Any], list[Any]], list[TuningRecord]],
-                 on_batch: BatchCallback | None, key_of: Callable[[Any], bytes]) -> None:
+                 on_batch: BatchCallback | None, key_of: Callable[[Any], bytes], builds_ahead: bool = False) -> None:
     """The batches of the tuning loop (:mod:`lorien.tune.loop`): propose a batch, ``measure``
     its configs, turn (configs, results) into records, write them to ``sink``, teach the
     tuner; until the budget is spent, the space exhausted or ``early_stopping`` trials bring
-    nothing better. ``measured``: results by config key (``key_of``), never measured again."""
+    nothing better. ``measured``: results by config key (``key_of``), never measured again.
+    ``builds_ahead``: ``measure(configs, ahead)`` is also handed the configs the tuner will
+    propose next whatever this batch measures (:meth:`~lorien.search.base.Tuner.upcoming`, up
+    to the rest of the budget), to build them with this batch: the build workers then wait for
+    the slowest build once for all of them, not once a batch."""
     try:
         while progress.trials < progress.total and tuner.has_next():
             indices, candidates = next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
                                                   measured, key_of)
             if not candidates:
                 break
-            results = measure(candidates)
+            ahead = upcoming_configs(tuner, space, progress.total - progress.trials - len(candidates), measured,
+                                     {key_of(config) for config in candidates}, key_of) if builds_ahead else []
+            results = measure(candidates, ahead) if ahead else measure(candidates)
             measured.update((key_of(config), result) for config, result in zip(candidates, results, strict=True))
             if not finish_batch(tuner, indices, candidates, results, to_records(candidates, results), progress, sink,
                                 on_batch, early_stopping):
