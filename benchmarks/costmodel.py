@@ -800,6 +800,20 @@ def retimed_latency(rounds: list[list[float]], statistic: str = "min") -> float:
     raise ValueError(f"retimed_latency: unknown statistic {statistic!r}; use 'min' or 'median-of-means'")
 
 
+def retimed_curves(dialect: str, runs: dict) -> tuple[dict, dict[str, float]]:
+    """Each run's best-so-far curve on re-timed latencies (``runs``: label -> its records), and
+    the re-timed latency of each config: the candidate configs of all runs
+    (:func:`retime_candidates`) re-timed together in ``RETIME_ROUNDS`` rotated rounds
+    (:func:`retime_configs`), so the runs are compared on one timing."""
+    candidates = retime_candidates({str(label): records for label, records in runs.items()}, RETIME_TOP, RETIME_FIRST)
+    by_config = {}
+    for records in runs.values():
+        for record in records:
+            by_config.setdefault(record.config, record)
+    latency = retime_configs(dialect, [by_config[c] for c in candidates], RETIME_ROUNDS)
+    return {label: retimed_curve(records, latency) for label, records in runs.items()}, latency
+
+
 def retime_configs(dialect: str, records: list, rounds: int, repeat: int = 3,
                    statistic: str = "min") -> dict[str, float]:
     """Re-time records' configs side by side (:func:`retime_samples`); a config's latency is
@@ -877,16 +891,11 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
         tune_job(_job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model), None,
                  on_batch=lambda state, batch, records=records: records.extend(batch))
         runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
-    candidates = retime_candidates({k: v["records"] for k, v in runs.items()}, RETIME_TOP, RETIME_FIRST)
-    by_config = {}
-    for run in runs.values():
-        for record in run["records"]:
-            by_config.setdefault(record.config, record)
     start = time.perf_counter()
-    latency = retime_configs(dialect, [by_config[c] for c in candidates], RETIME_ROUNDS)
+    curves, latency = retimed_curves(dialect, {k: v["records"] for k, v in runs.items()})
     retime_s = time.perf_counter() - start
-    for run in runs.values():
-        run["curve"] = retimed_curve(run["records"], latency)
+    for label, run in runs.items():
+        run["curve"] = curves[label]
     scratch, guided = runs["scratch"]["curve"], runs["pretrained"]["curve"]
     best = scratch[-1]
     threshold = best / 0.95  # 95 % of the throughput of the scratch run's re-timed best

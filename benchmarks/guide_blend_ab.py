@@ -92,13 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[variant] = records
                 bench.log(f"  {name} seed {seed} {variant}: {len(records)} trials in "
                           f"{time.perf_counter() - start:.0f}s (load {os.getloadavg()[0]:.1f})")
-            candidates = bench.retime_candidates(runs, bench.RETIME_TOP, bench.RETIME_FIRST)
-            by_config = {}
-            for records in runs.values():
-                for record in records:
-                    by_config.setdefault(record.config, record)
-            latency = bench.retime_configs(args.dialect, [by_config[c] for c in candidates], bench.RETIME_ROUNDS)
-            curves = {k: bench.retimed_curve(v, latency) for k, v in runs.items()}
+            curves, _ = bench.retimed_curves(args.dialect, runs)
             count, skill = curves["count"], curves["skill"]
             target = min(count[-1], skill[-1]) / 0.95
             counts = {k: bench.trials_to_reach(c, target) or args.trials + 1 for k, c in curves.items()}

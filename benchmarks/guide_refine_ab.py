@@ -71,13 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[refine] = records
                 bench.log(f"  {name} seed {seed} guide_refine {refine}: {len(records)} trials in "
                           f"{time.perf_counter() - start:.0f}s (load {os.getloadavg()[0]:.1f})")
-            candidates = bench.retime_candidates({str(k): v for k, v in runs.items()}, bench.RETIME_TOP, bench.RETIME_FIRST)
-            by_config = {}
-            for records in runs.values():
-                for record in records:
-                    by_config.setdefault(record.config, record)
-            latency = bench.retime_configs("auto_scheduler", [by_config[c] for c in candidates], bench.RETIME_ROUNDS)
-            curves = {k: bench.retimed_curve(v, latency) for k, v in runs.items()}
+            curves, _ = bench.retimed_curves("auto_scheduler", runs)
             plain, refined = curves[0], curves[args.refine]
             target = min(plain[-1], refined[-1]) / 0.95
             counts = {k: bench.trials_to_reach(c, target) or args.trials + 1 for k, c in curves.items()}
