@@ -264,3 +264,11 @@ def test_worker_whose_parent_is_killed_exits_without_printing():
         psutil.Process(worker_pid).kill()
         raise
     assert stderr == ""
+
+
+@pytest.mark.parametrize("name", ["flush_cache", "check_correctness", "stop_slower_repeats"])
+def test_a_yes_no_measure_option_given_anything_else_is_a_clear_error(name):
+    """``maybe`` or a quoted "false" in a config would read as true; it is refused by name."""
+    with pytest.raises(TypeError, match=f"{name} must be true or false, got 'maybe'"):
+        MeasureOption(**{name: "maybe"})
+    assert getattr(MeasureOption(**{name: False}), name) is False

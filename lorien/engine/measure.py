@@ -63,6 +63,14 @@ class MeasureOption:
     #: of a tuning job is then timed once instead of ``repeat`` times.
     stop_slower_repeats: bool = True
 
+    def __post_init__(self) -> None:
+        # a yes/no option given anything but true/false (YAML's ``maybe``, a quoted "false") would
+        # read as true without a word; a TypeError, which every dialect reports as a bad option
+        for name in ("flush_cache", "check_correctness", "stop_slower_repeats"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be true or false, got {value!r}")
+
 
 @dataclass
 class MeasureInput:
