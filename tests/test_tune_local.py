@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from lorien.cli import main
 from lorien.errors import ConfigError
 from lorien.formats import read_log
 from lorien.tune.config import load_tune_config, parse_tune_config
@@ -194,10 +195,22 @@ def test_yaml_shorthands_expand_to_autotvm_tasks(tmp_path):
     ({"workloads": [{"gemm": {"M": 4}}]}, "gemm"),
     ({"workloads": []}, "workloads"),
     ({"workloads": [TINY_DENSE], "measure": {"repeats": 2}}, "repeats"),
+    ({"workloads": [TINY_DENSE], "measure": {"stop_slower_repeats": "maybe"}}, "stop_slower_repeats must be true"),
 ])
 def test_invalid_configs_are_rejected_naming_the_problem(document, message):
     with pytest.raises(ConfigError, match=message):
         parse_tune_config(document, source="t.yaml")
+
+
+def test_lorien_tune_with_a_bad_measure_value_writes_nothing(tmp_path, capsys):
+    """The value is refused when the config is read: no store, no log directory is left behind."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"trials": 2, "measure": {"check_correctness": "maybe"},
+                                    "workloads": [TINY_DENSE]}))
+    store = tmp_path / "store"
+    assert main(["tune", str(path), "--store", f"parquet:{store}", "--no-progress"]) != 0
+    assert "check_correctness must be true or false, got 'maybe'" in capsys.readouterr().err
+    assert not store.exists()
 
 
 def test_yaml_python_tags_are_never_loaded(tmp_path):

@@ -180,6 +180,12 @@ def check_common(job: dict[str, Any], where: str) -> None:
     measure = job.get("measure") or {}
     if not isinstance(measure, dict) or set(measure) - MEASURE_KEYS:
         raise ConfigError(f"{where}: 'measure' keys must be among {sorted(MEASURE_KEYS)}, got {measure!r:.200}")
+    from lorien.engine.measure import MeasureOption
+
+    try:  # a bad value is refused here, before a run opens its store or writes its log
+        MeasureOption(**measure)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: bad measure options {measure}: {exc}") from exc
     job["measure"] = dict(measure)
 
 
