@@ -69,9 +69,9 @@ def test_traces_lower_to_no_more_ops_and_compute_what_the_sum_in_order_computes(
         arrays = [data.uniform(-1, 1, spec.shape).astype(spec.dtype) for spec in program.args]
         outputs = []
         for lowered in (program, in_order):
-            given = [np.zeros_like(a) if spec.is_output else a.copy() for a, spec in zip(arrays, program.args)]
+            given = [np.zeros_like(a) if spec.is_output else a.copy() for a, spec in zip(arrays, program.args, strict=True)]
             build_program(lowered)(*given)
-            outputs.append([g for g, spec in zip(given, program.args) if spec.is_output])
-        for got, want in zip(*outputs):
+            outputs.append([g for g, spec in zip(given, program.args, strict=True) if spec.is_output])
+        for got, want in zip(*outputs, strict=True):
             np.testing.assert_array_equal(got, want)
     assert fewer > 0
