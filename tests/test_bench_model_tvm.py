@@ -58,3 +58,21 @@ def test_the_bert_layer_has_random_weights_so_that_builds_can_be_compared(bench,
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     assert np.std(weights["attention.query.weight"]) > 0.01 and weights["attention.query.weight"].shape == (256, 256)
     assert np.allclose(weights["ffn.norm.weight"].mean(), 1.0, atol=0.2)
+
+
+def test_tvm_row_extracts_its_tasks_itself_and_times_it(bench, tmp_path):
+    """TVM's row counts its own extraction (ONNX frontend, passes, extract_tasks) as Lorien's row
+    counts ``lorien extract``; the tasks are those the benchmark selected, or it stops."""
+    tvm = pytest.importorskip("tvm")
+    import tvm.s_tir.meta_schedule as ms
+
+    from dialects.meta_schedule.relax_tasks import fused_relax_module
+
+    path, shapes = bench.mobilenet_block_onnx(tmp_path / "block.onnx")
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    selected = bench.select_tasks(ms.relax_integration.extract_tasks(fused_relax_module(str(path), shapes), target), 2)
+    tasks, extract_s = bench.extract_as_tvm_user(path, shapes, target, 2, selected)
+    assert [bench.task_key(t) for t in tasks] == [bench.task_key(t) for t in selected] and len(tasks) == 2
+    assert extract_s > 0
+    with pytest.raises(SystemExit, match="other tasks"):
+        bench.extract_as_tvm_user(path, shapes, target, 2, selected[:1])

@@ -412,3 +412,53 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     assert first.error_no == second.error_no == ErrorNo.NO_ERROR
     assert len(first.costs) == len(second.costs) == 3 and all(cost > 0 for cost in first.costs + second.costs)
     assert len(timed) == 6 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 3 and timed[1::2] == [timed[1]] * 3
+
+
+RELAX_BERT = Path(__file__).resolve().parent / "data" / "relax_bert_layer"
+
+
+def test_a_re_measured_trace_is_linked_by_ld_itself_and_runs_as_the_compiler_driver_linked_one(tmp_path, monkeypatch):
+    """``_export_built`` links the module's object with ``link_shared`` (``ld -shared``, libm for
+    erf/exp), not g++'s driver; the library TVM loads computes what the g++-linked one does."""
+    tvm = pytest.importorskip("tvm")
+    import tvm.s_tir.meta_schedule as ms
+    from tvm.driver import build as tvm_build
+
+    from dialects.meta_schedule import tvm_measure
+
+    records = ms.database.JSONDatabase(work_dir=str(RELAX_BERT), allow_missing=False).get_all_tuning_records()
+    record = next(r for r in records if "erf" in r.workload.mod.script())  # the FFN's GELU: calls libm's erff
+    schedule = tvm.s_tir.Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    links = []
+    real_link = tvm_measure.link_shared
+    monkeypatch.setattr(tvm_measure, "link_shared", lambda *args, **kwargs: links.append(args) or real_link(*args, **kwargs))
+    ours = tvm.runtime.load_module(tvm_measure._export_built(schedule.mod, target, str(tmp_path / "ld.so")))
+    assert len(links) == 1 and all(name.endswith(".o") for name in links[0][1])
+    tvm_build(schedule.mod, target=target).export_library(str(tmp_path / "gxx.so"))
+    theirs = tvm.runtime.load_module(str(tmp_path / "gxx.so"))
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(0.1, 1, [int(d) for d in p.shape]).astype(str(p.dtype))
+              for p in schedule.mod["main"].params]
+    outputs = []
+    for module in (ours, theirs):
+        arrays = [tvm.runtime.tensor(value.copy()) for value in inputs]
+        module[module.entry_name](*arrays)
+        outputs.append([array.numpy() for array in arrays])
+    for got, want in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_link_shared_leaves_anything_but_object_files_to_tvm_s_create_shared(tmp_path, monkeypatch):
+    pytest.importorskip("tvm")
+    from tvm.support import cc
+
+    from dialects.meta_schedule.tvm_measure import link_shared
+
+    calls = []
+    monkeypatch.setattr(cc, "create_shared", lambda *args, **kwargs: calls.append(args))
+    link_shared(str(tmp_path / "a.so"), [str(tmp_path / "lib0.o"), str(tmp_path / "devc.c")])
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    link_shared(str(tmp_path / "b.so"), [str(tmp_path / "lib0.o")])
+    assert [call[0] for call in calls] == [str(tmp_path / "a.so"), str(tmp_path / "b.so")]

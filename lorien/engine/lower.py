@@ -578,6 +578,8 @@ class _Lowering:
     # ---------------------------------------------------------------- expressions
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
         if type(e) is te.BinOp:  # the most common node first
+            if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
+                return self.index_sum(e, mask)
             return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
         if isinstance(e, te.Const):
             return self.const(e.value, e.dtype)
@@ -605,6 +607,29 @@ class _Lowering:
         if isinstance(e, te.Load):
             return self.load(e, mask)
         raise ScheduleError(f"cannot lower expression {e!r}")
+
+    def index_sum(self, e: te.BinOp, mask: int | None) -> int:
+        """A chain of index additions, its constant terms added last: in an unrolled body an
+        unrolled loop's variable is a constant, so the sum of the other terms is the same op in
+        every iteration (one op, reused), and each iteration adds one constant to it, where the
+        chain in its own order would make a new op of every partial sum after that variable.
+        Integer addition wraps, so any order gives the same value."""
+        terms = []
+        while type(e) is te.BinOp and e.op == "add" and e.dtype == te.INDEX_DTYPE:
+            terms.append(e.b)
+            e = e.a
+        terms.append(e)
+        total, constant = None, 0
+        for term in reversed(terms):
+            value = self.ex(term, mask)
+            u = self.uops[value]
+            if u.op == "CONST" and u.lanes == 1:
+                constant += u.arg
+            else:
+                total = value if total is None else self.alu("add", total, value)
+        if total is None:
+            return self.const(constant)
+        return self.alu("add", total, self.const(constant)) if constant else total
 
     def flat_index(self, name: str, indices) -> te.Expr:
         entry = self.buffers[name]
