@@ -58,3 +58,18 @@ def test_the_bert_layer_has_random_weights_so_that_builds_can_be_compared(bench,
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     assert np.std(weights["attention.query.weight"]) > 0.01 and weights["attention.query.weight"].shape == (256, 256)
     assert np.allclose(weights["ffn.norm.weight"].mean(), 1.0, atol=0.2)
+
+
+def test_a_cost_model_needs_the_xgb_tuner_and_a_model_directory(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--cost-model", str(tmp_path)])
+    assert "--cost-model guides the xgb tuner: add --tuner xgb (got no --tuner)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--tuner", "xgb", "--cost-model", str(tmp_path)])
+    assert f"cost_model {tmp_path}: no cost model there" in capsys.readouterr().err
+
+
+def test_the_lorien_row_is_labelled_with_its_tuner(bench):
+    assert bench.lorien_label(None, None) == "random (job default)"
+    assert bench.lorien_label("xgb", None) == "xgb"
+    assert bench.lorien_label("xgb", Path("/models/program")) == "xgb, cost model program"
