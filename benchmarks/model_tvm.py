@@ -15,7 +15,9 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
      build, as LocalBuilder's default; ``--tvm-builder local``: its LocalBuilder, whose fresh workers
      spend 45 to 80 s per batch importing TVM here, which would only add to TVM's tuning time);
    - **Lorien**: ``lorien tune`` of the extracted YAML on Lorien's engine (the job's default
-     tuner, ``random``: the YAML names none; the same measure options) with ``remeasure_with_tvm: N``: the best N traces of each task
+     tuner, ``random``: the YAML names none; ``--tuner xgb`` writes ``tuner: xgb`` and ``--cost-model
+     DIR`` also ``cost_model: DIR``, a pre-trained program-feature model guiding it; the same measure
+     options) with ``remeasure_with_tvm: N``: the best N traces of each task
      are built and timed by TVM and committed as TVM-measured records; ``lorien export
      --format meta_schedule`` then writes each task's best TVM-measured record;
    - **Lorien, engine only**: each task's best record as Lorien's engine timed it (from the
@@ -39,6 +41,7 @@ extract`` + tune + re-measure), all models; C of the D records TVM made replayed
     python benchmarks/model_tvm.py                 # ResNet-18 8 tasks x 32 trials, the two small models x 8
     python benchmarks/model_tvm.py --quick         # ResNet-18 3 tasks x 8 trials, the small models x 4
     python benchmarks/model_tvm.py --models resnet18 --tasks 4 --trials 16
+    python benchmarks/model_tvm.py --models mobilenet_block --tuner xgb --cost-model models/program
 """
 
 from __future__ import annotations
@@ -234,9 +237,18 @@ def tune_with_tvm(tasks: list[Any], trials: int, json_dir: Path, store_uri: str,
     return elapsed
 
 
+def lorien_label(tuner: str | None, cost_model: Path | None) -> str:
+    """How the Lorien row tuned: the job's default tuner, or the tuner named, guided by a model or not."""
+    if tuner is None:
+        return "random (job default)"
+    return f"{tuner}, cost model {cost_model.name}" if cost_model is not None else tuner
+
+
 def tune_with_lorien(onnx_path: Path, shapes: dict[str, list[int]], selected: list[Any], trials: int,
-                     remeasure: int, measure_with: str, work: Path, target_json: str) -> tuple[float, float, str]:
-    """``lorien extract --dialect meta_schedule`` then ``lorien tune`` of the selected tasks; returns the
+                     remeasure: int, measure_with: str, work: Path, target_json: str,
+                     tuner: str | None = None, cost_model: Path | None = None) -> tuple[float, float, str]:
+    """``lorien extract --dialect meta_schedule`` then ``lorien tune`` of the selected tasks (with
+    ``tuner`` and ``cost_model`` in the YAML when given; else the job's default tuner); returns the
     wall time of both, that of the extract alone, and the store's URI."""
     import yaml
 
@@ -251,6 +263,10 @@ def tune_with_lorien(onnx_path: Path, shapes: dict[str, list[int]], selected: li
     spec["workloads"] = [entry for entry in spec["workloads"] if entry["workload_key"] in keys]
     assert len(spec["workloads"]) == len(selected), "extract and the benchmark see other tasks"
     spec.update({"trials": trials, "measure": MEASURE, "measure_with": measure_with})
+    if tuner is not None:
+        spec["tuner"] = tuner
+    if cost_model is not None:
+        spec["cost_model"] = str(cost_model)
     if remeasure:
         spec["remeasure_with_tvm"] = remeasure
     config.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -335,10 +351,11 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
           f"{', '.join(sorted(names))}", flush=True)
 
     run.lorien_tuning_s, lorien_extract_s, lorien_store = tune_with_lorien(
-        onnx_path, shapes, selected, trials, args.remeasure, "lorien", work / "lorien", target_json)
-    print(f"{name}: Lorien tuned (engine, re-measuring the best {args.remeasure} with TVM) in "
-          f"{run.lorien_tuning_s:.1f} s (lorien extract {lorien_extract_s:.1f} s + tune "
-          f"{run.lorien_tuning_s - lorien_extract_s:.1f} s)", flush=True)
+        onnx_path, shapes, selected, trials, args.remeasure, "lorien", work / "lorien", target_json,
+        args.tuner, args.cost_model)
+    print(f"{name}: Lorien tuned (engine, tuner {lorien_label(args.tuner, args.cost_model)}, re-measuring the "
+          f"best {args.remeasure} with TVM) in {run.lorien_tuning_s:.1f} s (lorien extract "
+          f"{lorien_extract_s:.1f} s + tune {run.lorien_tuning_s - lorien_extract_s:.1f} s)", flush=True)
     databases: dict[str, Any] = {}
     cli("export", "--format", "meta_schedule", "--target", "llvm", "--alternate-key", "-o",
         str(work / "lorien_db"), "--store", lorien_store)
@@ -348,7 +365,8 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
                                                           allow_missing=False)
     if args.measure_with_tvm:
         run.lorien_tvm_tuning_s, _, tvm_store = tune_with_lorien(onnx_path, shapes, selected, trials, 0, "tvm",
-                                                              work / "lorien_tvm", target_json)
+                                                                 work / "lorien_tvm", target_json,
+                                                                 args.tuner, args.cost_model)
         print(f"{name}: Lorien tuned (measure_with: tvm) in {run.lorien_tvm_tuning_s:.1f} s", flush=True)
         cli("export", "--format", "meta_schedule", "--target", "llvm", "--alternate-key", "-o",
             str(work / "lorien_tvm_db"), "--store", tvm_store)
@@ -401,7 +419,8 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
     print(f"{name}: build (compile_relax)      tasks applied   median latency   max rel. error vs untuned")
     for label in machines:
         applied = "-" if label == "untuned" else f"{run.applied[label]}/{run.tasks}"
-        print(f"{name}:   {label:<24} {applied:>13} {run.latency_ms[label]:12.3f} ms   {run.max_error[label]:.1e}")
+        print(f"{name}:   {label:<24} {applied:>13} {run.latency_ms[label]:12.3f} ms   {run.max_error[label]:.1e}"
+              + (f"   (tuner {lorien_label(args.tuner, args.cost_model)})" if label.startswith("lorien") else ""))
     print(f"{name}: TVM/Lorien latency {run.latency_ms['tvm'] / run.latency_ms['lorien']:.3f}; "
           f"tuning time TVM {run.tvm_tuning_s:.1f} s, Lorien {run.lorien_tuning_s:.1f} s "
           f"({run.tvm_tuning_s / run.lorien_tuning_s:.2f}x); TVM's {run.replay_total} records replayed on Lorien's "
@@ -426,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm-builder", choices=["forked", "local"], default="forked",
                         help="TVM's builder: forked (default: forked copies of this process, 30 s per "
                              "candidate, as Lorien's TVM re-measuring builds) or local (TVM's LocalBuilder: fresh workers every batch, 45-80 s each here)")
+    parser.add_argument("--tuner", choices=["random", "xgb"],
+                        help="the Lorien rows' tuner, written into the extracted YAML as `tuner` (default: none "
+                             "written: the job's default, random)")
+    parser.add_argument("--cost-model", type=Path, metavar="DIR",
+                        help="a pre-trained program-feature model (lorien train --template program -o DIR) guiding "
+                             "the Lorien rows' xgb tuner, written into the YAML as `cost_model` (needs --tuner xgb)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
     parser.add_argument("--keep-work", type=Path, metavar="DIR",
                         help="work in DIR (created; must not exist) and keep it: the ONNX files, stores and "
@@ -436,6 +461,18 @@ def main(argv: list[str] | None = None) -> int:
     args.trials = args.trials or (8 if quick else 32)
     args.small_trials = args.small_trials or (4 if quick else 8)
     args.rounds = args.rounds or (10 if quick else 30)
+    if args.cost_model is not None:
+        if args.tuner != "xgb":
+            parser.error(f"--cost-model guides the xgb tuner: add --tuner xgb (got "
+                         f"{'--tuner ' + args.tuner if args.tuner else 'no --tuner'})")
+        from lorien.costmodel.pretrained import check_cost_model_path
+        from lorien.errors import ConfigError
+
+        args.cost_model = args.cost_model.resolve()
+        try:
+            check_cost_model_path(str(args.cost_model), "--cost-model")
+        except ConfigError as exc:
+            parser.error(str(exc))
     models = [name.strip() for name in args.models.split(",") if name.strip()]
     unknown = [name for name in models if name not in BUILDERS]
     if unknown:
@@ -484,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = min(run.latency_ms["tvm"] / run.latency_ms["lorien"] for run in runs)
     tuning = sum(run.tvm_tuning_s for run in runs) / sum(run.lorien_tuning_s for run in runs)
     replay_ok, replay_total = sum(run.replay_ok for run in runs), sum(run.replay_total for run in runs)
+    print(f"lorien tuner: {lorien_label(args.tuner, args.cost_model)}")
     print(f"tasks_applied={applied}/{tasks} lorien_vs_tvm_latency={ratio:.3f} tuning_time_vs_tvm={tuning:.2f} "
           f"replay_tvm_ok={replay_ok}/{replay_total}")
     return 0 if math.isfinite(ratio) else 1

@@ -76,3 +76,18 @@ def test_tvm_row_extracts_its_tasks_itself_and_times_it(bench, tmp_path):
     assert extract_s > 0
     with pytest.raises(SystemExit, match="other tasks"):
         bench.extract_as_tvm_user(path, shapes, target, 2, selected[:1])
+
+
+def test_a_cost_model_needs_the_xgb_tuner_and_a_model_directory(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--cost-model", str(tmp_path)])
+    assert "--cost-model guides the xgb tuner: add --tuner xgb (got no --tuner)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--tuner", "xgb", "--cost-model", str(tmp_path)])
+    assert f"cost_model {tmp_path}: no cost model there" in capsys.readouterr().err
+
+
+def test_the_lorien_row_is_labelled_with_its_tuner(bench):
+    assert bench.lorien_label(None, None) == "random (job default)"
+    assert bench.lorien_label("xgb", None) == "xgb"
+    assert bench.lorien_label("xgb", Path("/models/program")) == "xgb, cost model program"

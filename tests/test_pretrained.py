@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -537,3 +538,44 @@ def test_unguided_share_is_a_tuner_option_in_every_dialect():
     assert tuner_of("meta_schedule", tuner_options={"unguided_share": 0.5}).unguided_share == 0.5
     with pytest.raises(ConfigError, match="unguided_share"):
         tuner_of("meta_schedule", tuner_options={"unguided_share": -0.1})
+
+
+RELAX_BERT = Path(__file__).parent / "data" / "relax_bert_layer" / "database_workload.json"
+# TVM relax tasks of a BERT-style layer (int64 shapes, fused epilogues), by structural hash
+RELAX_TASKS = {
+    "matmul + bias + GELU (erf) fused": "3489386783212461910",
+    "softmax": "11693078973378363919",
+    "layer norm": "13513769216420307533",
+    "reshape + transposes (12 points)": "2927331570692492373",
+}
+
+
+@pytest.mark.parametrize("task", list(RELAX_TASKS))
+def test_a_guided_run_scores_the_candidates_of_relax_tasks(task, program_model):
+    """A model trained on other workloads guides meta_schedule's xgb tuner on TVM's relax tasks
+    (what ``lorien extract --dialect meta_schedule`` gives, what benchmarks/model_tvm.py
+    ``--cost-model`` tunes): every candidate of the space lowers to a program the model scores,
+    and the first batch is the model's choice."""
+    from lorien.costmodel.pretrained import ProgramGuide, ProgramModel
+    from lorien.dialect import get_dialect
+    from lorien.features.program import schedule_features
+    from lorien.tune.job import TuneJob
+    from lorien.tune.loop import tune_job
+
+    spec = {"dialect": "meta_schedule", "workload_file": str(RELAX_BERT), "workload_key": RELAX_TASKS[task],
+            "tuner": "xgb", "trials": 4, "batch_size": 4, "seed": 3, "measure": {"number": 1, "repeat": 1,
+                                                                                  "min_repeat_ms": 0}}
+    progress = tune_job({**spec, "cost_model": program_model}, None)
+    model = ProgramModel(program_model)
+    assert progress.records and all(record.error_no == 0 for record in progress.records)
+    assert all(orjson.loads(record.build)["cost_model"] == model.describe() for record in progress.records)
+
+    context = get_dialect("meta_schedule").tuning_context(TuneJob.from_spec(spec), None)
+    rng = np.random.default_rng(5)
+    indices = [int(i) for i in rng.choice(len(context.space), size=min(32, len(context.space)), replace=False)]
+    scores = ProgramGuide(model, context.space, context.schedule_of).score(indices)
+    assert np.isfinite(scores).all()  # no candidate falls back to "does not lower"
+    if len(context.space) > 12:  # the tiny spaces' points lower to one or two programs: tied scores
+        chosen = model.score(np.vstack([schedule_features(*get_dialect("meta_schedule").schedule_record(record))
+                                        for record in progress.records]))
+        assert chosen.min() >= np.median(scores)
