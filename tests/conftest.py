@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,6 +25,16 @@ LAYER_OPS = {
     "depthwise+bias+relu": ("depthwise_conv2d_nchw_layer", [1, 8, 10, 10, 1, 3, 3, [1, 1], [1, 1], [1, 1], True,
                                                             True, F32]),
 }
+
+
+def load_benchmark(filename: str, name: str) -> ModuleType:
+    """``benchmarks/<filename>`` imported as module ``name`` (registered in ``sys.modules``: its
+    dataclasses look their module up); a fixture pops it again when done."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / filename)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def auto_scheduler_job(**changes) -> dict:

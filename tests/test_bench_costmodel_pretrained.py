@@ -3,25 +3,18 @@ its training spread holds no layer of any extracted network while every layer it
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "costmodel.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_costmodel", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_costmodel"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("costmodel.py", "bench_costmodel")
 
 
 def _record(cost_s: float | None):

@@ -4,24 +4,17 @@ assertions)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engine.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_engine", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield load_benchmark("engine.py", "bench_engine")
+    sys.modules.pop("bench_engine", None)
 
 
 class FakeTime:

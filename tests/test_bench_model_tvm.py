@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "model_tvm.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_model_tvm", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield load_benchmark("model_tvm.py", "bench_model_tvm")
+    sys.modules.pop("bench_model_tvm", None)
 
 
 def test_without_tvm_the_benchmark_prints_one_line_and_exits_0(bench, monkeypatch, capsys):

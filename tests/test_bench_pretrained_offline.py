@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "pretrained_offline.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def offline():
-    spec = importlib.util.spec_from_file_location("bench_pretrained_offline", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_pretrained_offline"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pretrained_offline.py", "bench_pretrained_offline")
 
 
 THROUGHPUT = np.array([1.0, 4.0, 2.0, 3.9, 0.0, 0.5, 0.2, 0.3, 0.1])

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 from pathlib import Path
 
 import orjson
 import pytest
+from conftest import load_benchmark
 
 from lorien.formats import read_log
-
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "warehouse.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_warehouse", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("warehouse.py", "bench_warehouse")
 
 
 @pytest.fixture

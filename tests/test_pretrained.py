@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from conftest import load_benchmark
 
 from lorien.errors import ConfigError
 
@@ -214,17 +215,9 @@ def test_the_guides_picks_are_spread_out(monkeypatch):
 def test_the_benchmarks_held_out_ranking_check_runs_on_tuned_records(dialect, program_model):
     """benchmarks/costmodel.py ranking_quality: NDCG@8 of the model's order of a run's configs,
     beside the chance level of random orders of the same configs."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     from lorien.tune.loop import tune_job
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "costmodel.py"
-    spec = importlib.util.spec_from_file_location("bench_costmodel_ranking", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_costmodel_ranking"] = bench
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("costmodel.py", "bench_costmodel_ranking")
     records = []
     tune_job(_job(dialect, None, trials=12, batch_size=12), None, on_batch=lambda state, batch: records.extend(batch))
     quality = bench.ranking_quality(program_model, dialect, records, k=4, permutations=50)
