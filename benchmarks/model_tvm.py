@@ -430,6 +430,23 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
     return run
 
 
+def train_guide(store: Path, work: Path) -> Path:
+    """The program-feature model of ``--train-store``: benchmarks/costmodel.py's training spread, measured
+    into ``store`` where it lacks it (its jobs resume from what the store holds), featurized and
+    trained in ``work``; returns the model's directory."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_costmodel", Path(__file__).resolve().parent / "costmodel.py")
+    costmodel = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = costmodel  # its dataclasses look their module up
+    spec.loader.exec_module(costmodel)
+    started = time.perf_counter()
+    model, facts = costmodel.train_program_model(work, costmodel.PRETRAINED_SPREAD, trials=16, store_path=store)
+    print(f"guide: a program-feature model of {store}'s training spread ({facts.get('records', '?')} records), "
+          f"trained in {time.perf_counter() - started:.1f} s (not tuning time): {model}", flush=True)
+    return Path(model)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -451,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost-model", type=Path, metavar="DIR",
                         help="a pre-trained program-feature model (lorien train --template program -o DIR) guiding "
                              "the Lorien rows' xgb tuner, written into the YAML as `cost_model` (needs --tuner xgb)")
+    parser.add_argument("--train-store", type=Path, metavar="DIR",
+                        help="with --tuner xgb and no --cost-model: train the guiding model on the records of "
+                             "benchmarks/costmodel.py's training spread (24 conv2d / depthwise / dense / batch_matmul "
+                             "workloads, none a task of these models, x 3 dialects x 16 random trials) kept in the "
+                             "parquet store DIR; the spread is measured into DIR first where DIR lacks it (minutes; "
+                             "not counted as tuning time: it is the warehouse's earlier records)")
     parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
     parser.add_argument("--keep-work", type=Path, metavar="DIR",
                         help="work in DIR (created; must not exist) and keep it: the ONNX files, stores and "
@@ -461,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     args.trials = args.trials or (8 if quick else 32)
     args.small_trials = args.small_trials or (4 if quick else 8)
     args.rounds = args.rounds or (10 if quick else 30)
+    if args.train_store is not None and (args.cost_model is not None or args.tuner != "xgb"):
+        parser.error("--train-store trains the model guiding --tuner xgb: give it with --tuner xgb and without "
+                     "--cost-model")
     if args.cost_model is not None:
         if args.tuner != "xgb":
             parser.error(f"--cost-model guides the xgb tuner: add --tuner xgb (got "
@@ -507,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.keep_work or Path(tempfile.mkdtemp(prefix="lorien-model-tvm-"))
     os.environ.setdefault("LORIEN_JOURNAL_DIR", str(root / "journal"))
     try:
+        if args.train_store is not None:
+            args.cost_model = train_guide(args.train_store.resolve(), root)
         runs = []
         for name in models:
             # the timed builds run relax VMs here, and TVM's pool pins this thread to one core:

@@ -81,6 +81,14 @@ def test_a_cost_model_needs_the_xgb_tuner_and_a_model_directory(bench, tmp_path,
     assert f"cost_model {tmp_path}: no cost model there" in capsys.readouterr().err
 
 
+def test_a_training_store_trains_the_guide_of_the_xgb_tuner_only(bench, tmp_path, capsys):
+    for argv in (["--train-store", str(tmp_path)], ["--tuner", "random", "--train-store", str(tmp_path)],
+                 ["--tuner", "xgb", "--cost-model", str(tmp_path), "--train-store", str(tmp_path)]):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert "--train-store trains the model guiding --tuner xgb" in capsys.readouterr().err
+
+
 def test_the_lorien_row_is_labelled_with_its_tuner(bench):
     assert bench.lorien_label(None, None) == "random (job default)"
     assert bench.lorien_label("xgb", None) == "xgb"
