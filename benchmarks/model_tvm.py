@@ -42,6 +42,7 @@ extract`` + tune + re-measure), all models; C of the D records TVM made replayed
     python benchmarks/model_tvm.py --quick         # ResNet-18 3 tasks x 8 trials, the small models x 4
     python benchmarks/model_tvm.py --models resnet18 --tasks 4 --trials 16
     python benchmarks/model_tvm.py --models mobilenet_block --tuner xgb --cost-model models/program
+    python benchmarks/model_tvm.py --tuner xgb --train-store spread-store   # the guided row, model trained in the run
 """
 
 from __future__ import annotations
