@@ -112,6 +112,8 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("LORIEN_SHARED_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO))
 
+from lorien.costmodel.metrics import ndcg_at, ndcg_of_random_orders  # noqa: E402
+
 #: Training workloads: both dense templates (M < 16 is dense_nopack), dimensions with and
 #: without a factor of 3. The held-out workloads share no (M, N, K) with them.
 TRAIN_SHAPES = [(m, n, k) for m in (1, 8, 16, 64) for n in (96, 256, 768) for k in (128, 320, 512)]
@@ -822,16 +824,6 @@ def retime_configs(dialect: str, records: list, rounds: int, repeat: int = 3,
             for config, t in retime_samples(dialect, records, rounds, repeat).items() if t}
 
 
-def ndcg_at(scores: np.ndarray, gains: np.ndarray, k: int) -> float:
-    """NDCG@k of ranking items by ``scores`` (higher first) when item i is worth ``gains[i]``."""
-    scores, gains = np.asarray(scores, dtype=float), np.asarray(gains, dtype=float)
-    k = min(k, len(gains))
-    discount = 1.0 / np.log2(np.arange(2, k + 2))
-    ideal = float(np.sort(gains)[::-1][:k] @ discount)
-    got = float(gains[np.argsort(-scores, kind="stable")[:k]] @ discount)
-    return got / ideal if ideal > 0 else math.nan
-
-
 def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, permutations: int = 200) -> dict:
     """How the pre-trained model, as trained (before any online update), ranks a held-out
     layer's measured configs: NDCG@k with gain = throughput / the best throughput (each
@@ -855,9 +847,7 @@ def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, pe
         return {"ndcg": math.nan, "ndcg_random": math.nan, "top1": math.nan, "configs": len(rows)}
     gains = (1.0 / np.asarray(fastest)) / (1.0 / min(fastest))
     scores = ProgramModel(model_path, host_target().canonical).score(np.vstack(rows))
-    rng = np.random.default_rng(0)
-    chance = float(np.mean([ndcg_at(rng.permutation(len(gains)).astype(float), gains, k)
-                            for _ in range(permutations)]))
+    chance = ndcg_of_random_orders(gains, k, permutations, np.random.default_rng(0))
     return {"ndcg": ndcg_at(scores, gains, k), "ndcg_random": chance,
             "top1": float(gains[int(np.argmax(scores))]), "configs": len(rows)}
 

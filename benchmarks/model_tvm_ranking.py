@@ -26,20 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 NDCG_K = 4
 
 
-def ndcg_at(scores: np.ndarray, gains: np.ndarray, k: int) -> float:
-    """NDCG@k of the order of ``scores`` (highest first) for relevance ``gains``."""
-    discounts = 1.0 / np.log2(np.arange(2, k + 2))
-    top = np.argsort(-scores, kind="stable")[:k]
-    ideal = np.sort(gains)[::-1][:k]
-    return float((gains[top] * discounts[:len(top)]).sum() / (ideal * discounts[:len(ideal)]).sum())
-
-
 def task_rankings(store_uri: str, model_path: str, measured_by: set[str], names: dict[str, str]) -> list[dict]:
     """One row per task (workload key) of the store: how the model orders its valid records
     measured by one of ``measured_by``; ``names``: task names by workload key (TVM's records
     name the operator, e.g. ``conv2d_nchw``, not the fused function)."""
     from scipy.stats import kendalltau
 
+    from lorien.costmodel.metrics import ndcg_at, ndcg_of_random_orders
     from lorien.costmodel.pretrained import ProgramModel
     from lorien.dialect import get_dialect
     from lorien.features.program import schedule_features
@@ -69,8 +62,7 @@ def task_rankings(store_uri: str, model_path: str, measured_by: set[str], names:
         gains = throughput / throughput.max()
         scores = model.score(features)
         tau = kendalltau(scores, throughput).statistic
-        chance = float(np.mean([ndcg_at(rng.permutation(len(gains)).astype(float), gains, NDCG_K)
-                                for _ in range(200)]))
+        chance = ndcg_of_random_orders(gains, NDCG_K, 200, rng)
         rows.append({"task": task, "n": len(kept), "tau": float(tau), "ndcg": ndcg_at(scores, gains, NDCG_K),
                      "ndcg_random": chance, "top1": float(gains[int(np.argmax(scores))]),
                      "spread": float(throughput.max() / throughput.min())})

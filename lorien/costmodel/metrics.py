@@ -66,6 +66,22 @@ def topk_score(y_true: np.ndarray, y_pred: np.ndarray, k: int) -> float:
     return float(y_true[picks].max()) / best
 
 
+def ndcg_at(scores: np.ndarray, gains: np.ndarray, k: int) -> float:
+    """NDCG@k of ranking items by ``scores`` (higher first) when item i is worth ``gains[i]``
+    (NaN when no item is worth anything)."""
+    scores, gains = np.asarray(scores, dtype=float), np.asarray(gains, dtype=float)
+    k = min(k, len(gains))
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    ideal = float(np.sort(gains)[::-1][:k] @ discount)
+    got = float(gains[np.argsort(-scores, kind="stable")[:k]] @ discount)
+    return got / ideal if ideal > 0 else float("nan")
+
+
+def ndcg_of_random_orders(gains: np.ndarray, k: int, draws: int, rng: np.random.Generator) -> float:
+    """The chance level of :func:`ndcg_at`: its mean over ``draws`` random orders of the items."""
+    return float(np.mean([ndcg_at(rng.permutation(len(gains)).astype(float), gains, k) for _ in range(draws)]))
+
+
 def relative_to_group_best(y: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Throughput divided by the best throughput of its workload (0 where the best is 0)."""
     y = np.asarray(y, dtype=np.float64)
