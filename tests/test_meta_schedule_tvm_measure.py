@@ -402,9 +402,9 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     measurer = TvmMeasurer(dag, {"number": 2, "repeat": 3, "min_repeat_ms": 0}, "llvm")
     timed, time_once = [], measurer._time_once
 
-    def recording(kernel, arrays):
+    def recording(kernel, arrays, *rest):
         timed.append(id(kernel))
-        return time_once(kernel, arrays)
+        return time_once(kernel, arrays, *rest)
 
     monkeypatch.setattr(measurer, "_time_once", recording)
     first, failed, second = measurer([good[0], broken, good[1]])
@@ -412,6 +412,33 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     assert first.error_no == second.error_no == ErrorNo.NO_ERROR
     assert len(first.costs) == len(second.costs) == 3 and all(cost > 0 for cost in first.costs + second.costs)
     assert len(timed) == 6 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 3 and timed[1::2] == [timed[1]] * 3
+
+
+
+@pytest.mark.tvm
+def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypatch):
+    """TVM's evaluator finds the runs that fill ``min_repeat_ms`` anew in every call; the rounds
+    after the first start from the count it reached, and every timing still lasts min_repeat_ms."""
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.space import TraceSpace
+    from dialects.meta_schedule.tvm_measure import TvmMeasurer
+
+    dag = _matmul_32()
+    measurer = TvmMeasurer(dag, {"number": 1, "repeat": 4, "min_repeat_ms": 5}, "llvm")
+    asked, time_once = [], measurer._time_once
+
+    def recording(kernel, arrays, number=None):
+        asked.append(number)
+        return time_once(kernel, arrays, number)
+
+    monkeypatch.setattr(measurer, "_time_once", recording)
+    result, = measurer([TraceSpace(dag).get(0)])
+    assert len(result.costs) == 4 and asked[0] is None
+    assert len(set(asked[1:])) == 1 and asked[1] > 1  # a 32x32 matmul runs in microseconds: many runs a timing
+    assert asked[1] * min(result.costs) * 1e3 >= 5 * 0.5  # about min_repeat_ms of runs, not one run
+    assert measurer._calibrated_number(0.001) == 6 and measurer._calibrated_number(0.1) == 1
+    measurer.option.min_repeat_ms = 0
+    assert measurer._calibrated_number(1e-6) == 1
 
 
 RELAX_BERT = Path(__file__).resolve().parent / "data" / "relax_bert_layer"
