@@ -3,7 +3,9 @@ for records of every dialect, and `lorien featurize --features program`."""
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import numpy as np
 import pandas as pd
@@ -210,3 +212,38 @@ def test_every_auto_scheduler_knob_that_changes_the_program_changes_its_features
                         assert not np.array_equal(other_features, features), (knob, value)
                         moved.add(knob)
     assert moved >= {k for k, dim in enumerate(space.dims) if dim > 1}  # every knob of more than one value
+
+
+def test_points_featurized_in_the_build_workers_are_those_featurized_here():
+    """A guide's pool is featurized in the engine's build workers: the same vectors (None for a
+    point that does not lower) as here, in the order asked; a share a worker cannot answer is
+    featurized here, so its error is the one it would be without workers."""
+    from dialects.meta_schedule.space import TraceSpace
+    from dialects.meta_schedule.tuning import _schedule_of
+    from lorien.engine.dag import ComputeDAG
+    from lorien.engine.measure import WorkerPool
+    from lorien.features.program import point_features, point_features_in_workers
+
+    data, weight, out = _dense(32, 48, 64)
+    dag = ComputeDAG([data, weight, out])
+    space = TraceSpace(dag)
+    schedule_of = functools.partial(_schedule_of, dag)
+    rng = np.random.default_rng(0)
+    indices = [int(i) for i in rng.choice(len(space), 24, replace=False)]
+    pool = WorkerPool(2)
+    try:
+        here = point_features(space, schedule_of, indices)
+        there = point_features_in_workers(space, schedule_of, indices, pool)
+        assert len(there) == len(indices) and sum(row is not None for row in there) >= 20
+        assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(here, there, strict=True))
+
+        def broken(config):  # does not pickle: every point featurized here, and its error raised here
+            raise RuntimeError(f"no schedule for {len(config)} steps")
+
+        with pytest.raises(RuntimeError, match="no schedule for"):
+            point_features_in_workers(space, broken, indices, pool)
+        # pickles, but fails in the workers with an error that is not "does not lower": raised here
+        with pytest.raises(AttributeError, match="no_such_method"):
+            point_features_in_workers(space, operator.methodcaller("no_such_method"), indices, pool)
+    finally:
+        pool.shutdown()

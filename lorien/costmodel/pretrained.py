@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from lorien.errors import ConfigError, LorienError
-from lorien.features.program import FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dict, schedule_features
+from lorien.features.program import (FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dict, point_features,
+                                     point_features_in_workers)
 
 #: Boosting rounds added to the pre-trained model after each measured batch.
 ONLINE_ROUNDS = 20
@@ -227,17 +228,23 @@ class ProgramGuide:
         self.measured: dict[int, float] = {}
 
     def features(self, index: int) -> np.ndarray | None:
+        """A point's features (None: it does not lower, and is never preferred)."""
         index = int(index)
         if index not in self.cache:
-            try:
-                schedule, args = self.schedule_of(self.space.get(index))
-                self.cache[index] = schedule_features(schedule, args)
-            except (LorienError, KeyError, TypeError, ValueError, ZeroDivisionError):
-                self.cache[index] = None  # a point that does not lower: never preferred
+            self.cache[index] = point_features(self.space, self.schedule_of, [index])[0]
         return self.cache[index]
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Featurize the points not featurized yet, together, in the engine's build workers
+        (:func:`~lorien.features.program.point_features_in_workers`)."""
+        missing = list(dict.fromkeys(int(i) for i in indices if int(i) not in self.cache))
+        if missing:
+            self.cache.update(zip(missing, point_features_in_workers(self.space, self.schedule_of, missing),
+                                  strict=True))
 
     def score(self, indices: Sequence[int]) -> np.ndarray:
         """Model scores of points (``-inf`` for a point that does not lower)."""
+        self.prefetch(indices)
         rows = [self.features(i) for i in indices]
         good = [j for j, row in enumerate(rows) if row is not None]
         scores = np.full(len(rows), -math.inf)

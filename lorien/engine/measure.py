@@ -200,7 +200,13 @@ def _task_run(payload: tuple) -> list[float]:
                        flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s)
 
 
-_TASKS = {"build": _task_build, "run": _task_run}
+def _task_features(payload: tuple) -> list:
+    from lorien.features.program import features_task
+
+    return features_task(payload)
+
+
+_TASKS = {"build": _task_build, "run": _task_run, "features": _task_features}
 
 
 def _reply(kind: str, payload) -> bytes:
@@ -458,6 +464,19 @@ def _shutdown_default() -> None:
         part.pool.shutdown()
 
 
+def _default_parts() -> None:
+    if not _DEFAULT:
+        _DEFAULT["builder"], _DEFAULT["runner"] = Builder.create("local"), Runner.create("local")
+        atexit.register(_shutdown_default)
+
+
+def default_builder() -> LocalBuilder:
+    """The builder ``measure_batch`` uses when given none (its worker pool also featurizes a
+    tuner's candidates: :func:`lorien.features.program.point_features_in_workers`)."""
+    _default_parts()
+    return _DEFAULT["builder"]
+
+
 def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
                   builder: Builder | None = None, runner: Runner | None = None,
                   best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = ()) -> list[MeasureResult]:
@@ -466,9 +485,7 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
     ``ahead``: candidates later calls will measure, built now with these (``Builder.build``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
-        if not _DEFAULT:
-            _DEFAULT["builder"], _DEFAULT["runner"] = Builder.create("local"), Runner.create("local")
-            atexit.register(_shutdown_default)
+        _default_parts()
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
     builds = builder.build(inputs, option, ahead) if ahead else builder.build(inputs, option)
