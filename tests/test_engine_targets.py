@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -153,15 +153,24 @@ def test_a_kernel_for_one_core_runs_its_parallel_loops_on_the_calling_thread_onl
     assert ticks[0] > 0 and ticks[2] > 0, output
 
 
-def test_the_builder_builds_each_candidate_for_its_own_target():
+def _vector_registers(obj: bytes, tmp_path) -> set[str]:
+    """The kinds of vector register (xmm, ymm, zmm) an object file's code uses (objdump -d)."""
+    path = tmp_path / f"kernel{len(list(tmp_path.iterdir()))}.o"
+    path.write_bytes(obj)
+    text = subprocess.run(["objdump", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"%([xyz]mm)\d+", text))
+
+
+def test_the_builder_builds_each_candidate_for_its_own_target(tmp_path):
     builder, runner = Builder.create("local", n_parallel=1), Runner.create("local")
     try:
         inputs = [MeasureInput(functools.partial(dense_candidate, 8, 64, 32, 4, 32), reference.dense, target=target)
                   for target in (HASWELL, "llvm -mcpu=x86-64")]
         built = builder.build(inputs, MeasureOption())
-        vector_widths = [Counter(u.lanes for u in result.artifact["program"].uops if u.lanes > 1).most_common(1)[0][0]
-                         for result in built]
-        assert vector_widths == [8, 4]
+        assert [result.artifact["target"].cpu for result in built] == ["haswell", "x86-64"]
+        # the objects themselves: 256-bit (ymm) vectors for haswell, 128-bit (xmm) ones only for x86-64
+        registers = [_vector_registers(result.artifact["object"], tmp_path) for result in built]
+        assert "ymm" in registers[0] and registers[1] == {"xmm"}, registers
         results = runner.run(inputs, built, MeasureOption())
         assert [r.error_no for r in results] == [ErrorNo.NO_ERROR] * 2, [r.error_msg for r in results]
     finally:

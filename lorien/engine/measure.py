@@ -128,7 +128,7 @@ class MeasureError(LorienError):
 
 def _task_build(payload: bytes) -> dict:
     from lorien.engine.codegen import llvm as llvm_codegen
-    from lorien.engine.lower import lower
+    from lorien.engine.lower import Program, lower
 
     # This is the isolation boundary: whatever a candidate's builder or the compiler raises
     # becomes the candidate's error (with its traceback), and the worker lives on.
@@ -145,7 +145,9 @@ def _task_build(payload: bytes) -> dict:
         obj = llvm_codegen.compile_object(ir_text, target)
     except Exception as err:  # noqa: BLE001
         raise MeasureError(ErrorNo.COMPILE_HOST, _describe(err)) from err
-    return {"object": obj, "fn_name": fn_name, "program": program, "target": target}
+    # the runner needs the kernel's arguments, not its loop nest: a lowered conv's uops pickle to
+    # 10-80 KB and went worker -> tuner -> runner with every candidate
+    return {"object": obj, "fn_name": fn_name, "program": Program(program.name, [], program.args), "target": target}
 
 
 def _describe(err: BaseException) -> str:
