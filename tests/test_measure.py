@@ -272,3 +272,24 @@ def test_a_yes_no_measure_option_given_anything_else_is_a_clear_error(name):
     with pytest.raises(TypeError, match=f"{name} must be true or false, got 'maybe'"):
         MeasureOption(**{name: "maybe"})
     assert getattr(MeasureOption(**{name: False}), name) is False
+
+
+def test_a_runner_draws_a_workloads_inputs_once_and_hands_each_candidate_fresh_copies():
+    from types import SimpleNamespace
+
+    from lorien.engine.arrays import ALIGNMENT, logical_arrays
+    from lorien.engine.measure import _fresh_logical_arrays
+
+    specs = [SimpleNamespace(name="a", shape=(33, 7), dtype="float32", is_output=False),
+             SimpleNamespace(name="b", shape=(5,), dtype="int32", is_output=False),
+             SimpleNamespace(name="out", shape=(33,), dtype="float32", is_output=True)]
+    first = _fresh_logical_arrays(specs, 3)
+    expected = logical_arrays(specs, 3)
+    assert all(np.array_equal(got, want) and got.dtype == want.dtype for got, want in zip(first, expected, strict=True))
+    assert all(array.ctypes.data % ALIGNMENT == 0 and array.flags.c_contiguous for array in first)
+    for array in first:  # a kernel scribbling over its arguments
+        array.fill(7)
+    second = _fresh_logical_arrays(specs, 3)
+    assert all(np.array_equal(got, want) for got, want in zip(second, expected, strict=True))
+    assert not any(np.shares_memory(a, b) for a, b in zip(first, second, strict=True))
+    assert not np.array_equal(_fresh_logical_arrays(specs, 4)[0], expected[0])  # another seed, other inputs

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from lorien.engine import cpu
-from lorien.engine.arrays import logical_arrays, logical_shape, pack_arguments
+from lorien.engine.arrays import aligned_empty, logical_arrays, logical_shape, pack_arguments
 from lorien.errors import LorienError, TargetError
 from lorien.record import FAILED_COST_S, ErrorNo
 
@@ -171,6 +171,28 @@ def _expected_outputs(reference: Callable, inputs: list[np.ndarray], specs, seed
     return _EXPECTED[key]
 
 
+_INPUTS: dict = {}
+
+
+def _fresh_logical_arrays(specs: Sequence[Any], seed: int) -> list[np.ndarray]:
+    """``logical_arrays(specs, seed)``, the random inputs drawn once per workload in a runner (the
+    candidates of a job share them, as they share the reference outputs): each call gets fresh
+    aligned copies, so a kernel that writes where it must not cannot change the next one's inputs."""
+    key = (tuple((a.name, logical_shape(a), a.dtype, a.is_output) for a in specs), seed)
+    if key not in _INPUTS:
+        _INPUTS.clear()
+        _INPUTS[key] = logical_arrays(specs, seed)
+    fresh = []
+    for spec, array in zip(specs, _INPUTS[key], strict=True):
+        copy = aligned_empty(array.shape, array.dtype)
+        if spec.is_output:
+            copy.fill(0)
+        else:
+            copy[...] = array
+        fresh.append(copy)
+    return fresh
+
+
 def _task_run(payload: tuple) -> list[float]:
     from lorien.engine.build import Kernel
     from lorien.engine.codegen import llvm as llvm_codegen
@@ -183,7 +205,7 @@ def _task_run(payload: tuple) -> list[float]:
         raise MeasureError(ErrorNo.RUNTIME_DEVICE, str(err)) from err
     address = llvm_codegen.load_object(artifact["object"], artifact["fn_name"])
     kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
-    logical = logical_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
+    logical = _fresh_logical_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
     arrays = pack_arguments(program.args, logical)  # inputs whose layout the schedule rewrote, packed
     kernel(*arrays)  # the untimed first run: it warms up the timing below and gives the output checked here
     if option.check_correctness and reference is not None:
