@@ -441,6 +441,43 @@ def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypat
     assert measurer._calibrated_number(1e-6) == 1
 
 
+
+@pytest.mark.tvm
+def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkeypatch):
+    """From ``race_from`` on, a finalist whose fastest timing is slower than the leader's slowest
+    stops; close ones (overlapping timings) run every round; the rounds end when one is left."""
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.space import TraceSpace
+    from dialects.meta_schedule.tvm_measure import TvmMeasurer
+
+    assert TvmMeasurer._race({0: [1.0, 1.1, 1.2], 1: [1.3, 1.25, 1.4], 2: [1.15, 1.0, 1.3]}) == {1}
+    assert TvmMeasurer._race({0: [2.0, 2.2], 1: [1.0, 1.1]}) == {0} and TvmMeasurer._race({3: [1.0]}) == set()
+    dag = _matmul_32()
+    space = TraceSpace(dag)
+    traces = [space.get(0), space.get(1), space.get(len(space) - 1)]
+    scripted = {0: iter([1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([1.08, 0.98, 1.04, 1.0, 1.06, 1.02]),
+                2: iter([3.0, 2.9, 3.1, 3.0, 3.0, 3.0])}
+    kernels: dict[int, int] = {}
+
+    def scripted_time(kernel, arrays, number=None):
+        position = kernels.setdefault(id(kernel), len(kernels))
+        return next(scripted[position])
+
+    measurer = TvmMeasurer(dag, {"number": 1, "repeat": 6, "min_repeat_ms": 0}, "llvm", race_from=3)
+    monkeypatch.setattr(measurer, "_time_once", scripted_time)
+    close, also_close, slow = measurer(traces)
+    assert len(close.costs) == len(also_close.costs) == 6  # overlapping: every round
+    assert slow.costs == [3.0, 2.9, 3.1]  # behind from the third round on: timed no more
+    kernels.clear()
+    scripted.update({0: iter([1.0, 1.0, 1.0, 1.0]), 1: iter([2.0, 2.0, 2.0, 2.0]), 2: iter([3.0] * 4)})
+    first, second, third = measurer(traces)
+    assert len(first.costs) == len(second.costs) == len(third.costs) == 3  # one left after round 3: done
+    kernels.clear()
+    scripted.update({0: iter([1.0] * 6), 1: iter([2.0] * 6), 2: iter([3.0] * 6)})
+    measurer.race_from = None
+    assert [len(result.costs) for result in measurer(traces)] == [6, 6, 6]  # no racing: every round
+
+
 RELAX_BERT = Path(__file__).resolve().parent / "data" / "relax_bert_layer"
 
 

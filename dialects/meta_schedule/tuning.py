@@ -42,6 +42,11 @@ DEDUP_SPACE_MAX = 64
 #: (a round 1.8x the others, seen on the BERT layer's tasks) moved a finalist's mean by a third
 #: and chose between finalists closer than that (docs/models.md).
 REMEASURE_ROUNDS = 9
+#: From this round on the finalists race: one whose fastest timing is slower than the slowest
+#: timing of the one ahead is timed no more, and the rounds end when one is left
+#: (:meth:`~dialects.meta_schedule.tvm_measure.TvmMeasurer._race`); every finalist is timed in
+#: at least this many rounds, TVM's own runner's ``repeat``.
+REMEASURE_RACE_FROM = 3
 
 
 @functools.lru_cache(maxsize=16)
@@ -173,7 +178,7 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
     """The end of a job with ``remeasure_with_tvm: N``: the ``N`` fastest traces Lorien's engine
     measured for the workload (this run's and the store's) built and timed by TVM
     (:class:`~dialects.meta_schedule.tvm_measure.TvmMeasurer`, the job's ``measure`` with at least
-    :data:`REMEASURE_ROUNDS` rounds), as new records whose build says ``measured_by: tvm``. Traces
+    :data:`REMEASURE_ROUNDS` rounds, racing from round :data:`REMEASURE_RACE_FROM`), as new records whose build says ``measured_by: tvm``. Traces
     TVM already measured for the workload and target (in the store) are not measured again; ``config_key``: the loop's identity of a
     trace (:func:`trace_key`), which ``measured`` is keyed by."""
     import math
@@ -199,7 +204,8 @@ def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],
         if not best:
             return []
         traces = [orjson.loads(key) for key in best]
-        return to_records(traces, TvmMeasurer(dag, measure, target, entry)(traces), source)
+        measurer = TvmMeasurer(dag, measure, target, entry, race_from=REMEASURE_RACE_FROM)
+        return to_records(traces, measurer(traces), source)
 
     return finish
 
