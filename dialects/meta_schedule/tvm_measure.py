@@ -388,8 +388,8 @@ class TvmMeasurer:
     def _race(costs: dict[int, list[float]]) -> set[int]:
         """The traces to time no more: those whose fastest timing so far is slower than the
         slowest timing of the trace with the lowest median. Their ranges no longer overlap, so
-        no further rounds are needed to tell which is faster, only load that fell on every one
-        of the leader's rounds and none of theirs could reverse it; their records keep the
+        no further rounds are needed to tell which is faster (only load that slowed every one of
+        their rounds and none of the leader's could have put them behind); their records keep the
         timings taken (fewer than ``repeat``), as the engine's ``stop_slower_repeats`` does. On
         the re-measured finalists of ResNet-18, the BERT layer and the MobileNetV2 block (9 rounds
         from the third on) this left 40 to 65 % of the timings."""
