@@ -202,6 +202,10 @@ class XGBTuner(Tuner):
             if index not in self.visited:
                 batch.append(self._mark(index))
         self._pending += len(batch)
+        if self.guide is not None and hasattr(self.guide, "build_cost"):
+            # what is measured is chosen; the order is the builds': longest first, so the build
+            # workers finish a batch together (a guided batch has no later batch to build ahead)
+            batch.sort(key=self.guide.build_cost, reverse=True)
         return batch
 
     def upcoming(self, n: int) -> list[int]:
