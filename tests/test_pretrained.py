@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -575,28 +576,59 @@ def test_a_guided_run_scores_the_candidates_of_relax_tasks(task, program_model):
         assert chosen.min() >= np.median(scores)
 
 
-def test_a_guided_batch_is_built_longest_first_and_is_the_same_picks():
-    """The guide chooses what a batch measures; the batch comes in the order of the guide's
-    build-time guess, longest first, so the build workers end it together."""
+def test_a_guided_batch_keeps_its_order_and_its_builds_start_longest_first(monkeypatch):
+    """The guide chooses a batch and its order (the order it is measured in, which trial counts
+    read); the build workers get its builds longest first by the guide's guess."""
+    from lorien.engine import measure as engine_measure
     from lorien.search.base import MixedRadixSpace
     from lorien.search.xgb import XGBTuner
 
     class Line(MixedRadixSpace):
         dims = [64]
 
-    class Picker(_RecordingChooser):
+    class Guessing(_RecordingChooser):
         def build_cost(self, index):
             return float((index * 37) % 11)  # unrelated to the guide's choice
 
-    picks = {}
-    for guide in (_RecordingChooser(), Picker()):
+    batches = {}
+    for guide in (_RecordingChooser(), Guessing()):
         tuner = XGBTuner(Line(), seed=0, plan_size=16)
         tuner.set_guide(guide, pool=4)
-        picks[type(guide).__name__] = tuner.next_batch(8)
-    plain, ordered = picks["_RecordingChooser"], picks["Picker"]
-    assert sorted(plain) == sorted(ordered) and plain != ordered
-    costs = [Picker().build_cost(index) for index in ordered]
-    assert costs == sorted(costs, reverse=True)
+        batches[type(guide).__name__] = (tuner.next_batch(8), tuner.build_costs(list(range(8))))
+    (plain, no_costs), (guided, costs) = batches["_RecordingChooser"], batches["Guessing"]
+    assert plain == guided == sorted(plain) and no_costs is None  # the guide's picks, in its order
+    assert costs == [Guessing().build_cost(index) for index in range(8)]
+
+    submitted = []
+    builder = engine_measure.LocalBuilder(n_parallel=2)
+    monkeypatch.setattr(builder.pool, "map", lambda kind, payloads, timeout: submitted.extend(payloads) or
+                        [("error", 1, "not built here")] * len(payloads))
+    inputs = [engine_measure.MeasureInput(functools.partial(divmod, index, 1), name=f"c{index}") for index in range(5)]
+    builder.build(inputs, engine_measure.MeasureOption(), costs=[1.0, 5.0, 3.0, 5.0, 0.5])
+    assert [pickle.loads(payload).name for payload in submitted] == ["c1", "c3", "c2", "c0", "c4"]
+    with pytest.raises(ValueError, match="2 build costs for 5 inputs"):
+        builder.build(inputs, engine_measure.MeasureOption(), costs=[1.0, 2.0])
+
+
+def test_a_guided_meta_schedule_job_hands_the_builder_its_build_time_guesses(program_model, monkeypatch):
+    """End to end: each batch of a guided engine job reaches the builder with one guess per
+    candidate (its measurements in the guide's order); an unguided job's with none."""
+    from lorien.engine import measure as engine_measure
+    from lorien.tune.loop import tune_job
+
+    seen, build = [], engine_measure.LocalBuilder.build
+
+    def recording(self, inputs, option, ahead=(), costs=None):
+        seen.append((len(inputs), costs))
+        return build(self, inputs, option, ahead, costs)
+
+    monkeypatch.setattr(engine_measure.LocalBuilder, "build", recording)
+    tune_job(_job("meta_schedule", program_model, trials=8), None)
+    assert len(seen) == 2 and all(costs is not None and len(costs) == size == 4 for size, costs in seen)
+    assert any(len(set(costs)) > 1 for _, costs in seen)
+    seen.clear()
+    tune_job(_job("meta_schedule", None, trials=8), None)
+    assert seen and all(costs is None for _, costs in seen)
 
 
 def test_the_guides_build_time_guess_ranks_programs_by_the_size_of_the_ir_llvm_compiles():

@@ -182,11 +182,11 @@ class DagReference:
 
 def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, Any] | None = None,
                    target: str | None = None, best_cost_s: float = math.inf,
-                   ahead: Sequence[Any] = ()) -> list[Any]:
+                   ahead: Sequence[Any] = (), build_costs: Sequence[float] | None = None) -> list[Any]:
     """Build and measure traces in isolated workers for the CPU ``target`` (default this host),
     each output checked against NumPy; one MeasureResult per trace (``best_cost_s``: the job's
-    fastest so far; ``ahead``: traces later calls measure, built with these; as for
-    ``measure_batch``)."""
+    fastest so far; ``ahead``: traces later calls measure, built with these; ``build_costs``: a
+    guess at each trace's build time, the longest started first; as for ``measure_batch``)."""
     from lorien.engine.measure import MeasureInput, MeasureOption, measure_batch
 
     try:
@@ -197,4 +197,4 @@ def measure_traces(dag: ComputeDAG, traces: Sequence[Any], measure: dict[str, An
     reference = DagReference(text)
     inputs, built_ahead = ([MeasureInput(TraceBuilder(text, orjson.dumps(trace).decode()), reference, target=target)
                             for trace in group] for group in (traces, ahead))
-    return measure_batch(inputs, option, best_cost_s=best_cost_s, ahead=built_ahead)
+    return measure_batch(inputs, option, best_cost_s=best_cost_s, ahead=built_ahead, build_costs=build_costs)

@@ -106,7 +106,7 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
         measure=job_measure(dag, job, target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
         finish=finish, schedule_of=functools.partial(_schedule_of, dag),
-        builds_ahead=job.option("measure_with") != "tvm")
+        builds_ahead=job.option("measure_with") != "tvm", build_costs=job.option("measure_with") != "tvm")
 
 
 def program_keys(dag: ComputeDAG, space: TraceSpace, target: str | None) -> dict[bytes, bytes]:
@@ -167,8 +167,8 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
         return TvmMeasurer(dag, job.measure, target, entry)
     from lorien.engine.measure import keeping_fastest
 
-    return keeping_fastest(lambda traces, best_cost_s, ahead=(): measure_traces(
-        dag, traces, job.measure, engine_target(target), best_cost_s, ahead))
+    return keeping_fastest(lambda traces, best_cost_s, ahead=(), build_costs=None: measure_traces(
+        dag, traces, job.measure, engine_target(target), best_cost_s, ahead, build_costs))
 
 
 def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],

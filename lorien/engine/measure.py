@@ -412,7 +412,10 @@ class LocalBuilder(Builder):
         self._built_ahead: dict[bytes, BuildResult] = {}
 
     def build(self, inputs: Sequence[MeasureInput], option: MeasureOption,
-              ahead: Sequence[MeasureInput] = ()) -> list[BuildResult]:
+              ahead: Sequence[MeasureInput] = (), costs: Sequence[float] | None = None) -> list[BuildResult]:
+        """Build ``inputs`` (and ``ahead``, kept for later calls) on the workers; ``costs``: a guess
+        at each input's build time: the longest are started first (then ``ahead``), so the workers
+        end the batch together rather than one waiting on a long build started last."""
         built_before, self._built_ahead = self._built_ahead, {}
         payloads, results = [], [None] * (len(inputs) + len(ahead))
         for i, inp in enumerate([*inputs, *ahead]):
@@ -427,6 +430,10 @@ class LocalBuilder(Builder):
                     self._built_ahead[payload] = results[i]
             else:
                 payloads.append((i, payload))
+        if costs is not None:
+            if len(costs) != len(inputs):
+                raise ValueError(f"{len(costs)} build costs for {len(inputs)} inputs")
+            payloads.sort(key=lambda item: (item[0] >= len(inputs), -costs[item[0]] if item[0] < len(inputs) else 0.0))
         started = time.perf_counter()
         replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s) if payloads else []
         elapsed = (time.perf_counter() - started) / max(1, len(payloads))
@@ -503,16 +510,19 @@ def default_builder() -> LocalBuilder:
 
 def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None = None,
                   builder: Builder | None = None, runner: Runner | None = None,
-                  best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = ()) -> list[MeasureResult]:
+                  best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = (),
+                  build_costs: Sequence[float] | None = None) -> list[MeasureResult]:
     """Build all candidates (in parallel), then run them one by one; one result per input.
     ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
-    ``ahead``: candidates later calls will measure, built now with these (``Builder.build``)."""
+    ``ahead``: candidates later calls will measure, built now with these; ``build_costs``: a guess at
+    each input's build time, the longest started first (``LocalBuilder.build``)."""
     option = option or MeasureOption()
     if builder is None or runner is None:
         _default_parts()
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
-    builds = builder.build(inputs, option, ahead) if ahead else builder.build(inputs, option)
+    options = {"costs": build_costs} if build_costs is not None else {}
+    builds = builder.build(inputs, option, ahead, **options) if ahead else builder.build(inputs, option, **options)
     return runner.run(inputs, builds, option, best_cost_s)
 
 
@@ -522,8 +532,8 @@ def keeping_fastest(measure: Callable[..., list[MeasureResult]]) -> Callable[...
     cannot beat it stop their repeats early (``MeasureOption.stop_slower_repeats``)."""
     fastest = [math.inf]
 
-    def measure_keeping_fastest(candidates: list, *more: Any) -> list[MeasureResult]:
-        results = measure(candidates, fastest[0], *more)
+    def measure_keeping_fastest(candidates: list, *more: Any, **options: Any) -> list[MeasureResult]:
+        results = measure(candidates, fastest[0], *more, **options)
         fastest[0] = min([fastest[0], *(result.mean_cost_s for result in results if result.ok)])
         return results
 

@@ -202,11 +202,16 @@ class XGBTuner(Tuner):
             if index not in self.visited:
                 batch.append(self._mark(index))
         self._pending += len(batch)
-        if self.guide is not None and hasattr(self.guide, "build_cost"):
-            # what is measured is chosen; the order is the builds': longest first, so the build
-            # workers finish a batch together (a guided batch has no later batch to build ahead)
-            batch.sort(key=self.guide.build_cost, reverse=True)
         return batch
+
+    def build_costs(self, indices: Sequence[int]) -> list[float] | None:
+        """The guide's guess at how long each point takes to build (:meth:`ProgramGuide.build_cost
+        <lorien.costmodel.pretrained.ProgramGuide.build_cost>`), so a guided batch's builds can be
+        started longest first (a guided batch has no later batch to build ahead, and its build
+        workers otherwise wait on the one long build started last); None without a guide."""
+        if self.guide is None or not hasattr(self.guide, "build_cost"):
+            return None
+        return [float(self.guide.build_cost(int(index))) for index in indices]
 
     def upcoming(self, n: int) -> list[int]:
         """The rest of the current plan, when learning the points proposed so far will not

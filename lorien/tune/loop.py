@@ -65,6 +65,9 @@ class TuneContext:
     - ``builds_ahead``: ``measure(configs, ahead)`` also takes configs later batches will measure
       (the tuner knows them before this batch's results), to build them with this batch; they are
       measured, not built again, by later calls.
+    - ``build_costs``: ``measure(configs, build_costs=[...])`` takes a guess at each config's build
+      time (a guided tuner's, :meth:`lorien.search.xgb.XGBTuner.build_costs`) and starts the
+      longest builds first; the configs are still measured in the order given.
     - ``finish(measured, source) -> records``: run once after the last batch, given every known
       config's result by its key (this run's MeasureResults, stored records); its records
       (e.g. the best configs measured again another way) are committed and reported like a
@@ -85,6 +88,7 @@ class TuneContext:
     schedule_of: Callable[[Any], tuple[Any, list[Any]]] | None = None
     finish: Callable[[dict[bytes, Any], str], list[TuningRecord]] | None = None
     builds_ahead: bool = False
+    build_costs: bool = False
 
 
 def stored_history(store: Any, job: TuneJob, workload_key: str) -> list[TuningRecord]:
@@ -146,7 +150,8 @@ def tune_job(job: TuneJob | dict[str, Any], store: Any = None, *, resume: Sequen
         return records
 
     tune_batches(context.tuner, context.space, progress, measured, job.batch_size, job.early_stopping, sink,
-                 context.measure, to_records, on_batch, context.config_key, context.builds_ahead)
+                 context.measure, to_records, on_batch, context.config_key, context.builds_ahead,
+                 context.build_costs)
     if context.finish is not None:
         finished = context.finish(measured, source)
         if finished:

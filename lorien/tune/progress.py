@@ -136,7 +136,8 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
                  early_stopping: int | None, sink: BatchSink,
                  measure: Callable[[list[Any]], list[Any]],
                  to_records: Callable[[list[Any], list[Any]], list[TuningRecord]],
-                 on_batch: BatchCallback | None, key_of: Callable[[Any], bytes], builds_ahead: bool = False) -> None:
+                 on_batch: BatchCallback | None, key_of: Callable[[Any], bytes], builds_ahead: bool = False,
+                 build_costs: bool = False) -> None:
     """The batches of the tuning loop (:mod:`lorien.tune.loop`): propose a batch, ``measure``
     its configs, turn (configs, results) into records, write them to ``sink``, teach the
     tuner; until the budget is spent, the space exhausted or ``early_stopping`` trials bring
@@ -144,7 +145,10 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
     ``builds_ahead``: ``measure(configs, ahead)`` is also handed the configs the tuner will
     propose next whatever this batch measures (:meth:`~lorien.search.base.Tuner.upcoming`, up
     to the rest of the budget), to build them with this batch: the build workers then wait for
-    the slowest build once for all of them, not once a batch."""
+    the slowest build once for all of them, not once a batch. ``build_costs``: ``measure`` also
+    takes ``build_costs=`` (the tuner's guess at each config's build time, where it has one:
+    ``tuner.build_costs(indices)``), to start the longest builds first; the configs are measured
+    in the tuner's order all the same."""
     try:
         while progress.trials < progress.total and tuner.has_next():
             indices, candidates = next_candidates(tuner, space, min(batch_size, progress.total - progress.trials),
@@ -153,7 +157,9 @@ def tune_batches(tuner: Any, space: Any, progress: TuneProgress, measured: dict[
                 break
             ahead = upcoming_configs(tuner, space, progress.total - progress.trials - len(candidates), measured,
                                      {key_of(config) for config in candidates}, key_of) if builds_ahead else []
-            results = measure(candidates, ahead) if ahead else measure(candidates)
+            costs = tuner.build_costs(indices) if build_costs and hasattr(tuner, "build_costs") else None
+            options = {"build_costs": costs} if costs is not None else {}
+            results = measure(candidates, ahead, **options) if ahead else measure(candidates, **options)
             measured.update((key_of(config), result) for config, result in zip(candidates, results, strict=True))
             if not finish_batch(tuner, indices, candidates, results, to_records(candidates, results), progress, sink,
                                 on_batch, early_stopping):
