@@ -163,6 +163,13 @@ class _Lowering:
         # Keyed by identity; each value holds its key's objects, so an id is never reused meanwhile.
         self._flat: dict[tuple, tuple] = {}
         self._access: dict[tuple, tuple] = {}
+        # per load-free expression node its variables; per (node, its variables' values, vector
+        # loop) the op :meth:`ex` made of it, dropped with the scope it was made in (like the CSE
+        # table: while that scope is open, evaluating the node again would only find ops in it)
+        self._vars: dict[int, tuple] = {}
+        self._memo: dict[tuple, tuple] = {}
+        self._memo_scopes: list[list[tuple]] = [[]]
+        self._unrolling = 0  # unrolled loops open: only there is a node evaluated again and again
         self.stages = {st.name: st for st in sch.stages}
         self.env: dict = {}
         self.var_ext: dict = {}
@@ -189,10 +196,13 @@ class _Lowering:
     def open_scope(self) -> None:
         """Pure ops emitted from here on are reused only until :meth:`close_scope`."""
         self._cse_scopes.append([])
+        self._memo_scopes.append([])
 
     def close_scope(self) -> None:
         for key in self._cse_scopes.pop():
             del self._cse[key]
+        for key in self._memo_scopes.pop():
+            del self._memo[key]
 
     def const(self, value, dtype: str = te.INDEX_DTYPE) -> int:
         key = ("CONST", dtype, 1, (), value)
@@ -408,9 +418,11 @@ class _Lowering:
 
     def loop(self, var: te.Var, extent: int, kind: str, fn, vectorizable: bool) -> None:
         if kind == "unrolled" or extent == 1:
+            self._unrolling += extent > 1
             for value in range(extent):
                 self.env[var] = self.const(value)
                 fn()
+            self._unrolling -= extent > 1
             self.env.pop(var, None)
             return
         if kind == "vectorized" and vectorizable and self.vec is None:
@@ -578,9 +590,20 @@ class _Lowering:
     # ---------------------------------------------------------------- expressions
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
         if type(e) is te.BinOp:  # the most common node first
-            if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
-                return self.index_sum(e, mask)
-            return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
+            if not self._unrolling:
+                return self._binop(e, mask)
+            variables = self._variables(e)
+            if variables is None:  # loads: each evaluation emits them again
+                return self._binop(e, mask)
+            env = self.env
+            key = (id(e), self.vec, *[env.get(v) for v in variables])
+            memo = self._memo.get(key)
+            if memo is not None:
+                return memo[1]
+            idx = self._binop(e, mask)
+            self._memo[key] = (e, idx)
+            self._memo_scopes[-1].append(key)
+            return idx
         if isinstance(e, te.Const):
             return self.const(e.value, e.dtype)
         if isinstance(e, te.Var):
@@ -607,6 +630,28 @@ class _Lowering:
         if isinstance(e, te.Load):
             return self.load(e, mask)
         raise ScheduleError(f"cannot lower expression {e!r}")
+
+    def _variables(self, e: te.Expr) -> tuple[te.Var, ...] | None:
+        """The variables of a load-free expression (first occurrence order); None if it loads."""
+        hit = self._vars.get(id(e))
+        if hit is not None:
+            return hit[1]
+        if type(e) is te.BinOp:
+            a, b = self._variables(e.a), self._variables(e.b)
+            found = None if a is None or b is None else a + tuple(v for v in b if v not in a)
+        elif isinstance(e, te.Var):
+            found = (e,)
+        elif isinstance(e, te.Const):
+            found = ()
+        else:
+            found = _pure_vars(e)
+        self._vars[id(e)] = (e, found)
+        return found
+
+    def _binop(self, e: te.BinOp, mask: int | None) -> int:
+        if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
+            return self.index_sum(e, mask)
+        return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
 
     def index_sum(self, e: te.BinOp, mask: int | None) -> int:
         """A chain of index additions, its constant terms added last: in an unrolled body an
@@ -730,6 +775,17 @@ _FOLD = {
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min,
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "and": lambda a, b: bool(a and b),
 }
+
+
+def _pure_vars(e: te.Expr) -> tuple[te.Var, ...] | None:
+    """The variables of a load-free expression (first occurrence order); None if it loads."""
+    seen: dict[te.Var, None] = {}
+    for node in te.walk(e):
+        if isinstance(node, te.Var):
+            seen[node] = None
+        elif isinstance(node, (te.Load, te.Reduce)):
+            return None
+    return tuple(seen)
 
 
 def _prod(values) -> int:
