@@ -221,6 +221,8 @@ class _Lowering:
         return self.emit("BROADCAST", u.dtype, lanes, (i,))
 
     def alu(self, op: str, *srcs: int) -> int:
+        if len(srcs) == 2:
+            return self._alu2(op, srcs[0], srcs[1])
         us = [self.uops[s] for s in srcs]
         scalar_consts = [u.op == "CONST" and u.lanes == 1 for u in us]
         if all(scalar_consts) and op in _FOLD:
@@ -238,6 +240,28 @@ class _Lowering:
         dtype = "bool" if op in _BOOL_RESULT else us[1].dtype if op == "where" else us[0].dtype
         idx = self._cse.get(("ALU", dtype, lanes, srcs, op))
         return self.emit("ALU", dtype, lanes, srcs, op) if idx is None else idx
+
+    def _alu2(self, op: str, a: int, b: int) -> int:
+        """:meth:`alu` of two operands (most ops), the same steps without the lists."""
+        ua, ub = self.uops[a], self.uops[b]
+        const_a = ua.op == "CONST" and ua.lanes == 1
+        const_b = ub.op == "CONST" and ub.lanes == 1
+        if const_a and const_b and op in _FOLD:
+            return self.const(_FOLD[op](ua.arg, ub.arg), "bool" if op in te.BinOp.COMPARE else ua.dtype)
+        unit = _UNIT.get(op)
+        if unit is not None:
+            if const_b and ub.arg == unit:
+                return a
+            if op != "sub" and const_a and ua.arg == unit:
+                return b
+        lanes = ua.lanes if ua.lanes >= ub.lanes else ub.lanes
+        if ua.lanes != lanes:
+            a = self.broadcast(a, lanes)
+        if ub.lanes != lanes:
+            b = self.broadcast(b, lanes)
+        dtype = "bool" if op in _BOOL_RESULT else ua.dtype
+        idx = self._cse.get(("ALU", dtype, lanes, (a, b), op))
+        return self.emit("ALU", dtype, lanes, (a, b), op) if idx is None else idx
 
     # ---------------------------------------------------------------- bodies and bounds
     def body_of(self, name: str) -> te.Expr:
@@ -591,7 +615,9 @@ class _Lowering:
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
         if type(e) is te.BinOp:  # the most common node first
             if not self._unrolling:
-                return self._binop(e, mask)
+                if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
+                    return self.index_sum(e, mask)
+                return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
             variables = self._variables(e)
             if variables is None:  # loads: each evaluation emits them again
                 return self._binop(e, mask)
