@@ -117,6 +117,17 @@ def from_linear(form: dict) -> te.Expr:
     expr: te.Expr | None = None
     terms = [v for v in form if v != 1]
     terms.sort(key=lambda v: (0, v.uid, "") if isinstance(v, te.Var) else (1, 0, v.key))
+    bases = [var if isinstance(var, te.Var) else var.expr for var in terms]
+    if all(b.dtype == te.INDEX_DTYPE for b in bases) and all(type(c) is int for c in form.values()):
+        # the tree the operators below build, made directly (index dtype and int coefficients
+        # throughout: no literal is converted)
+        for var, base in zip(terms, bases, strict=True):
+            term = base if form[var] == 1 else te.BinOp("mul", base, te.Const(form[var], te.INDEX_DTYPE))
+            expr = term if expr is None else te.BinOp("add", expr, term)
+        c = form.get(1, 0)
+        if expr is None:
+            return te.Const(c, te.INDEX_DTYPE)
+        return te.BinOp("add", expr, te.Const(c, te.INDEX_DTYPE)) if c else expr
     for var in terms:
         base = var if isinstance(var, te.Var) else var.expr
         term = base if form[var] == 1 else base * form[var]
