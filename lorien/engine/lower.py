@@ -88,20 +88,22 @@ def linear(expr: te.Expr) -> dict | None:
 
     Integer sub-expressions that are not affine become atoms; None for float expressions.
     """
-    if isinstance(expr, te.Const):
-        return {1: expr.value} if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
-    if isinstance(expr, te.Var):
+    kind = type(expr)
+    if kind is te.Const:
+        return {1: expr.value} if type(expr.value) is int else None
+    if kind is te.Var or isinstance(expr, te.Var):
         return {expr: 1}
     if expr.dtype != te.INDEX_DTYPE:
         return None
-    if isinstance(expr, te.BinOp) and expr.op in ("add", "sub", "mul"):
-        a, b = linear(expr.a), linear(expr.b)
-        if a is None or b is None:
+    if kind is te.BinOp and expr.op in _AFFINE_OPS:
+        a = linear(expr.a)
+        b = linear(expr.b) if a is not None else None
+        if b is None:
             return {Atom(expr): 1}
         if expr.op == "mul":
-            if set(a) <= {1}:
+            if len(a) <= 1 and (not a or 1 in a):  # a constant: keep the variables in a
                 a, b = b, a
-            if not set(b) <= {1}:
+            if not (len(b) <= 1 and (not b or 1 in b)):
                 return {Atom(expr): 1}
             k = b.get(1, 0)
             return {v: c * k for v, c in a.items() if c * k}
@@ -111,6 +113,9 @@ def linear(expr: te.Expr) -> dict | None:
             out[v] = out.get(v, 0) + sign * c
         return {v: c for v, c in out.items() if c}
     return {Atom(expr): 1}
+
+
+_AFFINE_OPS = frozenset(("add", "sub", "mul"))
 
 
 def from_linear(form: dict) -> te.Expr:
