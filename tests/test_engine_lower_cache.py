@@ -1,5 +1,6 @@
 """The lowering's caches (one table of common subexpressions with a key list per open scope; flat
-indices and vector accesses kept per expression) give, byte for byte, the program that a lowering
+indices and vector accesses kept per expression; the op of a load-free expression kept per values
+of its variables inside unrolled loops) give, byte for byte, the program that a lowering
 without them gives: on traces of the meta_schedule space and on a nest whose computed-at buffer
 is allocated again in every unrolled iteration."""
 
@@ -21,7 +22,7 @@ from lorien.engine.schedule import create_schedule
 class _Uncached(_Lowering):
     """The lowering without its caches: a table of common subexpressions per open scope searched
     innermost first, each op folded and simplified operand by operand, every flat index and
-    vector access worked out again at each use."""
+    vector access worked out again at each use, every expression evaluated again."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -66,6 +67,9 @@ class _Uncached(_Lowering):
 
     def flat_index(self, name, indices):
         return self._flat_index(self.buffers[name], indices)
+
+    def ex(self, e, mask=None):
+        return self._binop(e, mask) if type(e) is te.BinOp else super().ex(e, mask)
 
     def vector_access(self, flat):
         self._access.clear()

@@ -647,10 +647,10 @@ def test_the_guides_build_time_guess_ranks_programs_by_the_size_of_the_ir_llvm_c
     data, weight = te.placeholder((64, 64), name="data"), te.placeholder((64, 64), name="weight")
     dag = ComputeDAG([data, weight, ops.dense(data, weight)])
     space = TraceSpace(dag)
-    guide = ProgramGuide(None, space, functools.partial(_schedule_of, dag))
+    guide = ProgramGuide(None, space, functools.partial(_schedule_of, space))
     guesses, sizes = [], []
     for index in np.random.default_rng(0).choice(len(space), 40, replace=False):
-        schedule, args = _schedule_of(dag, space.get(int(index)))
+        schedule, args = _schedule_of(space, space.get(int(index)))
         guesses.append(guide.build_cost(int(index)))
         sizes.append(len(llvm_codegen.render(lower(schedule, list(args), "kernel"), "kernel")))
     assert spearmanr(guesses, sizes).statistic > 0.8

@@ -227,7 +227,7 @@ def test_points_featurized_in_the_build_workers_are_those_featurized_here():
     data, weight, out = _dense(32, 48, 64)
     dag = ComputeDAG([data, weight, out])
     space = TraceSpace(dag)
-    schedule_of = functools.partial(_schedule_of, dag)
+    schedule_of = functools.partial(_schedule_of, space)
     rng = np.random.default_rng(0)
     indices = [int(i) for i in rng.choice(len(space), 24, replace=False)]
     pool = WorkerPool(2)
@@ -247,3 +247,26 @@ def test_points_featurized_in_the_build_workers_are_those_featurized_here():
             point_features_in_workers(space, operator.methodcaller("no_such_method"), indices, pool)
     finally:
         pool.shutdown()
+
+
+def test_a_rendered_trace_is_scheduled_by_the_state_that_rendered_it_as_a_replay_would():
+    """``TraceSpace.replay`` of the trace ``get`` just rendered reuses the rendering's state (one
+    replay where a guide made two): the same program as ``replay_trace``; a copy of the trace, or
+    the same trace asked again, is replayed."""
+    import copy
+
+    from dialects.meta_schedule.space import TraceSpace
+    from dialects.meta_schedule.trace import replay_trace
+    from lorien.engine.dag import ComputeDAG
+
+    data, weight, out = _dense(32, 48, 64)
+    dag = ComputeDAG([data, weight, out])
+    space = TraceSpace(dag)
+    rng = np.random.default_rng(1)
+    for index in rng.choice(len(space), 6, replace=False):
+        trace = space.get(int(index))
+        rendered = space.replay(trace)
+        replayed = replay_trace(dag, trace)
+        assert str(lower(rendered.schedule, rendered.args)) == str(lower(replayed.schedule, replayed.args))
+        assert space.replay(trace).schedule is not rendered.schedule  # the state serves once
+        assert space.replay(copy.deepcopy(space.get(int(index)))).schedule is not None

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, TraceState
+from dialects.meta_schedule.trace import ROOT_LOCATION, Loop, Replay, TraceState, replay_trace
 from lorien.engine import te
 from lorien.engine.dag import ComputeDAG, needs_multi_level_tiling
 from lorien.engine.schedule import leaf_extents
@@ -294,6 +294,10 @@ class TraceSpace(MixedRadixSpace):
         self._entity_index = [{e: i for i, e in enumerate(entities)} for entities in self.tile_entities]
         self._gemv_index = [{e: i for i, e in enumerate(entities)} for entities in self.gemv_entities]
         self._reduce_index = [{e: i for i, e in enumerate(entities)} for entities in self.reduce_entities]
+        self._rendered: tuple[list[Any], TraceState] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_rendered": None}  # a trace's state is of no use in another process
 
     def get(self, index: int) -> list[Any]:
         """The trace ``[instructions, decisions]`` of point ``index``."""
@@ -396,7 +400,18 @@ class TraceSpace(MixedRadixSpace):
                                           reduced.choices[positions[reduced.location_knob]])
                 writer.emit("ComputeAt", [rf, location], [1, -1], [])
         self._postprocess(writer, max_parallel, UNROLL_STEPS[unroll_position])
-        return writer.trace()
+        trace = writer.trace()
+        self._rendered = (trace, writer.state)
+        return trace
+
+    def replay(self, trace: list[Any]) -> Replay:
+        """The engine schedule of ``trace`` (``replay_trace``): when it is the trace this space
+        rendered last, the state that rendered it, which applied the same instructions (a guide
+        featurizing a point replays it once, not twice); the state serves once."""
+        rendered, self._rendered = self._rendered, None
+        if rendered is not None and rendered[0] is trace:
+            return rendered[1].result()
+        return replay_trace(self.dag, trace)
 
     def _tile(self, writer: _Writer, blocks: dict[str, str], tiled: _Tiled, positions: Sequence[int], knob: int) -> int:
         block = blocks[tiled.stage]

@@ -105,7 +105,7 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
         measure=job_measure(dag, job, target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
-        finish=finish, schedule_of=functools.partial(_schedule_of, dag),
+        finish=finish, schedule_of=functools.partial(_schedule_of, space),
         builds_ahead=job.option("measure_with") != "tvm", build_costs=job.option("measure_with") != "tvm")
 
 
@@ -149,11 +149,9 @@ def trace_key(canonical: dict[bytes, bytes]) -> Callable[[Any], bytes]:
     return key_of
 
 
-def _schedule_of(dag: ComputeDAG, trace: list[Any]) -> tuple[Any, list[Any]]:
-    """The engine schedule of a trace replayed on the DAG, not built."""
-    from dialects.meta_schedule.trace import replay_trace
-
-    replay = replay_trace(dag, trace)
+def _schedule_of(space: TraceSpace, trace: list[Any]) -> tuple[Any, list[Any]]:
+    """The engine schedule of a trace replayed on the space's DAG, not built."""
+    replay = space.replay(trace)
     return replay.schedule, replay.args
 
 

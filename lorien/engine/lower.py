@@ -88,20 +88,22 @@ def linear(expr: te.Expr) -> dict | None:
 
     Integer sub-expressions that are not affine become atoms; None for float expressions.
     """
-    if isinstance(expr, te.Const):
-        return {1: expr.value} if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
-    if isinstance(expr, te.Var):
+    kind = type(expr)
+    if kind is te.Const:
+        return {1: expr.value} if type(expr.value) is int else None
+    if kind is te.Var or isinstance(expr, te.Var):
         return {expr: 1}
     if expr.dtype != te.INDEX_DTYPE:
         return None
-    if isinstance(expr, te.BinOp) and expr.op in ("add", "sub", "mul"):
-        a, b = linear(expr.a), linear(expr.b)
-        if a is None or b is None:
+    if kind is te.BinOp and expr.op in _AFFINE_OPS:
+        a = linear(expr.a)
+        b = linear(expr.b) if a is not None else None
+        if b is None:
             return {Atom(expr): 1}
         if expr.op == "mul":
-            if set(a) <= {1}:
+            if len(a) <= 1 and (not a or 1 in a):  # a constant: keep the variables in a
                 a, b = b, a
-            if not set(b) <= {1}:
+            if not (len(b) <= 1 and (not b or 1 in b)):
                 return {Atom(expr): 1}
             k = b.get(1, 0)
             return {v: c * k for v, c in a.items() if c * k}
@@ -113,10 +115,24 @@ def linear(expr: te.Expr) -> dict | None:
     return {Atom(expr): 1}
 
 
+_AFFINE_OPS = frozenset(("add", "sub", "mul"))
+
+
 def from_linear(form: dict) -> te.Expr:
     expr: te.Expr | None = None
     terms = [v for v in form if v != 1]
     terms.sort(key=lambda v: (0, v.uid, "") if isinstance(v, te.Var) else (1, 0, v.key))
+    bases = [var if isinstance(var, te.Var) else var.expr for var in terms]
+    if all(b.dtype == te.INDEX_DTYPE for b in bases) and all(type(c) is int for c in form.values()):
+        # the tree the operators below build, made directly (index dtype and int coefficients
+        # throughout: no literal is converted)
+        for var, base in zip(terms, bases, strict=True):
+            term = base if form[var] == 1 else te.BinOp("mul", base, te.Const(form[var], te.INDEX_DTYPE))
+            expr = term if expr is None else te.BinOp("add", expr, term)
+        c = form.get(1, 0)
+        if expr is None:
+            return te.Const(c, te.INDEX_DTYPE)
+        return te.BinOp("add", expr, te.Const(c, te.INDEX_DTYPE)) if c else expr
     for var in terms:
         base = var if isinstance(var, te.Var) else var.expr
         term = base if form[var] == 1 else base * form[var]
@@ -163,6 +179,13 @@ class _Lowering:
         # Keyed by identity; each value holds its key's objects, so an id is never reused meanwhile.
         self._flat: dict[tuple, tuple] = {}
         self._access: dict[tuple, tuple] = {}
+        # per load-free expression node its variables; per (node, its variables' values, vector
+        # loop) the op :meth:`ex` made of it, dropped with the scope it was made in (like the CSE
+        # table: while that scope is open, evaluating the node again would only find ops in it)
+        self._vars: dict[int, tuple] = {}
+        self._memo: dict[tuple, tuple] = {}
+        self._memo_scopes: list[list[tuple]] = [[]]
+        self._unrolling = 0  # unrolled loops open: only there is a node evaluated again and again
         self.stages = {st.name: st for st in sch.stages}
         self.env: dict = {}
         self.var_ext: dict = {}
@@ -189,10 +212,13 @@ class _Lowering:
     def open_scope(self) -> None:
         """Pure ops emitted from here on are reused only until :meth:`close_scope`."""
         self._cse_scopes.append([])
+        self._memo_scopes.append([])
 
     def close_scope(self) -> None:
         for key in self._cse_scopes.pop():
             del self._cse[key]
+        for key in self._memo_scopes.pop():
+            del self._memo[key]
 
     def const(self, value, dtype: str = te.INDEX_DTYPE) -> int:
         key = ("CONST", dtype, 1, (), value)
@@ -211,6 +237,8 @@ class _Lowering:
         return self.emit("BROADCAST", u.dtype, lanes, (i,))
 
     def alu(self, op: str, *srcs: int) -> int:
+        if len(srcs) == 2:
+            return self._alu2(op, srcs[0], srcs[1])
         us = [self.uops[s] for s in srcs]
         scalar_consts = [u.op == "CONST" and u.lanes == 1 for u in us]
         if all(scalar_consts) and op in _FOLD:
@@ -228,6 +256,28 @@ class _Lowering:
         dtype = "bool" if op in _BOOL_RESULT else us[1].dtype if op == "where" else us[0].dtype
         idx = self._cse.get(("ALU", dtype, lanes, srcs, op))
         return self.emit("ALU", dtype, lanes, srcs, op) if idx is None else idx
+
+    def _alu2(self, op: str, a: int, b: int) -> int:
+        """:meth:`alu` of two operands (most ops), the same steps without the lists."""
+        ua, ub = self.uops[a], self.uops[b]
+        const_a = ua.op == "CONST" and ua.lanes == 1
+        const_b = ub.op == "CONST" and ub.lanes == 1
+        if const_a and const_b and op in _FOLD:
+            return self.const(_FOLD[op](ua.arg, ub.arg), "bool" if op in te.BinOp.COMPARE else ua.dtype)
+        unit = _UNIT.get(op)
+        if unit is not None:
+            if const_b and ub.arg == unit:
+                return a
+            if op != "sub" and const_a and ua.arg == unit:
+                return b
+        lanes = ua.lanes if ua.lanes >= ub.lanes else ub.lanes
+        if ua.lanes != lanes:
+            a = self.broadcast(a, lanes)
+        if ub.lanes != lanes:
+            b = self.broadcast(b, lanes)
+        dtype = "bool" if op in _BOOL_RESULT else ua.dtype
+        idx = self._cse.get(("ALU", dtype, lanes, (a, b), op))
+        return self.emit("ALU", dtype, lanes, (a, b), op) if idx is None else idx
 
     # ---------------------------------------------------------------- bodies and bounds
     def body_of(self, name: str) -> te.Expr:
@@ -408,9 +458,11 @@ class _Lowering:
 
     def loop(self, var: te.Var, extent: int, kind: str, fn, vectorizable: bool) -> None:
         if kind == "unrolled" or extent == 1:
+            self._unrolling += extent > 1
             for value in range(extent):
                 self.env[var] = self.const(value)
                 fn()
+            self._unrolling -= extent > 1
             self.env.pop(var, None)
             return
         if kind == "vectorized" and vectorizable and self.vec is None:
@@ -578,9 +630,22 @@ class _Lowering:
     # ---------------------------------------------------------------- expressions
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
         if type(e) is te.BinOp:  # the most common node first
-            if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
-                return self.index_sum(e, mask)
-            return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
+            if not self._unrolling:
+                if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
+                    return self.index_sum(e, mask)
+                return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
+            variables = self._variables(e)
+            if variables is None:  # loads: each evaluation emits them again
+                return self._binop(e, mask)
+            env = self.env
+            key = (id(e), self.vec, *[env.get(v) for v in variables])
+            memo = self._memo.get(key)
+            if memo is not None:
+                return memo[1]
+            idx = self._binop(e, mask)
+            self._memo[key] = (e, idx)
+            self._memo_scopes[-1].append(key)
+            return idx
         if isinstance(e, te.Const):
             return self.const(e.value, e.dtype)
         if isinstance(e, te.Var):
@@ -607,6 +672,28 @@ class _Lowering:
         if isinstance(e, te.Load):
             return self.load(e, mask)
         raise ScheduleError(f"cannot lower expression {e!r}")
+
+    def _variables(self, e: te.Expr) -> tuple[te.Var, ...] | None:
+        """The variables of a load-free expression (first occurrence order); None if it loads."""
+        hit = self._vars.get(id(e))
+        if hit is not None:
+            return hit[1]
+        if type(e) is te.BinOp:
+            a, b = self._variables(e.a), self._variables(e.b)
+            found = None if a is None or b is None else a + tuple(v for v in b if v not in a)
+        elif isinstance(e, te.Var):
+            found = (e,)
+        elif isinstance(e, te.Const):
+            found = ()
+        else:
+            found = _pure_vars(e)
+        self._vars[id(e)] = (e, found)
+        return found
+
+    def _binop(self, e: te.BinOp, mask: int | None) -> int:
+        if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
+            return self.index_sum(e, mask)
+        return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
 
     def index_sum(self, e: te.BinOp, mask: int | None) -> int:
         """A chain of index additions, its constant terms added last: in an unrolled body an
@@ -730,6 +817,17 @@ _FOLD = {
     "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "max": max, "min": min,
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "and": lambda a, b: bool(a and b),
 }
+
+
+def _pure_vars(e: te.Expr) -> tuple[te.Var, ...] | None:
+    """The variables of a load-free expression (first occurrence order); None if it loads."""
+    seen: dict[te.Var, None] = {}
+    for node in te.walk(e):
+        if isinstance(node, te.Var):
+            seen[node] = None
+        elif isinstance(node, (te.Load, te.Reduce)):
+            return None
+    return tuple(seen)
 
 
 def _prod(values) -> int:

@@ -17,6 +17,23 @@ from lorien.errors import LorienError
 LOOP_KINDS = ("serial", "parallel", "unrolled", "vectorized")
 
 
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _copy_step(value):
+    """A deep copy of a step (JSON-like: dicts, lists, strings, numbers), without
+    ``copy.deepcopy``'s bookkeeping (replaying a trace copied every step through it); any
+    other value goes through ``copy.deepcopy``."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _copy_step(item) for key, item in value.items()}
+    if kind is list:
+        return [_copy_step(item) for item in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
+
+
 class ScheduleError(LorienError, ValueError):
     """A primitive that cannot be applied (unknown axis, wrong order, bad factor...)."""
 
@@ -246,14 +263,14 @@ class Schedule:
             raise ScheduleError(f"unknown schedule step kind {kind!r} in {step}")
         if kind == "cache_read":  # the cached tensor may be an input, which has no stage
             result = handler(self._tensor(step["stage"]), step)
-            self.steps.append(copy.deepcopy(step))
+            self.steps.append(_copy_step(step))
             return result
         stage = self[step["stage"]]
         for key in ("axis",):
             if key in step and kind != "compute_at" and step[key] not in stage.leaf:
                 raise ScheduleError(f"step {step}: {step[key]!r} is not a leaf axis of {stage.name!r} ({stage.leaf})")
         result = handler(stage, step)
-        self.steps.append(copy.deepcopy(step))
+        self.steps.append(_copy_step(step))
         return result
 
     def _apply_split(self, stage: Stage, step: dict):

@@ -47,8 +47,28 @@ def _nbytes(ty: ir.Type) -> int:
     return {32: 4, 64: 8, 1: 1}.get(getattr(ty, "width", 0), 4 if isinstance(ty, ir.FloatType) else 8)
 
 
+@functools.cache
 def vtype(dtype: str, lanes: int) -> ir.Type:
+    """The LLVM type of ``lanes`` values of ``dtype``; one object per pair (llvmlite keeps a
+    type's text on it, so the module is written faster)."""
     return DTYPES[dtype] if lanes == 1 else ir.VectorType(DTYPES[dtype], lanes)
+
+
+@functools.cache
+def _lane(lane: int) -> ir.Constant:
+    """``i32 lane``: one constant object per lane (llvmlite keeps a constant's text on it)."""
+    return ir.Constant(I32, lane)
+
+
+@functools.cache
+def _undef(dtype: str, lanes: int) -> ir.Constant:
+    return ir.Constant(vtype(dtype, lanes), ir.Undefined)
+
+
+@functools.cache
+def _splat_mask(lanes: int) -> ir.Constant:
+    """The shufflevector mask that copies lane 0 into every lane."""
+    return ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
 
 
 def _fcmp(pred):
@@ -68,8 +88,8 @@ def _libm(name: str):
             return r.b.call(fn, [x])
         vec = ir.Constant(x.type, ir.Undefined)
         for lane in range(x.type.count):
-            part = r.b.call(fn, [r.b.extract_element(x, ir.Constant(I32, lane))])
-            vec = r.b.insert_element(vec, part, ir.Constant(I32, lane))
+            part = r.b.call(fn, [r.b.extract_element(x, _lane(lane))])
+            vec = r.b.insert_element(vec, part, _lane(lane))
         return vec
     return call
 
@@ -146,6 +166,7 @@ class LLVMRenderer:
         self.module = ir.Module(name=name)
         self.module.triple = llvm.get_process_triple()
         self.values: dict[int, ir.Value] = {}
+        self.constants: dict[tuple, ir.Constant] = {}  # per CONST uop's (dtype, lanes, repr(value))
         self.n_parallel = 0
         self.ends = self._match_ends(program.uops)
 
@@ -416,8 +437,13 @@ def _free(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
 
 
 def _const(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
-    elem = DTYPES[u.dtype]
-    return ir.Constant(elem, u.arg) if u.lanes == 1 else ir.Constant(ty, [ir.Constant(elem, v) for v in u.arg])
+    key = (u.dtype, u.lanes, repr(u.arg))  # repr: -0.0 is not 0.0, True is not 1
+    value = r.constants.get(key)
+    if value is None:
+        elem = DTYPES[u.dtype]
+        value = r.constants[key] = ir.Constant(elem, u.arg) if u.lanes == 1 else \
+            ir.Constant(ty, [ir.Constant(elem, v) for v in u.arg])
+    return value
 
 
 def _loop(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
@@ -464,15 +490,15 @@ def _alu(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
 
 
 def _broadcast(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
-    undef = ir.Constant(ty, ir.Undefined)
-    first = r.b.insert_element(undef, src[0], ir.Constant(I32, 0))
-    return r.b.shuffle_vector(first, undef, ir.Constant(ir.VectorType(I32, u.lanes), [0] * u.lanes))
+    undef = _undef(u.dtype, u.lanes)
+    first = r.b.insert_element(undef, src[0], _lane(0))
+    return r.b.shuffle_vector(first, undef, _splat_mask(u.lanes))
 
 
 def _vector(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
-    vec = ir.Constant(ty, ir.Undefined)
+    vec = _undef(u.dtype, u.lanes)
     for lane, part in enumerate(src):
-        vec = r.b.insert_element(vec, part, ir.Constant(I32, lane))
+        vec = r.b.insert_element(vec, part, _lane(lane))
     return vec
 
 
@@ -491,5 +517,5 @@ UOP_RULES: dict[str, Any] = {
     "CAST": lambda r, u, src, ty, loops: _cast(r, src[0], r.p.uops[u.src[0]].dtype, u.dtype, ty),
     "BROADCAST": _broadcast,
     "VECTOR": _vector,
-    "EXTRACT": lambda r, u, src, ty, loops: r.b.extract_element(src[0], ir.Constant(I32, u.arg)),
+    "EXTRACT": lambda r, u, src, ty, loops: r.b.extract_element(src[0], _lane(u.arg)),
 }
