@@ -224,13 +224,15 @@ def _task_run(payload: tuple) -> list[float]:
                        flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s)
 
 
-def _task_features(payload: tuple) -> list:
-    from lorien.features.program import features_task
+def _task_call(payload: tuple) -> Any:
+    """``function(argument)`` in a worker (a module-level function, pickled by name): other work
+    the idle build workers can take, e.g. a tuner's candidates featurized
+    (:func:`lorien.features.program.point_features_in_workers`)."""
+    function, argument = payload
+    return function(argument)
 
-    return features_task(payload)
 
-
-_TASKS = {"build": _task_build, "run": _task_run, "features": _task_features}
+_TASKS = {"build": _task_build, "run": _task_run, "call": _task_call}
 
 
 def _reply(kind: str, payload) -> bytes:

@@ -423,7 +423,7 @@ def point_features_in_workers(space: Any, schedule_of: Any, indices: Sequence[in
         return point_features(space, schedule_of, indices)
     shares = pool.size * 2
     chunks = [indices[start::shares] for start in range(shares) if indices[start::shares]]
-    replies = pool.map("features", [(blob, chunk) for chunk in chunks], FEATURES_TIMEOUT_S)
+    replies = pool.map("call", [(features_task, (blob, chunk)) for chunk in chunks], FEATURES_TIMEOUT_S)
     rows: dict[int, np.ndarray | None] = {}
     for chunk, reply in zip(chunks, replies, strict=True):
         values = reply[1] if reply[0] == "ok" else point_features(space, schedule_of, chunk)
