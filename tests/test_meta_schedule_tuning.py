@@ -137,6 +137,39 @@ def test_tune_job_commits_meta_schedule_records_that_compile_from_the_store(stor
     assert np.allclose(out, np.maximum(data @ weight.T + bias, 0), atol=1e-4)
 
 
+@pytest.mark.parametrize(("target", "threads"), [("llvm", 1), ("llvm -num-cores=2", 2)])
+def test_the_engine_times_a_job_on_the_threads_tvm_will_run_the_model_with(store_uri, monkeypatch, target, threads):
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")  # what TVM's runtime will use, unless the target names -num-cores
+    job = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": [8, 16, 16, True, True, F32],
+           "target": target, "trials": 2, "batch_size": 2, "measure": MEASURE, "seed": 0, "tuner": "random"}
+    records = tune_job(job, store_uri).records
+    assert records and {orjson.loads(record.build)["threads"] for record in records} == {threads}
+
+
+@pytest.mark.parametrize(("environ", "machine", "threads"), [
+    ({}, "x86_64", 4), ({}, "aarch64", 8), ({"OMP_NUM_THREADS": "3"}, "x86_64", 3),
+    ({"TVM_NUM_THREADS": "2", "OMP_NUM_THREADS": "3"}, "x86_64", 2), ({"TVM_NUM_THREADS": "64"}, "x86_64", 8)])
+def test_tvm_runtime_threads_follows_tvms_rule_on_an_8_cpu_machine(monkeypatch, environ, machine, threads):
+    from dialects.meta_schedule import tvm_measure
+
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(tvm_measure.os, "sysconf", lambda name: 8)
+    monkeypatch.setattr(tvm_measure.platform, "machine", lambda: machine)
+    assert tvm_measure.tvm_runtime_threads() == threads
+
+
+def test_a_thread_count_tvm_cannot_take_is_an_error_naming_it(monkeypatch):
+    from dialects.meta_schedule.tvm_measure import tvm_runtime_threads
+    from lorien.errors import ConfigError
+
+    monkeypatch.setenv("TVM_NUM_THREADS", "all")
+    with pytest.raises(ConfigError, match="TVM_NUM_THREADS is 'all'"):
+        tvm_runtime_threads()
+
+
 def test_any_computation_in_the_dsl_tunes(store_uri):
     from lorien.engine import te
     from lorien.engine.dag import ComputeDAG

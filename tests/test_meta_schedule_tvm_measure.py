@@ -526,3 +526,18 @@ def test_link_shared_leaves_anything_but_object_files_to_tvm_s_create_shared(tmp
     monkeypatch.setattr("shutil.which", lambda name: None)
     link_shared(str(tmp_path / "b.so"), [str(tmp_path / "lib0.o")])
     assert [call[0] for call in calls] == [str(tmp_path / "a.so"), str(tmp_path / "b.so")]
+
+
+@pytest.mark.parametrize("environ", [{}, pytest.param({"TVM_NUM_THREADS": "2"}, marks=pytest.mark.slow),
+                                     pytest.param({"OMP_NUM_THREADS": "1"}, marks=pytest.mark.slow)])
+def test_tvm_runtime_threads_is_the_thread_count_tvms_runtime_starts_with(environ):
+    pytest.importorskip("tvm")
+    import os
+    import subprocess
+
+    env = {name: value for name, value in os.environ.items() if name not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    code = ("import tvm; from dialects.meta_schedule.tvm_measure import tvm_runtime_threads; "
+            "print(tvm.get_global_func('runtime.NumThreads')(), tvm_runtime_threads())")
+    out = subprocess.run([sys.executable, "-c", code], env={**env, **environ}, capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out[0] == out[1], f"TVM's runtime starts {out[0]} threads, tvm_runtime_threads() says {out[1]}"

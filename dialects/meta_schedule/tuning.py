@@ -26,6 +26,7 @@ from dialects.meta_schedule.records import args_info, make_record
 from dialects.meta_schedule.space import TraceSpace
 from dialects.meta_schedule.workload import workload_key_of
 from lorien import workload_registry
+from lorien.engine.build import build_info
 from lorien.engine.cpu import engine_target
 from lorien.engine.dag import ComputeDAG
 from lorien.record import TuningRecord
@@ -92,9 +93,12 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
     info, flop, layout = args_info(dag), dag.flop(), dag.layout()
     task_name = task_name or next(t.name for t in reversed(dag.ops))
 
+    engine_build = build_info(engine_measure_target(target))  # what the engine's records say measured them
+
     def to_records(traces: list[Any], results: list[Any], source: str) -> list[TuningRecord]:
         return [make_record(target, workload_key, trace, list(r.costs), int(r.error_no), float(r.all_cost),
-                            float(r.timestamp), info, flop, task_name, extra, source, layout, r.extra.get("build"))
+                            float(r.timestamp), info, flop, task_name, extra, source, layout,
+                            r.extra.get("build") or engine_build)
                 for trace, r in zip(traces, results, strict=True)]
 
     config_key = trace_key(program_keys(dag, space, engine_target(target)))
@@ -165,8 +169,25 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str,
         return TvmMeasurer(dag, job.measure, target, entry)
     from lorien.engine.measure import keeping_fastest
 
+    measure_target = engine_measure_target(target)
     return keeping_fastest(lambda traces, best_cost_s, ahead=(), build_costs=None: measure_traces(
-        dag, traces, job.measure, engine_target(target), best_cost_s, ahead, build_costs))
+        dag, traces, job.measure, measure_target, best_cost_s, ahead, build_costs))
+
+
+def engine_measure_target(target: str) -> str | None:
+    """The target Lorien's engine times a job's traces for: the job's CPU target (this host for
+    a GPU target, as :func:`~lorien.engine.cpu.engine_target`), its parallel loops on as many threads as TVM's runtime will give the
+    built model (:func:`~dialects.meta_schedule.tvm_measure.tvm_runtime_threads`) unless the
+    target names ``-num-cores``. With all the online CPUs, as the engine's default, the engine
+    timed the BERT layer's FFN candidates on 2 threads where TVM ran them on 1, and ranked them
+    unlike TVM (docs/models.md, "The BERT layer per task")."""
+    from dialects.meta_schedule.tvm_measure import tvm_runtime_threads
+    from lorien.target import parse_target
+
+    text = engine_target(target)
+    if text is None or parse_target(text).get("num-cores") is not None:
+        return text
+    return f"{text} -num-cores={tvm_runtime_threads()}"
 
 
 def remeasure_best(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any],

@@ -36,6 +36,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -208,6 +209,23 @@ def tvm_build_info(target: str) -> str:
                    "tvm_target": tvm_target, "llvm": str(tvm.target.codegen.llvm_version_major()),
                    "threads": threads})
     return orjson.dumps(fields, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def tvm_runtime_threads() -> int:
+    """Threads TVM's CPU runtime runs a parallel loop on in a process started as this one is,
+    by TVM 0.27's rule and without importing TVM: ``TVM_NUM_THREADS``, else ``OMP_NUM_THREADS``,
+    else half the online CPUs on x86-64 (TVM assumes two hardware threads a core) and all of
+    them elsewhere; at least 1, at most the online CPUs. On a 2-vCPU machine without SMT that is
+    1: a TVM-built model runs its parallel loops on one thread there, where the engine would use two."""
+    online = os.sysconf("SC_NPROCESSORS_ONLN")
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        wanted = os.environ.get(name, "").strip()
+        if wanted:
+            if not wanted.isdigit() or int(wanted) < 1:
+                raise ConfigError(f"${name} is {wanted!r}; TVM's runtime takes a positive thread count")
+            return max(1, min(int(wanted), online))
+    halved = platform.machine().lower() in ("x86_64", "amd64")
+    return max(1, online // 2 if halved else online)
 
 
 def check_measure_with(value: Any, target: str) -> None:
