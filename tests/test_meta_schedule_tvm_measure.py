@@ -411,7 +411,8 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     assert failed.error_no == ErrorNo.INSTANTIATION_ERROR and "no_such_block" in failed.error_msg
     assert first.error_no == second.error_no == ErrorNo.NO_ERROR
     assert len(first.costs) == len(second.costs) == 3 and all(cost > 0 for cost in first.costs + second.costs)
-    assert len(timed) == 6 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 3 and timed[1::2] == [timed[1]] * 3
+    # a warm-up round (not recorded), then 3 rounds, the two traces taking turns in each
+    assert len(timed) == 8 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 4 and timed[1::2] == [timed[1]] * 4
 
 
 
@@ -433,7 +434,7 @@ def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypat
 
     monkeypatch.setattr(measurer, "_time_once", recording)
     result, = measurer([TraceSpace(dag).get(0)])
-    assert len(result.costs) == 4 and asked[0] is None
+    assert len(result.costs) == 4 and len(asked) == 5 and asked[0] is None  # the warm-up round is not recorded
     assert len(set(asked[1:])) == 1 and asked[1] > 1  # a 32x32 matmul runs in microseconds: many runs a timing
     assert asked[1] * min(result.costs) * 1e3 >= 5 * 0.5  # about min_repeat_ms of runs, not one run
     assert measurer._calibrated_number(0.001) == 6 and measurer._calibrated_number(0.1) == 1
@@ -455,8 +456,8 @@ def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkey
     dag = _matmul_32()
     space = TraceSpace(dag)
     traces = [space.get(0), space.get(1), space.get(len(space) - 1)]
-    scripted = {0: iter([1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([1.08, 0.98, 1.04, 1.0, 1.06, 1.02]),
-                2: iter([3.0, 2.9, 3.1, 3.0, 3.0, 3.0])}
+    scripted = {0: iter([9.0, 1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([9.0, 1.08, 0.98, 1.04, 1.0, 1.06, 1.02]),
+                2: iter([9.0, 3.0, 2.9, 3.1, 3.0, 3.0, 3.0])}  # first: the warm-up round, not recorded
     kernels: dict[int, int] = {}
 
     def scripted_time(kernel, arrays, number=None):
@@ -469,11 +470,11 @@ def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkey
     assert len(close.costs) == len(also_close.costs) == 6  # overlapping: every round
     assert slow.costs == [3.0, 2.9, 3.1]  # behind from the third round on: timed no more
     kernels.clear()
-    scripted.update({0: iter([1.0, 1.0, 1.0, 1.0]), 1: iter([2.0, 2.0, 2.0, 2.0]), 2: iter([3.0] * 4)})
+    scripted.update({0: iter([9.0, 1.0, 1.0, 1.0, 1.0]), 1: iter([9.0, 2.0, 2.0, 2.0, 2.0]), 2: iter([9.0] + [3.0] * 4)})
     first, second, third = measurer(traces)
     assert len(first.costs) == len(second.costs) == len(third.costs) == 3  # one left after round 3: done
     kernels.clear()
-    scripted.update({0: iter([1.0] * 6), 1: iter([2.0] * 6), 2: iter([3.0] * 6)})
+    scripted.update({0: iter([1.0] * 7), 1: iter([2.0] * 7), 2: iter([3.0] * 7)})
     measurer.race_from = None
     assert [len(result.costs) for result in measurer(traces)] == [6, 6, 6]  # no racing: every round
 

@@ -277,8 +277,9 @@ class TvmMeasurer:
 
     def measure_taking_turns(self, traces: Sequence[Any]) -> list[Any]:
         """Traces built, checked and timed by TVM, one MeasureResult each, their ``repeat``
-        timings taken in turns: every trace once (``number`` runs, at least ``min_repeat_ms``),
-        then every trace again, ``repeat`` rounds. A burst of load from another process then
+        timings taken in turns after a warm-up round that is not recorded (:meth:`_calibrated_number`):
+        every trace once (``number`` runs, at least ``min_repeat_ms``), then every trace again,
+        ``repeat`` rounds. A burst of load from another process then
         falls on all of them alike rather than on the one trace being timed, which matters
         where their TVM latencies choose between them (``remeasure_with_tvm``).
 
@@ -301,19 +302,24 @@ class TvmMeasurer:
             else:
                 ready.append((index, *prepared))
         costs: dict[int, list[float]] = {index: [] for index, *_ in ready}
-        numbers: dict[int, int] = {}  # runs per timing that reach min_repeat_ms, found by the first round
+        numbers: dict[int, int] = {}  # runs per timing that reach min_repeat_ms, found by the warm-up round
         failed: dict[int, str] = {}
         dropped: set[int] = set()
-        for round_number in range(1, max(1, int(self.option.repeat)) + 1):
+        for round_number in range(0, max(1, int(self.option.repeat)) + 1):
             for index, kernel, arrays in ready:
                 if index in failed or index in dropped:
                     continue
                 try:
-                    costs[index].append(self._time_once(kernel, arrays, numbers.get(index)))
+                    seconds = self._time_once(kernel, arrays, numbers.get(index))
                 except Exception as exc:  # noqa: BLE001 - the candidate's runtime error, as in measure_one
                     failed[index] = f"{type(exc).__name__}: {exc}"
                     continue
-                numbers.setdefault(index, self._calibrated_number(costs[index][0]))
+                if round_number == 0:  # the warm-up round: not recorded
+                    numbers[index] = self._calibrated_number(seconds)
+                else:
+                    costs[index].append(seconds)
+            if round_number == 0:
+                continue
             if self.race_from is not None and round_number >= self.race_from and len(ready) > 1:
                 racing = {index: costs[index] for index, _, _ in ready if index not in failed and index not in dropped}
                 dropped |= self._race(racing)
@@ -418,13 +424,18 @@ class TvmMeasurer:
         return {index for index, timings in costs.items() if index != leader and min(timings) > slowest}
 
     def _calibrated_number(self, seconds_per_run: float) -> int:
-        """Runs per timing for a kernel whose first timing gave ``seconds_per_run``: the job's
+        """Runs per timing for a kernel whose warm-up timing gave ``seconds_per_run``: the job's
         ``number``, or as many as fill ``min_repeat_ms`` with a tenth to spare. TVM's evaluator finds
         that count anew in every call: it times ``number`` runs, then more, until one timing lasts
         ``min_repeat_ms``, so a fresh call per round spent about twice ``min_repeat_ms`` a timing (on
-        the BERT layer's re-measured traces, 20 ms a timing against 10). Starting the later rounds
-        from the count the first one reached keeps what each timing is (at least ``min_repeat_ms``
-        of runs) and takes one pass; TVM's own runner does the same within its ``repeat``."""
+        the BERT layer's re-measured traces, 20 ms a timing against 10). The rounds start from the
+        count the warm-up round reached, which keeps what each timing is (at least ``min_repeat_ms``
+        of runs) in one pass; TVM's own runner does the same within its ``repeat``.
+
+        The warm-up round is not recorded: right after the traces were built and checked, the first
+        timings of a call ran up to 2.4x the later ones (15 of the 16 finalists of the BERT layer's
+        four large matmul tasks in one tuning run, the NumPy reference's BLAS threads among the
+        suspects), and a finalist's mean, which chooses the exported trace, carried it."""
         number = int(self.option.number)
         if self.option.min_repeat_ms <= 0 or not seconds_per_run > 0:
             return number
