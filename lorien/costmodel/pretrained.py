@@ -34,8 +34,13 @@ from typing import Any
 import numpy as np
 
 from lorien.errors import ConfigError, LorienError
-from lorien.features.program import (FEATURE_NAMES, PROGRAM_TEMPLATE, feature_dict, point_features,
-                                     point_features_in_workers)
+from lorien.features.program import (
+    FEATURE_NAMES,
+    PROGRAM_TEMPLATE,
+    feature_dict,
+    point_features,
+    point_features_in_workers,
+)
 
 _UNROLL_WORK, _UOPS = FEATURE_NAMES.index("pg_unroll_work"), FEATURE_NAMES.index("pg_uops")
 #: Boosting rounds added to the pre-trained model after each measured batch.

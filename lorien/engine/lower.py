@@ -101,9 +101,9 @@ def linear(expr: te.Expr) -> dict | None:
         if b is None:
             return {Atom(expr): 1}
         if expr.op == "mul":
-            if len(a) <= 1 and (not a or 1 in a):  # a constant: keep the variables in a
+            if a.keys() <= {1}:  # a constant: keep the variables in a
                 a, b = b, a
-            if not (len(b) <= 1 and (not b or 1 in b)):
+            if not b.keys() <= {1}:
                 return {Atom(expr): 1}
             k = b.get(1, 0)
             return {v: c * k for v, c in a.items() if c * k}
@@ -631,9 +631,7 @@ class _Lowering:
     def ex(self, e: te.Expr, mask: int | None = None) -> int:
         if type(e) is te.BinOp:  # the most common node first
             if not self._unrolling:
-                if e.op == "add" and e.dtype == te.INDEX_DTYPE and type(e.a) is te.BinOp and e.a.op == "add":
-                    return self.index_sum(e, mask)
-                return self.alu(e.op, self.ex(e.a, mask), self.ex(e.b, mask))
+                return self._binop(e, mask)
             variables = self._variables(e)
             if variables is None:  # loads: each evaluation emits them again
                 return self._binop(e, mask)

@@ -156,6 +156,12 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}\n{''.join(frames)}".rstrip()
 
 
+def _arguments_key(specs) -> tuple:
+    """What a kernel's random inputs (and so its reference outputs) are made from, besides the seed:
+    its arguments' names, logical shapes, dtypes and which are outputs."""
+    return tuple((a.name, logical_shape(a), a.dtype, a.is_output) for a in specs)
+
+
 _EXPECTED: dict = {}
 
 
@@ -163,7 +169,7 @@ def _expected_outputs(reference: Callable, inputs: list[np.ndarray], specs, seed
     """``reference(*inputs)`` as a list, memoized: inputs (in their logical layouts) are a
     function of (specs, seed), so every candidate of one workload shares one reference
     computation, whatever layout its schedule takes the inputs in."""
-    key = (pickle.dumps(reference), tuple((a.name, logical_shape(a), a.dtype, a.is_output) for a in specs), seed)
+    key = (pickle.dumps(reference), _arguments_key(specs), seed)
     if key not in _EXPECTED:
         expected = reference(*inputs)
         _EXPECTED.clear()
@@ -178,7 +184,7 @@ def _fresh_logical_arrays(specs: Sequence[Any], seed: int) -> list[np.ndarray]:
     """``logical_arrays(specs, seed)``, the random inputs drawn once per workload in a runner (the
     candidates of a job share them, as they share the reference outputs): each call gets fresh
     aligned copies, so a kernel that writes where it must not cannot change the next one's inputs."""
-    key = (tuple((a.name, logical_shape(a), a.dtype, a.is_output) for a in specs), seed)
+    key = (_arguments_key(specs), seed)
     if key not in _INPUTS:
         _INPUTS.clear()
         _INPUTS[key] = logical_arrays(specs, seed)
