@@ -231,3 +231,42 @@ def test_the_committed_workloads_are_the_tasks_tvm_extracts_from_the_model(datab
     committed = {str(orjson.loads(line)[0])
                  for line in (DATA / database / "database_workload.json").read_text().splitlines()}
     assert extracted == committed
+
+
+def _host_runs_avx2() -> bool:
+    from lorien.engine.cpu import host_cpu_features
+
+    return "+avx2" in host_cpu_features().split(",")
+
+
+@pytest.mark.skipif(not _host_runs_avx2(), reason="the kernels are built for an AVX2 CPU and run here")
+@pytest.mark.parametrize("number", [1, 2])
+def test_a_padded_input_read_as_nine_lanes_is_right_when_built_for_avx2(number):
+    """Two of TVM's own records of a ResNet-18 task (conv2d 512x512 3x3 on 7x7, bias, relu) read a
+    padded row of 9 as one vector: a masked load of 9 lanes, which LLVM 22 compiled for AVX2 into
+    8 masked lanes and an unmasked ninth (the next input value where the padding's zero belongs;
+    found replaying TVM's records on an AMD znver3). Built for haswell, whatever this host is."""
+    database = DATA / "relax_resnet18_pad9"
+    record = read_database_line(database, number)
+    dag = workload_dag(record, entries=workload_texts(database))
+    replay = replay_trace(dag, orjson.loads(record.config))
+    assert check_kernel(build(replay.schedule, replay.args, target="llvm -mcpu=haswell"), dag) < 1e-3
+
+
+def test_a_masked_load_of_lanes_not_a_power_of_two_is_done_as_the_next_power_of_two():
+    from lorien.engine.codegen.llvm import render
+    from lorien.engine.cpu import building_for
+    from lorien.engine.lower import lower
+
+    data = te.placeholder((4, 7), "float32", "data")
+    padded = te.compute((4, 9), lambda i, j: te.if_then_else(te.all(j >= 1, j < 8), data[i, j - 1], 0.0),
+                        name="padded")
+    schedule = create_schedule(padded)
+    schedule[padded].vectorize("j")
+    with building_for("llvm -mcpu=haswell"):
+        text = render(lower(schedule, [data, padded], "kernel"))
+    assert "llvm.masked.load.v16f32" in text and "llvm.masked.load.v9f32" not in text
+    got = np.zeros((4, 9), np.float32)
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 7)).astype(np.float32)
+    build(schedule, [data, padded], target="llvm -mcpu=haswell")(x, got)
+    assert np.array_equal(got, np.pad(x, ((0, 0), (1, 1))))

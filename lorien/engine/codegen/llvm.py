@@ -470,12 +470,40 @@ def _endif(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
     r.b.position_at_end(after)
 
 
+@functools.cache
+def _widening_masks(lanes: int, wide: int) -> tuple[ir.Constant, ir.Constant, ir.Constant]:
+    """For a masked load of ``lanes`` lanes done as one of ``wide``: the all-false mask of
+    ``lanes`` lanes, the shufflevector mask that widens a lane mask with false lanes and the one
+    that keeps the first ``lanes`` lanes of the wide value."""
+    return (ir.Constant(ir.VectorType(I1, lanes), None),
+            ir.Constant(ir.VectorType(I32, wide), list(range(lanes)) + [lanes] * (wide - lanes)),
+            ir.Constant(ir.VectorType(I32, lanes), list(range(lanes))))
+
+
 def _load(r: Any, u: UOp, src: list, ty: Any, loops: list) -> ir.Value:
     ptr = r.b.gep(src[0], [src[1]], source_etype=DTYPES[u.dtype])
     if len(src) == 3:  # masked
-        masked = r.extern(f"llvm.masked.load.{_mangle(ty)}.p0", ty, [PTR, I32, ir.VectorType(I1, u.lanes), ty])
-        return r.b.call(masked, [ptr, ir.Constant(I32, 4), src[2], ir.Constant(ty, None)])
+        return _masked_load(r, u, ptr, src[2], ty)
     return r.b.load(ptr, typ=ty, align=4)
+
+
+def _masked_load(r: Any, u: UOp, ptr: ir.Value, mask: ir.Value, ty: Any) -> ir.Value:
+    """``llvm.masked.load`` of ``u.lanes`` lanes, zero where ``mask`` is false. A lane count that
+    is not a power of two is loaded as the next power of two with the extra lanes masked off (they
+    touch no memory), then narrowed: LLVM 22 splits a 9-lane masked load for AVX2 into 8 masked
+    lanes and a ninth it loads and keeps whatever its mask says (a padded 7x7 convolution input
+    read as 9 lanes, one of TVM's own ResNet-18 traces, stored the input's next value where the
+    padding's zero belongs; docs/engine.md). AVX-512's mask registers never split it."""
+    lanes = u.lanes
+    wide = 1 << (lanes - 1).bit_length()
+    if wide == lanes:
+        masked = r.extern(f"llvm.masked.load.{_mangle(ty)}.p0", ty, [PTR, I32, ir.VectorType(I1, lanes), ty])
+        return r.b.call(masked, [ptr, ir.Constant(I32, 4), mask, ir.Constant(ty, None)])
+    wide_ty = vtype(u.dtype, wide)
+    off, widen, narrow = _widening_masks(lanes, wide)
+    masked = r.extern(f"llvm.masked.load.{_mangle(wide_ty)}.p0", wide_ty, [PTR, I32, ir.VectorType(I1, wide), wide_ty])
+    loaded = r.b.call(masked, [ptr, ir.Constant(I32, 4), r.b.shuffle_vector(mask, off, widen), ir.Constant(wide_ty, None)])
+    return r.b.shuffle_vector(loaded, _undef(u.dtype, wide), narrow)
 
 
 def _store(r: Any, u: UOp, src: list, ty: Any, loops: list) -> None:
