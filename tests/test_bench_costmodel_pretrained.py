@@ -165,3 +165,36 @@ def test_sections_are_timed_and_the_last_line_keeps_every_key(bench, monkeypatch
                     "zeroshot_conv_top1", "zeroshot_dw_top1", "zeroshot_bmm_top1", "transfer10_top5", "own10_top5",
                     "pretrained_trials_speedup_autotvm", "pretrained_trials_speedup_auto_scheduler",
                     "pretrained_trials_speedup_meta_schedule", "pretrained_final_vs_scratch"]
+
+
+def test_records_are_retimed_on_the_threads_their_measurement_ran_on(bench):
+    """A meta_schedule job times on TVM's runtime threads (its records' build says threads: 1 on a
+    2-CPU x86-64 host); its configs are re-timed on as many, not on every CPU."""
+    def record(build, target="llvm -keys=cpu -mcpu=znver3"):
+        return SimpleNamespace(build=build, target=target)
+
+    assert bench.timing_target(record('{"threads": 1, "measured_by": "lorien"}')) == \
+        "llvm -keys=cpu -mcpu=znver3 -num-cores=1"
+    assert bench.timing_target(record('{"threads": 2}')) == "llvm -keys=cpu -mcpu=znver3 -num-cores=2"
+    assert bench.timing_target(record("")) is None  # an ingested log line: this host, every CPU
+    assert bench.timing_target(record("not json")) is None
+    assert bench.timing_target(record('{"threads": 1}', "llvm -num-cores=4")) is None  # the target says
+
+
+def test_a_meta_schedule_config_is_retimed_on_one_thread_when_tuned_on_one(bench, monkeypatch):
+    """compile_record hands the kernel a one-thread target, so its parallel loop runs on one thread."""
+    from lorien.dialect import get_dialect
+    from lorien.engine import cpu
+    from lorien.tune.loop import tune_job
+
+    records = []
+    tune_job(bench._job("meta_schedule", "dense", {"M": 64, "N": 128, "K": 128}, "random", 2, seed=0, batch_size=2),
+             None, on_batch=lambda state, batch: records.extend(batch))
+    record = next(r for r in records if r.is_valid)
+    built = []
+    owner = get_dialect("meta_schedule")
+    compile_record = owner.compile_record
+    monkeypatch.setattr(type(owner), "compile_record",
+                        lambda self, rec, target=None, store=None: built.append(target) or compile_record(rec, target))
+    bench.retime_configs("meta_schedule", [record.with_changes(build='{"threads": 1}')], rounds=1)
+    assert built and cpu.cpu_target(built[0]).num_cores == 1
