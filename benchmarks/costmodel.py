@@ -862,7 +862,9 @@ def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, pe
     if len(rows) < 2:
         return {"ndcg": math.nan, "ndcg_random": math.nan, "top1": math.nan, "configs": len(rows)}
     gains = (1.0 / np.asarray(fastest)) / (1.0 / min(fastest))
-    scores = ProgramModel(model_path, host_target().canonical).score(np.vstack(rows))
+    # scored with the target features of the threads the layer was timed on, as the guide scores it
+    timed_for = next((timing_target(record) for record in records if record.is_valid), None)
+    scores = ProgramModel(model_path, timed_for or host_target().canonical).score(np.vstack(rows))
     chance = ndcg_of_random_orders(gains, k, permutations, np.random.default_rng(0))
     return {"ndcg": ndcg_at(scores, gains, k), "ndcg_random": chance,
             "top1": float(gains[int(np.argmax(scores))]), "configs": len(rows)}

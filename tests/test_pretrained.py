@@ -654,3 +654,25 @@ def test_the_guides_build_time_guess_ranks_programs_by_the_size_of_the_ir_llvm_c
         guesses.append(guide.build_cost(int(index)))
         sizes.append(len(llvm_codegen.render(lower(schedule, list(args), "kernel"), "kernel")))
     assert spearmanr(guesses, sizes).statistic > 0.8
+
+
+@pytest.mark.parametrize("dialect, threads", [("meta_schedule", 1), ("autotvm", None)])
+def test_the_guide_scores_candidates_for_the_threads_they_are_timed_on(dialect, threads, program_model, monkeypatch):
+    """A meta_schedule job times on TVM's runtime threads (here forced to 1): its records' build
+    says threads 1, and the guide scores its candidates with the same target features (tg_cores 1),
+    not with every CPU's; the other dialects time and score on every CPU."""
+    from lorien.costmodel.pretrained import guide_tuner
+    from lorien.dialect import get_dialect
+    from lorien.engine.cpu import cpu_target
+    from lorien.tune.job import TuneJob
+
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    job = TuneJob.from_spec(_job(dialect, program_model, trials=4, batch_size=4))
+    context = get_dialect(dialect).tuning_context(job, None)
+    guide_tuner(context, job)
+    cores = context.tuner.guide.model.target_part["tg_cores"]
+    assert cores == (threads or cpu_target(None).threads)
+    if threads is not None:
+        assert context.measure_target.endswith(f"-num-cores={threads}")
+        record = context.to_records([context.space.get(0)], context.measure([context.space.get(0)]), "test")[0]
+        assert orjson.loads(record.build)["threads"] == cores

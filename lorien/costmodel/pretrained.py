@@ -328,7 +328,9 @@ def guide_tuner(context: Any, job: Any) -> dict[str, Any]:
                           f"for a cost_model to score")
     from lorien.target import parse_target
 
-    model = ProgramModel(job.cost_model, parse_target(job.target).canonical)
+    # the target the candidates are timed for: the model scores them with its target features
+    # (threads, vector width, caches), as its training records carry the build that measured them
+    model = ProgramModel(job.cost_model, context.measure_target or parse_target(job.target).canonical)
     context.tuner.set_guide(ProgramGuide(model, context.space, context.schedule_of))
     return model.describe()
 

@@ -68,6 +68,9 @@ class TuneContext:
     - ``build_costs``: ``measure(configs, build_costs=[...])`` takes a guess at each config's build
       time (a guided tuner's, :meth:`lorien.search.xgb.XGBTuner.build_costs`) and starts the
       longest builds first; the configs are still measured in the order given.
+    - ``measure_target``: the target the engine times this job's candidates for, where it is not
+      the job's own (a meta_schedule job times on TVM's runtime threads: ``-num-cores`` added);
+      a ``cost_model``'s target features (``tg_cores``, ...) describe it, as its records' build does.
     - ``finish(measured, source) -> records``: run once after the last batch, given every known
       config's result by its key (this run's MeasureResults, stored records); its records
       (e.g. the best configs measured again another way) are committed and reported like a
@@ -89,6 +92,7 @@ class TuneContext:
     finish: Callable[[dict[bytes, Any], str], list[TuningRecord]] | None = None
     builds_ahead: bool = False
     build_costs: bool = False
+    measure_target: str | None = None
 
 
 def stored_history(store: Any, job: TuneJob, workload_key: str) -> list[TuningRecord]:
