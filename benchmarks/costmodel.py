@@ -771,7 +771,9 @@ def retime_samples(dialect: str, records: list, rounds: int, repeat: int = 3) ->
     kernels: list[tuple[str, object, list]] = []
     for record in records:
         try:
-            kernel = owner.compile_record(record, target=timing_target(record))
+            # on the threads its measurement ran on (a meta_schedule job times on TVM's runtime threads,
+            # 1 on a 2-CPU x86-64 host; re-timed on every CPU, runs tuned for one thread were judged on two)
+            kernel = owner.compile_record(record, target=record.measured_target)
             arrays = argument_arrays(kernel.args, option.seed)
             kernel(*arrays)  # warm: first touch of the output, code paged in
         except Exception as err:  # noqa: BLE001 - a config that failed to build drops out of the re-timing
@@ -786,22 +788,6 @@ def retime_samples(dialect: str, records: list, rounds: int, repeat: int = 3) ->
                                 min_repeat_ms=option.min_repeat_ms, flush_cache=option.flush_cache, warmup=False)
             times[config].append([float(c) for c in costs])
     return times
-
-
-def timing_target(record) -> str | None:
-    """The target a record's config is re-timed for: this host (None) on as many threads as its
-    measurement ran on (its build JSON's ``threads``), so that re-timing and tuning time the same
-    thing. A meta_schedule job times on TVM's runtime threads (1 on a 2-CPU x86-64 host), the other
-    dialects on every CPU; re-timed on every CPU, meta_schedule runs tuned for one thread were
-    judged on two (2026-11-28, znver3: a guided BERT dense run's configs first measured at 2.1 ms
-    re-timed at 0.93)."""
-    try:
-        threads = json.loads(record.build or "{}").get("threads")
-    except (ValueError, AttributeError):
-        threads = None
-    if not isinstance(threads, int) or threads < 1 or "-num-cores" in record.target:
-        return None
-    return f"{record.target} -num-cores={threads}"
 
 
 def retimed_latency(rounds: list[list[float]], statistic: str = "min") -> float:
@@ -863,7 +849,7 @@ def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, pe
         return {"ndcg": math.nan, "ndcg_random": math.nan, "top1": math.nan, "configs": len(rows)}
     gains = (1.0 / np.asarray(fastest)) / (1.0 / min(fastest))
     # scored with the target features of the threads the layer was timed on, as the guide scores it
-    timed_for = next((timing_target(record) for record in records if record.is_valid), None)
+    timed_for = next((record.measured_target for record in records if record.is_valid), None)
     scores = ProgramModel(model_path, timed_for or host_target().canonical).score(np.vstack(rows))
     chance = ndcg_of_random_orders(gains, k, permutations, np.random.default_rng(0))
     return {"ndcg": ndcg_at(scores, gains, k), "ndcg_random": chance,

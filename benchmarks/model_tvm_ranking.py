@@ -41,9 +41,11 @@ def task_rankings(store_uri: str, model_path: str, measured_by: set[str], names:
     from lorien.warehouse import open_store
 
     dialect = get_dialect("meta_schedule")
-    model = ProgramModel(model_path, host_target().canonical)
     store = open_store(store_uri)  # open while records are lowered: their workloads are found there
     records = [TuningRecord.from_row(row) for row in store.scan({"dialect": "meta_schedule"}).to_pylist()]
+    # scored with the target features of the threads the engine timed them on, as the guide scored them
+    model = ProgramModel(model_path, next((r.measured_target for r in records if r.measured_by == "lorien"
+                                           and r.measured_target), None) or host_target().canonical)
     by_task: dict[str, dict[str, TuningRecord]] = {}
     for record in records:
         if record.is_valid and record.measured_by in measured_by:

@@ -162,12 +162,15 @@ def main() -> int:
         dialects = [d for d in args.dialects.split(",") if d]
         pools = [int(p) for p in args.pools.split(",") if p]
         layers = [layer for layer in bench.network_layers() if layer[0] in bench.PRETRAINED_QUICK.values()]
-        model = ProgramModel(model_path, host_target().canonical)  # as trained: nothing updates it here
+        models: dict[str, ProgramModel] = {}  # as trained: nothing updates them here
         results = []
         for dialect in dialects:
             for name, op, params in layers:
                 records = measured_set(bench, f"parquet:{args.set_store}", dialect, op, params, args.points, args.seed)
                 rows, throughput = set_features(dialect, records)
+                # scored with the target features of the threads the set was timed on, as a guide scores
+                timed_for = next((r.measured_target for r in records if r.is_valid), None) or host_target().canonical
+                model = models.setdefault(timed_for, ProgramModel(model_path, timed_for))
                 scores = model.score(rows)
                 got, chance = order_scores(scores, throughput), chance_scores(throughput)
                 results.append((dialect, got))

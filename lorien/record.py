@@ -186,6 +186,26 @@ class TuningRecord:
         return measured_by_of(self.build)
 
     @property
+    def measured_threads(self) -> int | None:
+        """The threads its costs were timed on, as its build JSON says (None: it does not say)."""
+        try:
+            value = orjson.loads(self.build) if self.build else {}
+        except orjson.JSONDecodeError:
+            return None
+        threads = value.get("threads") if isinstance(value, dict) else None
+        return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else None
+
+    @property
+    def measured_target(self) -> str | None:
+        """The target to time its config again as it was timed: its target on the threads its
+        build names (a meta_schedule job times on TVM's runtime threads, the other dialects on every
+        CPU); None where the build names none or the target already says ``-num-cores``."""
+        threads = self.measured_threads
+        if threads is None or "-num-cores" in self.target:
+            return None
+        return f"{self.target} -num-cores={threads}"
+
+    @property
     def is_valid(self) -> bool:
         return self.cost_s is not None
 

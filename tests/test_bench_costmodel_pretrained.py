@@ -167,20 +167,6 @@ def test_sections_are_timed_and_the_last_line_keeps_every_key(bench, monkeypatch
                     "pretrained_trials_speedup_meta_schedule", "pretrained_final_vs_scratch"]
 
 
-def test_records_are_retimed_on_the_threads_their_measurement_ran_on(bench):
-    """A meta_schedule job times on TVM's runtime threads (its records' build says threads: 1 on a
-    2-CPU x86-64 host); its configs are re-timed on as many, not on every CPU."""
-    def record(build, target="llvm -keys=cpu -mcpu=znver3"):
-        return SimpleNamespace(build=build, target=target)
-
-    assert bench.timing_target(record('{"threads": 1, "measured_by": "lorien"}')) == \
-        "llvm -keys=cpu -mcpu=znver3 -num-cores=1"
-    assert bench.timing_target(record('{"threads": 2}')) == "llvm -keys=cpu -mcpu=znver3 -num-cores=2"
-    assert bench.timing_target(record("")) is None  # an ingested log line: this host, every CPU
-    assert bench.timing_target(record("not json")) is None
-    assert bench.timing_target(record('{"threads": 1}', "llvm -num-cores=4")) is None  # the target says
-
-
 def test_a_meta_schedule_config_is_retimed_on_one_thread_when_tuned_on_one(bench, monkeypatch):
     """compile_record hands the kernel a one-thread target, so its parallel loop runs on one thread."""
     from lorien.dialect import get_dialect
@@ -198,3 +184,4 @@ def test_a_meta_schedule_config_is_retimed_on_one_thread_when_tuned_on_one(bench
                         lambda self, rec, target=None, store=None: built.append(target) or compile_record(rec, target))
     bench.retime_configs("meta_schedule", [record.with_changes(build='{"threads": 1}')], rounds=1)
     assert built and cpu.cpu_target(built[0]).num_cores == 1
+

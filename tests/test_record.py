@@ -72,3 +72,15 @@ def test_flop_and_cost_columns_are_nullable_in_the_schema():
     assert ARROW_SCHEMA.field("flop").nullable
     assert ARROW_SCHEMA.field("cost_s").nullable
     assert not ARROW_SCHEMA.field("record_id").nullable
+
+
+def test_measured_target_is_the_target_on_the_threads_the_build_names():
+    """A meta_schedule job times on TVM's runtime threads (its build says threads 1 on a 2-CPU
+    x86-64 host): timing its config again means timing it on as many."""
+    assert make_record(build='{"threads": 1, "measured_by": "lorien"}').measured_target == \
+        "llvm -keys=cpu -mcpu=znver3 -num-cores=1"
+    assert make_record(build='{"threads": 2}').measured_threads == 2
+    assert make_record(build="").measured_target is None  # an ingested log line: nothing said
+    assert make_record(build="not json").measured_target is None
+    assert make_record(build='{"threads": true}').measured_threads is None
+    assert make_record(build='{"threads": 1}', target="llvm -num-cores=4").measured_target is None  # the target says
