@@ -27,7 +27,8 @@ MobileNetV2-style inverted-residual block, all through ONNX and TVM's relax ONNX
 3. Every database is built with ``compile_relax`` (and the untuned model with ``relax.build``);
    the tasks ``MetaScheduleApplyDatabase`` schedules are counted; every build's output is
    checked against the untuned build's on the same input; the builds are timed taking turns
-   (one call each per round, ``--rounds`` rounds after a warm-up, medians).
+   (:func:`time_taking_turns`: ``--rounds`` rounds, who goes first rotating every round, each
+   timed call right after an untimed call of the same build; medians).
 4. Every record TVM made is replayed on Lorien's engine (``replay_database``: output checked
    against NumPy).
 
@@ -327,6 +328,26 @@ def applied_tasks(mod: Any, database: Any, target: Any, names: set[str]) -> int:
                and gv.name_hint in names)
 
 
+def time_taking_turns(calls: dict[str, Any], rounds: int) -> dict[str, float]:
+    """The median seconds of each of ``calls`` (label -> a call of a built model), timed taking
+    turns: ``rounds`` rounds, who goes first rotating every round, each timed call right after an
+    untimed call of the same build, so that its caches hold that build's data, as when a model
+    serves call after call. Called in a fixed order instead, a build was timed right after the one
+    before it in the list and paid for its data: two identical builds of the MobileNetV2 block
+    timed 0.991 and 0.832 ms, the one after the untuned build (ten times their working set) the
+    slower; rotated with the untimed call, 0.800 and 0.795 ms (2026-11-28, znver3)."""
+    from lorien.engine.race import rotated
+
+    samples: dict[str, list[float]] = {label: [] for label in calls}
+    for round_index in range(rounds):
+        for label in rotated(list(calls), round_index):
+            calls[label]()  # untimed: this build's data in the caches
+            started = time.perf_counter()
+            calls[label]()
+            samples[label].append(time.perf_counter() - started)
+    return {label: statistics.median(times) for label, times in samples.items() if times}
+
+
 def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, target_json: str) -> ModelRun:
     import numpy as np
     import tvm
@@ -404,13 +425,8 @@ def run_model(name: str, args: argparse.Namespace, root: Path, target: Any, targ
         if run.max_error[label] > 1e-3:
             raise SystemExit(f"{name}: the {label} build computes something else than the untuned build "
                              f"(max error {run.max_error[label]:.2g} of the output's magnitude)")
-    samples: dict[str, list[float]] = {label: [] for label in machines}
-    for _ in range(args.rounds):
-        for label, vm in machines.items():
-            started = time.perf_counter()
-            vm["main"](*inputs)
-            samples[label].append(time.perf_counter() - started)
-    run.latency_ms = {label: statistics.median(times) * 1e3 for label, times in samples.items()}
+    run.latency_ms = {label: seconds * 1e3 for label, seconds in time_taking_turns(
+        {label: (lambda vm=vm: vm["main"](*inputs)) for label, vm in machines.items()}, args.rounds).items()}
 
     outcomes = replay_database(work / "tvm_db")
     run.replay_total = len(outcomes)
@@ -475,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                              "workloads, none a task of these models, x 3 dialects x 16 random trials) kept in the "
                              "parquet store DIR; the spread is measured into DIR first where DIR lacks it (minutes; "
                              "not counted as tuning time: it is the warehouse's earlier records)")
-    parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns (default 30)")
+    parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns, each after an untimed call "
+                        "of the same build (default 30)")
     parser.add_argument("--keep-work", type=Path, metavar="DIR",
                         help="work in DIR (created; must not exist) and keep it: the ONNX files, stores and "
                              "databases of every model, for a per-task study (default: a temporary directory, removed)")

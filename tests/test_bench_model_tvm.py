@@ -93,3 +93,12 @@ def test_the_lorien_row_is_labelled_with_its_tuner(bench):
     assert bench.lorien_label(None, None) == "random (job default)"
     assert bench.lorien_label("xgb", None) == "xgb"
     assert bench.lorien_label("xgb", Path("/models/program")) == "xgb, cost model program"
+
+
+def test_builds_are_timed_in_rotating_turns_each_after_its_own_untimed_call(bench):
+    """No build is always timed after the same one (a build timed right after the untuned model
+    paid for that model's data), and each timed call follows an untimed call of the same build."""
+    calls = []
+    medians = bench.time_taking_turns({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=3)
+    assert set(medians) == {"a", "b", "c"} and all(value >= 0 for value in medians.values())
+    assert calls == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
