@@ -2,7 +2,9 @@
 each kernel checked against NumPy.
 
 The databases under tests/data (a conv net and a BERT-style encoder layer, tuned by real TVM
-MetaSchedule: tests/data/make_relax_databases.py) are data: replaying them needs no TVM.
+MetaSchedule: tests/data/make_relax_databases.py; and relax_resnet18_pad9, two records TVM made
+for one ResNet-18 task in benchmarks/model_tvm.py, kept for an AVX2 code generation bug) are data:
+replaying them needs no TVM.
 """
 
 from __future__ import annotations
