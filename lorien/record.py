@@ -41,16 +41,20 @@ class ErrorNo(enum.IntEnum):
 MEASURED_BY_ENGINE, MEASURED_BY_TVM, MEASURED_BY_LOG = "lorien", "tvm", "log"
 
 
+def build_fields(build: str | None) -> dict:
+    """A record's ``build`` JSON as a dict: empty where the build is empty, not JSON or not an object."""
+    try:
+        value = orjson.loads(build) if build else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def measured_by_of(build: str | None) -> str:
     """Who measured a record's costs, by its ``build`` JSON: its ``measured_by``; a build that
     names only Lorien's ``engine`` (records from before the field) is the engine's; an empty
     build (an ingested log line) is :data:`MEASURED_BY_LOG`."""
-    try:
-        value = orjson.loads(build) if build else {}
-    except orjson.JSONDecodeError:
-        value = {}
-    if not isinstance(value, dict):
-        return MEASURED_BY_LOG
+    value = build_fields(build)
     if value.get("measured_by"):
         return str(value["measured_by"])
     return MEASURED_BY_ENGINE if str(value.get("engine", "")).startswith("lorien") else MEASURED_BY_LOG
@@ -188,11 +192,7 @@ class TuningRecord:
     @property
     def measured_threads(self) -> int | None:
         """The threads its costs were timed on, as its build JSON says (None: it does not say)."""
-        try:
-            value = orjson.loads(self.build) if self.build else {}
-        except orjson.JSONDecodeError:
-            return None
-        threads = value.get("threads") if isinstance(value, dict) else None
+        threads = build_fields(self.build).get("threads")
         return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else None
 
     @property
@@ -200,8 +200,10 @@ class TuningRecord:
         """The target to time its config again as it was timed: its target on the threads its
         build names (a meta_schedule job times on TVM's runtime threads, the other dialects on every
         CPU); None where the build names none or the target already says ``-num-cores``."""
+        from lorien.target import parse_target
+
         threads = self.measured_threads
-        if threads is None or "-num-cores" in self.target:
+        if threads is None or parse_target(self.target).get("num-cores") is not None:
             return None
         return f"{self.target} -num-cores={threads}"
 

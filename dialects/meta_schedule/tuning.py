@@ -106,13 +106,13 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
     finish = None
     if (job.option("remeasure_with_tvm") or 0) > 0 and job.option("measure_with") != "tvm":
         finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
+    on_engine = job.option("measure_with") != "tvm"
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
-        measure=job_measure(dag, job, target, entry, measure_target), to_records=to_records, index_of=lambda record: None,
+        measure=job_measure(dag, job, target, measure_target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
         finish=finish, schedule_of=functools.partial(_schedule_of, space),
-        builds_ahead=job.option("measure_with") != "tvm", build_costs=job.option("measure_with") != "tvm",
-        measure_target=measure_target if job.option("measure_with") != "tvm" else None)
+        builds_ahead=on_engine, build_costs=on_engine, measure_target=measure_target if on_engine else None)
 
 
 def program_keys(dag: ComputeDAG, space: TraceSpace, target: str | None) -> dict[bytes, bytes]:
@@ -161,10 +161,10 @@ def _schedule_of(space: TraceSpace, trace: list[Any]) -> tuple[Any, list[Any]]:
     return replay.schedule, replay.args
 
 
-def job_measure(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any] | None = None,
-                measure_target: str | None = None) -> Callable[[list[Any]], list[Any]]:
-    """How a job's traces are measured: by Lorien's engine (for ``measure_target``, default
-    :func:`engine_measure_target` of ``target``), or with ``measure_with: tvm`` built and timed by
+def job_measure(dag: ComputeDAG, job: TuneJob, target: str, measure_target: str | None,
+                entry: list[Any] | None = None) -> Callable[[list[Any]], list[Any]]:
+    """How a job's traces are measured: by Lorien's engine for ``measure_target``
+    (:func:`engine_measure_target` of ``target``), or with ``measure_with: tvm`` built and timed by
     TVM (:mod:`dialects.meta_schedule.tvm_measure`; the records say which)."""
     if job.option("measure_with") == "tvm":
         from dialects.meta_schedule.tvm_measure import TvmMeasurer
@@ -172,7 +172,6 @@ def job_measure(dag: ComputeDAG, job: TuneJob, target: str, entry: list[Any] | N
         return TvmMeasurer(dag, job.measure, target, entry)
     from lorien.engine.measure import keeping_fastest
 
-    measure_target = measure_target or engine_measure_target(target)
     return keeping_fastest(lambda traces, best_cost_s, ahead=(), build_costs=None: measure_traces(
         dag, traces, job.measure, measure_target, best_cost_s, ahead, build_costs))
 

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import orjson
 
 from lorien.errors import LorienError
+from lorien.record import build_fields
 
 #: Target feature columns, in order.
 TARGET_FEATURES = ("tg_vector_lanes", "tg_cores", "tg_l1d_kb", "tg_l2_kb", "tg_l3_kb")
@@ -71,12 +71,7 @@ def _number(value: Any) -> float:
 @functools.lru_cache(maxsize=4096)
 def target_features(target: str, build: str = "") -> dict[str, float]:
     """Target features of a record from its target string and build JSON (NaN: unknown)."""
-    try:
-        fields = orjson.loads(build) if build else {}
-    except orjson.JSONDecodeError:
-        fields = {}
-    if not isinstance(fields, dict):
-        fields = {}
+    fields = build_fields(build)
     features = {name: _number(fields.get(field)) for name, field in _BUILD_FIELDS.items()}
     if math.isnan(features["tg_vector_lanes"]) or math.isnan(features["tg_cores"]):
         from_target = _from_target_string(target)
