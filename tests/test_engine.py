@@ -199,6 +199,37 @@ def test_kernel_time_grows_number_until_a_repeat_lasts_min_repeat_ms():
     assert cost * kernel.last_number >= 0.005
 
 
+def test_kernel_time_starts_number_from_the_untimed_run_and_times_each_repeat_once(monkeypatch):
+    """With the untimed run's time (its own warm-up, or the caller's ``run_s``), ``number`` starts
+    where a repeat fills ``min_repeat_ms`` (a tenth to spare), so the first repeat is not timed
+    short and again; a start that proves short still grows; without ``min_repeat_ms``: ``number``."""
+    import importlib
+
+    build_module = importlib.import_module("lorien.engine.build")  # the module, not lorien.engine's build()
+    assert build_module.starting_number(1, 10, 0.004) == 3  # 2.75 runs of 4 ms fill 11 ms
+    assert build_module.starting_number(5, 10, 0.004) == 5 and build_module.starting_number(1, 0, 0.004) == 1
+    assert build_module.starting_number(1, 10, None) == 1 and build_module.starting_number(1, 10, 0.0) == 1
+    data, weight, out = _dense(m=8, n=8, k=8)
+    kernel = build(create_schedule(out), [data, weight, out])
+    arrays = [np.ones(t.shape, "float32") for t in (data, weight, out)]
+    numbers = []
+    real = build_module.runtime.time_kernel
+    clock = {"per_run_s": 0.001}
+
+    def scripted(address, pointers, number):
+        numbers.append(number)
+        real(address, pointers, 1)
+        return number * clock["per_run_s"]
+
+    monkeypatch.setattr(build_module.runtime, "time_kernel", scripted)
+    costs = kernel.time(*arrays, number=1, repeat=3, min_repeat_ms=5)
+    assert numbers == [1, 6, 6, 6] and costs == [0.001] * 3  # the untimed run, then 3 repeats of 6 ms
+    numbers.clear()
+    costs = kernel.time(*arrays, number=1, repeat=2, min_repeat_ms=5, warmup=False, run_s=0.004)
+    assert numbers[0] == 2 and numbers[1] > 2 and len(costs) == 2  # 8 ms expected, 2 ms taken: grows
+    assert all(n * 0.001 >= 0.005 for n in numbers[1:])
+
+
 def test_kernel_rejects_arrays_of_the_wrong_shape():
     data, weight, out = _dense(m=4, n=4, k=4)
     kernel = build(create_schedule(out), [data, weight, out])

@@ -455,7 +455,7 @@ def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkey
     dag = _matmul_32()
     space = TraceSpace(dag)
     traces = [space.get(0), space.get(1), space.get(len(space) - 1)]
-    scripted = {0: iter([9.0, 1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([9.0, 1.08, 0.98, 1.04, 1.0, 1.06, 1.02]),
+    scripted = {0: iter([9.0, 1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([9.0, 1.08, 1.12, 1.04, 1.1, 1.06, 1.12]),
                 2: iter([9.0, 3.0, 2.9, 3.1, 3.0, 3.0, 3.0])}  # first: the warm-up round, not recorded
     kernels: dict[int, int] = {}
 
@@ -476,6 +476,22 @@ def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkey
     scripted.update({0: iter([1.0] * 7), 1: iter([2.0] * 7), 2: iter([3.0] * 7)})
     measurer.race_from = None
     assert [len(result.costs) for result in measurer(traces)] == [6, 6, 6]  # no racing: every round
+
+
+@pytest.mark.tvm
+def test_re_measured_finalists_that_tie_end_the_race():
+    """Finalists whose timings overlap but whose medians are within RACE_TIE of the leader's are a
+    tie: all but the leader are timed no more (which wins moves the latency by less than that);
+    3 % apart they race on."""
+    pytest.importorskip("tvm")
+    from dialects.meta_schedule.tvm_measure import RACE_TIE, TvmMeasurer
+
+    assert RACE_TIE == pytest.approx(0.02)
+    tie = {0: [1.0, 1.05, 0.99], 1: [1.01, 0.98, 1.1], 2: [1.02, 1.0, 1.06]}  # medians 1.0, 1.01, 1.02
+    assert TvmMeasurer._race(tie) == {1, 2}
+    assert TvmMeasurer._race({0: [1.0, 1.05, 0.99], 1: [1.03, 0.98, 1.1]}) == set()  # 3 % apart: not a tie
+    # one clearly behind, the others tied: all but the leader stop
+    assert TvmMeasurer._race({0: [1.0, 1.05, 0.99], 1: [1.01, 0.98, 1.1], 2: [2.0, 2.1, 2.2]}) == {1, 2}
 
 
 RELAX_BERT = Path(__file__).resolve().parent / "data" / "relax_bert_layer"

@@ -44,8 +44,9 @@ DEDUP_SPACE_MAX = 64
 #: and chose between finalists closer than that (docs/models.md).
 REMEASURE_ROUNDS = 9
 #: From this round on the finalists race: one whose fastest timing is slower than the slowest
-#: timing of the one ahead is timed no more, and the rounds end when one is left
-#: (:meth:`~dialects.meta_schedule.tvm_measure.TvmMeasurer._race`); every finalist is timed in
+#: timing of the one ahead is timed no more, and the rounds end when one is left or those left
+#: tie (medians within ``RACE_TIE`` of the leader's,
+#: :meth:`~dialects.meta_schedule.tvm_measure.TvmMeasurer._race`); every finalist is timed in
 #: at least this many rounds, TVM's own runner's ``repeat``.
 REMEASURE_RACE_FROM = 3
 

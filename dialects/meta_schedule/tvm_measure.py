@@ -61,6 +61,9 @@ RUNNER = "tvm default_build + time_evaluator, in process"
 #: ``EvaluatorConfig`` (``number`` 3, ``min_repeat_ms`` 100), repeated 3 times, not once, so
 #: that one busy moment of a shared machine does not become the latency.
 EXPORT_MEASURE = {"number": 3, "repeat": 3, "min_repeat_ms": 100}
+#: Re-measured finalists whose medians are within this fraction of the leader's are a tie: the
+#: race ends (:meth:`TvmMeasurer._race`).
+RACE_TIE = 0.02
 #: :func:`forked_builder`'s limit on one candidate's build, TVM's LocalBuilder default.
 BUILD_TIMEOUT_S = 30.0
 
@@ -258,9 +261,10 @@ class TvmMeasurer:
         #: --dialect meta_schedule``): its module is scheduled as it is; else the DAG's.
         self.entry = None if entry is None or isinstance(entry[1], dict) else list(entry)
         #: From this round on, a trace whose fastest timing is slower than the slowest timing of
-        #: the trace ahead (the lowest median) is timed no more, and once one trace is left the
-        #: rounds end (:meth:`_race`); None, or a call with one trace to time: every trace is timed
-        #: ``repeat`` times (a lone finalist's mean is its exported latency).
+        #: the trace ahead (the lowest median) is timed no more, and once one trace is left (or
+        #: those left tie with the leader) the rounds end (:meth:`_race`); None, or a call with one
+        #: trace to time: every trace is timed ``repeat`` times (a lone finalist's mean is its
+        #: exported latency).
         self.race_from = race_from
         self.tvm_target = self.tvm.target.Target(tvm_target_dict(target))
         self.build = tvm_build_info(target)
@@ -416,12 +420,21 @@ class TvmMeasurer:
         their rounds and none of the leader's could have put them behind); their records keep the
         timings taken (fewer than ``repeat``), as the engine's ``stop_slower_repeats`` does. On
         the re-measured finalists of ResNet-18, the BERT layer and the MobileNetV2 block (9 rounds
-        from the third on) this left 40 to 65 % of the timings."""
+        from the third on) this left 40 to 65 % of the timings.
+
+        When every trace left has a median within :data:`RACE_TIE` of the leader's, they are all
+        timed no more too (a tie): which of them wins moves the task's latency by less than that.
+        Ties ran all ``repeat`` rounds before: two or more finalists did on 7 of the BERT layer's 13
+        tasks with several finalists and on 3 of ResNet-18's 8 in one guided tuning run."""
         if len(costs) < 2:
             return set()
-        leader = min(costs, key=lambda index: (float(np.median(costs[index])), index))
+        medians = {index: float(np.median(timings)) for index, timings in costs.items()}
+        leader = min(costs, key=lambda index: (medians[index], index))
         slowest = max(costs[leader])
-        return {index for index, timings in costs.items() if index != leader and min(timings) > slowest}
+        behind = {index for index, timings in costs.items() if index != leader and min(timings) > slowest}
+        if all(medians[index] <= medians[leader] * (1 + RACE_TIE) for index in costs.keys() - behind):
+            return set(costs) - {leader}
+        return behind
 
     def _calibrated_number(self, seconds_per_run: float) -> int:
         """Runs per timing for a kernel whose warm-up timing gave ``seconds_per_run``: the job's

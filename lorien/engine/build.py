@@ -49,6 +49,24 @@ def _no_array() -> None:
     """Stands for a dead weak reference before a kernel's first call: no array is it."""
 
 
+#: :func:`starting_number` aims this much above ``min_repeat_ms``: a repeat just short of it
+#: is timed again with more runs.
+NUMBER_MARGIN = 1.1
+
+
+def starting_number(number: int, min_repeat_ms: float, run_s: float | None) -> int:
+    """The runs a first repeat starts with: ``number``, or (with ``min_repeat_ms`` and the seconds
+    ``run_s`` one untimed run took just before) as many as fill ``min_repeat_ms`` with
+    :data:`NUMBER_MARGIN` to spare. Started at ``number``, a repeat of a kernel shorter than
+    ``min_repeat_ms`` was timed, found short and timed again with about 1.2x the runs it needed.
+    A first run slower than the rest (cold caches) only makes the start short, and ``number``
+    grows from there as before; what a timing is does not change: each repeat lasts at least
+    ``min_repeat_ms``."""
+    if min_repeat_ms <= 0 or run_s is None or not run_s > 0:
+        return number
+    return max(number, min(1 << 30, math.ceil(min_repeat_ms / 1e3 / run_s * NUMBER_MARGIN)))
+
+
 class Kernel:
     """A compiled kernel. ``kernel(*arrays)`` runs in place (outputs are written) without the GIL."""
 
@@ -151,7 +169,8 @@ class Kernel:
         return call
 
     def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 1, min_repeat_ms: float = 0,
-             flush_cache: bool = False, warmup: bool = True, slower_than_s: float = math.inf) -> list[float]:
+             flush_cache: bool = False, warmup: bool = True, slower_than_s: float = math.inf,
+             run_s: float | None = None) -> list[float]:
         """Seconds per run for each of ``repeat`` repeats of ``number`` runs (TVM semantics).
 
         With ``min_repeat_ms``, ``number`` grows until one repeat lasts at least that long.
@@ -159,16 +178,20 @@ class Kernel:
         (the caller has just run the kernel on these arrays, e.g. to check its output).
         ``slower_than_s``: the repeats stop (fewer costs) once their sum reaches ``repeat`` x
         ``slower_than_s``: the mean of all ``repeat`` could then not be below it, whatever the
-        rest gave (a tuner's fastest so far: this kernel cannot beat it).
+        rest gave (a tuner's fastest so far: this kernel cannot beat it). ``run_s``: how long the
+        caller's own run took (without ``warmup``); with the untimed run's own time, ``number``
+        starts where one repeat fills ``min_repeat_ms`` (:func:`starting_number`).
         """
         ptrs = self._pointers(arrays)
         with runtime.threads(self.num_threads):
-            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache, warmup, slower_than_s)
+            return self._time(ptrs, number, repeat, min_repeat_ms, flush_cache, warmup, slower_than_s, run_s)
 
     def _time(self, ptrs: ctypes.Array, number: int, repeat: int, min_repeat_ms: float,
-              flush_cache: bool, warmup: bool = True, slower_than_s: float = math.inf) -> list[float]:
+              flush_cache: bool, warmup: bool = True, slower_than_s: float = math.inf,
+              run_s: float | None = None) -> list[float]:
         if warmup:
-            runtime.time_kernel(self.address, ptrs, 1)
+            run_s = runtime.time_kernel(self.address, ptrs, 1)
+        number = starting_number(number, min_repeat_ms, run_s)
         costs: list[float] = []
         for _ in range(repeat):
             if sum(costs) >= repeat * slower_than_s:

@@ -213,7 +213,9 @@ def _task_run(payload: tuple) -> list[float]:
     kernel = Kernel(program, address, "", artifact["fn_name"], target.num_cores)
     logical = _fresh_logical_arrays(program.args, option.seed)  # 64-byte aligned, as TVM's runtime allocates
     arrays = pack_arguments(program.args, logical)  # inputs whose layout the schedule rewrote, packed
-    kernel(*arrays)  # the untimed first run: it warms up the timing below and gives the output checked here
+    # the untimed first run: it warms up the timing below, gives the output checked here, and its
+    # time tells the timing how many runs fill min_repeat_ms (starting_number)
+    first_run_s = kernel.time(*arrays, number=1, repeat=1, warmup=False)[0]
     if option.check_correctness and reference is not None:
         inputs = [arr for arr, spec in zip(logical, program.args, strict=True) if not spec.is_output]
         outputs = [arr for arr, spec in zip(arrays, program.args, strict=True) if spec.is_output]
@@ -227,7 +229,7 @@ def _task_run(payload: tuple) -> list[float]:
                 raise MeasureError(ErrorNo.WRONG_ANSWER, f"output {spec.name!r} differs from the NumPy reference "
                                                          f"(max abs error {worst:.3g})")
     return kernel.time(*arrays, number=option.number, repeat=option.repeat, min_repeat_ms=option.min_repeat_ms,
-                       flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s)
+                       flush_cache=option.flush_cache, warmup=False, slower_than_s=slower_than_s, run_s=first_run_s)
 
 
 def _task_call(payload: tuple) -> Any:

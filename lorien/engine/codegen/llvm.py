@@ -356,8 +356,12 @@ def assembly(ir_text: str, target: cpu.CpuTarget | None = None) -> str:
 def _codegen_options() -> None:
     """LLVM options of this process, set once: no post-RA list scheduling (on znver4 it took
     10 to 25% of the compile time of tuning candidates, large unrolled kernels most, and the
-    kernels ran as fast without it)."""
+    kernels ran as fast without it) and no pre-RA machine scheduler (on znver3, 16 % of the
+    compile time of ResNet-18's 256 tuning candidates; their kernels' times, each built both ways
+    and timed in turns, had a geomean of 0.995 without it against 0.997 for the same code built
+    twice: ``benchmarks/codegen_kernels.py``, docs/engine.md)."""
     llvm.set_option("lorien", "-post-RA-scheduler=false")
+    llvm.set_option("lorien", "-enable-misched=false")
 
 
 def parse_module(ir_text: str, machine):
