@@ -31,12 +31,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-#: name -> (LLVM options set for the build, the options that restore the engine's own).
+#: name -> (LLVM options set for the build, the options that restore the engine's own): the
+#: engine's options (``build``, ``lorien apply``: ``_codegen_options``), the same again, those of
+#: its measurement builds (``measurement_codegen_options``: no pre-RA machine scheduler), and
+#: those without loop strength reduction as well.
 SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "engine": ((), ()),
     "engine_again": ((), ()),
-    "misched": (("-enable-misched=true",), ("-enable-misched=false",)),
-    "no_lsr": (("-disable-lsr",), ("-disable-lsr=false",)),
+    "measurement": (("-enable-misched=false",), ("-enable-misched=true",)),
+    "no_lsr": (("-enable-misched=false", "-disable-lsr"), ("-enable-misched=true", "-disable-lsr=false")),
 }
 
 

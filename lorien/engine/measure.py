@@ -140,6 +140,7 @@ def _task_build(payload: bytes) -> dict:
     except Exception as err:  # noqa: BLE001
         raise MeasureError(ErrorNo.INSTANTIATION_ERROR, _describe(err)) from err
     fn_name = f"kernel_{hashlib.sha256(str(program).encode()).hexdigest()[:16]}"
+    llvm_codegen.measurement_codegen_options()
     try:
         ir_text = llvm_codegen.render(program, fn_name)
         obj = llvm_codegen.compile_object(ir_text, target)

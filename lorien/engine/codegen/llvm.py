@@ -356,11 +356,20 @@ def assembly(ir_text: str, target: cpu.CpuTarget | None = None) -> str:
 def _codegen_options() -> None:
     """LLVM options of this process, set once: no post-RA list scheduling (on znver4 it took
     10 to 25% of the compile time of tuning candidates, large unrolled kernels most, and the
-    kernels ran as fast without it) and no pre-RA machine scheduler (on znver3, 16 % of the
-    compile time of ResNet-18's 256 tuning candidates; their kernels' times, each built both ways
-    and timed in turns, had a geomean of 0.995 without it against 0.997 for the same code built
-    twice: ``benchmarks/codegen_kernels.py``, docs/engine.md)."""
+    kernels ran as fast without it)."""
     llvm.set_option("lorien", "-post-RA-scheduler=false")
+
+
+@functools.cache
+def measurement_codegen_options() -> None:
+    """LLVM options of a measurement build worker (tuning candidates' builds), set once: those of
+    :func:`_codegen_options` and no pre-RA machine scheduler. On znver3 the scheduler took 13-14 % of
+    the compile time of ResNet-18's guided tuning candidates (5-9 % of the BERT layer's, 3-7 % of the
+    MobileNetV2 block's) and their kernels ran as fast without it, the BERT layer's and the block's
+    about 1 % slower (``benchmarks/codegen_kernels.py``, docs/engine.md). A candidate's time only
+    ranks it among the others, so its build skips the scheduler; a kernel built to be used
+    (``build``, ``lorien apply``, ``lorien.compile``) keeps it."""
+    _codegen_options()
     llvm.set_option("lorien", "-enable-misched=false")
 
 
