@@ -364,7 +364,7 @@ def _codegen_options() -> None:
 def measurement_codegen_options() -> None:
     """LLVM options of a measurement build worker (tuning candidates' builds), set once: those of
     :func:`_codegen_options` and no pre-RA machine scheduler. On znver3 the scheduler took 13-14 % of
-    the compile time of ResNet-18's guided tuning candidates (5-9 % of the BERT layer's, 3-7 % of the
+    the compile time of ResNet-18's guided tuning candidates (5-9 % of the BERT layer's, 3-8 % of the
     MobileNetV2 block's) and their kernels ran as fast without it, the BERT layer's and the block's
     about 1 % slower (``benchmarks/codegen_kernels.py``, docs/engine.md). A candidate's time only
     ranks it among the others, so its build skips the scheduler; a kernel built to be used
