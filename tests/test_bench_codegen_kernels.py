@@ -54,22 +54,23 @@ def test_an_empty_store_is_said_and_fails(tmp_path):
 
 def test_measurement_builds_skip_the_machine_scheduler_and_their_kernels_stay_right(monkeypatch):
     """A tuning candidate's build (the worker's ``build`` task) sets the measurement options (no pre-RA
-    machine scheduler) before it compiles; this process's own builds (``build()``) never ask for
-    them; the candidate's kernel passes the runner's check against NumPy."""
+    machine scheduler) before it compiles; a build of this process (``compile_object``, as ``build()``
+    compiles) never asks for them; the candidate's kernel passes the runner's check against NumPy."""
     from dialects.meta_schedule.compile import DagReference, TraceBuilder, dag_text
     from dialects.meta_schedule.space import TraceSpace
-    from lorien.engine import measure
+    from lorien.engine import lower, measure
     from lorien.engine.codegen import llvm as llvm_codegen
     from lorien.engine.measure import MeasureInput, MeasureOption
+    from lorien.engine.schedule import create_schedule
 
     set_options = []
     monkeypatch.setattr(llvm_codegen.llvm, "set_option", lambda owner, option: set_options.append(option))
     llvm_codegen.measurement_codegen_options.cache_clear()
     llvm_codegen._codegen_options.cache_clear()
     try:
-        llvm_codegen._codegen_options()
-        assert set_options == ["-post-RA-scheduler=false"]
         dag = _matmul_32()
+        llvm_codegen.compile_object(llvm_codegen.render(lower(create_schedule(dag.outputs[0]), dag.io_tensors)))
+        assert set_options == ["-post-RA-scheduler=false"]  # what build() compiles with: the scheduler kept
         text = dag_text(dag)
         trace = orjson.dumps(TraceSpace(dag).get(0)).decode()
         artifact = measure._task_build(pickle.dumps(MeasureInput(TraceBuilder(text, trace), DagReference(text))))
