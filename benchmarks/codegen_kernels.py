@@ -43,11 +43,9 @@ SETTINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def lowered_records(store_uri: str, limit: int | None) -> list[tuple[str, object, object, str, str]]:
-    """(record id, CPU target timed on, lowered program, function name, IR text) of the store's valid
-    engine records."""
-    import hashlib
-
+def lowered_records(store_uri: str, limit: int | None) -> list[tuple[object, object, str, str]]:
+    """(CPU target timed on, lowered program, function name, IR text) of the store's valid engine
+    records."""
     from lorien.engine import cpu
     from lorien.engine.codegen import llvm as llvm_codegen
     from lorien.engine.lower import lower
@@ -66,8 +64,8 @@ def lowered_records(store_uri: str, limit: int | None) -> list[tuple[str, object
             with cpu.building_for(target) as built_for:
                 schedule, args = get_dialect(record.dialect).schedule_record(record, store)
                 program = lower(schedule, list(args), "kernel")
-            name = f"kernel_{hashlib.sha256(str(program).encode()).hexdigest()[:16]}"
-            out.append((record.record_id, built_for, program, name, llvm_codegen.render(program, name)))
+            name = f"kernel_{len(out)}"
+            out.append((built_for, program, name, llvm_codegen.render(program, name)))
             if limit is not None and len(out) >= limit:
                 break
     return out
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     llvm_codegen._codegen_options()
     compile_s = dict.fromkeys(names, 0.0)
     ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
-    for index, (_, target, program, fn_name, ir_text) in enumerate(records):
+    for index, (target, program, fn_name, ir_text) in enumerate(records):
         machine = target.machine()
         kernels = {}
         for name in rotated(names, index):

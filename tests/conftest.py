@@ -27,6 +27,17 @@ LAYER_OPS = {
 }
 
 
+def matmul_32_dag():
+    """A 32x32x32 matmul as a Lorien compute DAG (a meta_schedule workload that tunes in seconds)."""
+    from lorien.engine import te
+    from lorien.engine.dag import ComputeDAG
+
+    a, b = te.placeholder((32, 32), "float32", "A"), te.placeholder((32, 32), "float32", "B")
+    k = te.reduce_axis(32, "k")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return ComputeDAG([a, b, c])
+
+
 def load_benchmark(filename: str, name: str) -> ModuleType:
     """``benchmarks/<filename>`` imported as module ``name`` (registered in ``sys.modules``: its
     dataclasses look their module up); a fixture pops it again when done."""

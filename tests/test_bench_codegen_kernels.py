@@ -10,18 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+from conftest import matmul_32_dag
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "codegen_kernels.py"
-
-
-def _matmul_32():
-    from lorien.engine import te
-    from lorien.engine.dag import ComputeDAG
-
-    a, b = te.placeholder((32, 32), "float32", "A"), te.placeholder((32, 32), "float32", "B")
-    k = te.reduce_axis(32, "k")
-    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return ComputeDAG([a, b, c])
 
 
 def test_every_setting_builds_and_times_the_store_s_kernels(tmp_path):
@@ -31,7 +22,7 @@ def test_every_setting_builds_and_times_the_store_s_kernels(tmp_path):
 
     store = f"parquet:{tmp_path / 'store'}"
     measure = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
-    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "measure": measure, "tuner": "random"}, store)
+    tune_dag(matmul_32_dag(), {"trials": 2, "batch_size": 2, "measure": measure, "tuner": "random"}, store)
     with open_store(store) as opened:
         valid = sum(TuningRecord.from_row(row).is_valid for row in opened.scan().to_pylist())
     assert valid >= 1
@@ -68,7 +59,7 @@ def test_measurement_builds_skip_the_machine_scheduler_and_their_kernels_stay_ri
     llvm_codegen.measurement_codegen_options.cache_clear()
     llvm_codegen._codegen_options.cache_clear()
     try:
-        dag = _matmul_32()
+        dag = matmul_32_dag()
         llvm_codegen.compile_object(llvm_codegen.render(lower(create_schedule(dag.outputs[0]), dag.io_tensors)))
         assert set_options == ["-post-RA-scheduler=false"]  # what build() compiles with: the scheduler kept
         text = dag_text(dag)

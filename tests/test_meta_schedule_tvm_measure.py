@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from conftest import matmul_32_dag
 
 from lorien.cli import main
 from lorien.errors import ConfigError
@@ -19,16 +20,6 @@ from lorien.tune.job import TuneJob
 from lorien.warehouse import open_store
 
 MEASURE = {"number": 20, "repeat": 5, "min_repeat_ms": 0}
-
-
-def _matmul_32():
-    from lorien.engine import te
-    from lorien.engine.dag import ComputeDAG
-
-    a, b = te.placeholder((32, 32), "float32", "A"), te.placeholder((32, 32), "float32", "B")
-    k = te.reduce_axis(32, "k")
-    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return ComputeDAG([a, b, c])
 
 
 def _without_tvm(monkeypatch) -> None:
@@ -70,7 +61,7 @@ def test_measure_with_names_who_may_measure():
 def test_export_says_how_many_records_carry_engine_latencies(tmp_path, store_uri, shared_data, capsys):
     from dialects.meta_schedule.tuning import tune_dag
 
-    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
+    tune_dag(matmul_32_dag(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
     assert main(["ingest", str(shared_data / "meta_schedule" / "matmul_128"), "--store", store_uri]) == 0
     capsys.readouterr()
     out = tmp_path / "db"
@@ -88,7 +79,7 @@ def test_export_measure_with_tvm_without_tvm_is_an_error_and_writes_nothing(tmp_
                                                                              capsys):
     from dialects.meta_schedule.tuning import tune_dag
 
-    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
+    tune_dag(matmul_32_dag(), {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
     _without_tvm(monkeypatch)
     out = tmp_path / "db"
     assert main(["export", "--target", "llvm", "--format", "meta_schedule", "--lorien-workloads",
@@ -129,7 +120,7 @@ def test_a_job_measured_with_tvm_commits_records_with_tvm_s_latency(store_uri, c
     tvm = pytest.importorskip("tvm")
     from dialects.meta_schedule.tuning import tune_dag
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     progress = tune_dag(dag, {"trials": 3, "batch_size": 3, "measure": MEASURE, "tuner": "random",
                               "measure_with": "tvm"}, store_uri)
     with open_store(store_uri) as store:
@@ -156,7 +147,7 @@ def test_export_measure_with_tvm_writes_tvm_s_latencies_of_engine_measured_recor
     from dialects.meta_schedule.tvm_measure import EXPORT_MEASURE
     from lorien.formats.meta_schedule import iter_records
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     progress = tune_dag(dag, {"trials": 2, "batch_size": 2, "measure": MEASURE, "tuner": "random"}, store_uri)
     engine_s = {record.cost_s for record in progress.records}
     capsys.readouterr()
@@ -192,7 +183,7 @@ def test_export_for_tvm_prefers_a_workload_s_tvm_measured_record_to_a_faster_eng
     from lorien.engine.build import build_info
     from lorien.warehouse.query import export_records
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     from dialects.meta_schedule.compile import lorien_entry
     from dialects.meta_schedule.workload import workload_key_of
 
@@ -219,7 +210,7 @@ def test_remeasure_with_tvm_commits_the_best_traces_timed_by_tvm_and_export_writ
     from dialects.meta_schedule.tuning import tune_dag
     from lorien.formats.meta_schedule import iter_records
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     job = {"trials": 4, "batch_size": 4, "measure": MEASURE, "tuner": "random", "remeasure_with_tvm": 2}
     progress = tune_dag(dag, job, store_uri)
     assert progress.trials == 4
@@ -262,9 +253,9 @@ def test_remeasure_with_tvm_times_its_finalists_in_more_rounds_than_a_tuning_job
     assert REMEASURE_ROUNDS > MEASURE["repeat"]
     every_round = {**MEASURE, "stop_slower_repeats": False}  # a slow candidate would stop after its first
     job = {"trials": 2, "batch_size": 2, "measure": every_round, "tuner": "random", "remeasure_with_tvm": 1}
-    tune_dag(_matmul_32(), job, store_uri)
+    tune_dag(matmul_32_dag(), job, store_uri)
     more = {**every_round, "repeat": REMEASURE_ROUNDS + 2, "min_repeat_ms": 0}
-    tune_dag(_matmul_32(), {**job, "measure": more}, store_uri)  # 2 more candidates, 1 more finalist
+    tune_dag(matmul_32_dag(), {**job, "measure": more}, store_uri)  # 2 more candidates, 1 more finalist
     with open_store(store_uri) as store:
         records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
     engine_rounds = sorted(len(r.costs) for r in records if r.measured_by == MEASURED_BY_ENGINE)
@@ -379,7 +370,7 @@ def test_a_tvm_measured_candidate_past_build_timeout_s_is_a_build_timeout_record
     from dialects.meta_schedule.tuning import tune_dag
     from lorien.record import ErrorNo
 
-    tune_dag(_matmul_32(), {"trials": 2, "batch_size": 2, "tuner": "random", "measure_with": "tvm",
+    tune_dag(matmul_32_dag(), {"trials": 2, "batch_size": 2, "tuner": "random", "measure_with": "tvm",
                             "measure": {**MEASURE, "build_timeout_s": 0.001}}, store_uri)
     with open_store(store_uri) as store:
         records = [TuningRecord.from_row(row) for row in store.scan({}).to_pylist()]
@@ -394,7 +385,7 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     from dialects.meta_schedule.tvm_measure import TvmMeasurer
     from lorien.record import ErrorNo
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     space = TraceSpace(dag)
     good = [space.get(0), space.get(len(space) - 1)]
     broken = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
@@ -414,7 +405,6 @@ def test_tvm_times_the_traces_of_one_call_taking_turns_and_a_failed_one_keeps_it
     assert len(timed) == 8 and timed[0] != timed[1] and timed[0::2] == [timed[0]] * 4 and timed[1::2] == [timed[1]] * 4
 
 
-
 @pytest.mark.tvm
 def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypatch):
     """TVM's evaluator finds the runs that fill ``min_repeat_ms`` anew in every call; the rounds
@@ -423,7 +413,7 @@ def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypat
     from dialects.meta_schedule.space import TraceSpace
     from dialects.meta_schedule.tvm_measure import TvmMeasurer
 
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     measurer = TvmMeasurer(dag, {"number": 1, "repeat": 4, "min_repeat_ms": 5}, "llvm")
     asked, time_once = [], measurer._time_once
 
@@ -441,7 +431,6 @@ def test_later_rounds_start_from_the_run_count_the_first_round_reached(monkeypat
     assert measurer._calibrated_number(1e-6) == 1
 
 
-
 @pytest.mark.tvm
 def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkeypatch):
     """From ``race_from`` on, a finalist whose fastest timing is slower than the leader's slowest
@@ -452,7 +441,7 @@ def test_re_measured_finalists_race_a_clearly_slower_one_is_timed_no_more(monkey
 
     assert TvmMeasurer._race({0: [1.0, 1.1, 1.2], 1: [1.3, 1.25, 1.4], 2: [1.15, 1.0, 1.3]}) == {1}
     assert TvmMeasurer._race({0: [2.0, 2.2], 1: [1.0, 1.1]}) == {0} and TvmMeasurer._race({3: [1.0]}) == set()
-    dag = _matmul_32()
+    dag = matmul_32_dag()
     space = TraceSpace(dag)
     traces = [space.get(0), space.get(1), space.get(len(space) - 1)]
     scripted = {0: iter([9.0, 1.0, 1.1, 1.0, 1.05, 1.0, 1.1]), 1: iter([9.0, 1.08, 1.12, 1.04, 1.1, 1.06, 1.12]),

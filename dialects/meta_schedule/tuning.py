@@ -104,10 +104,10 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
                 for trace, r in zip(traces, results, strict=True)]
 
     config_key = trace_key(program_keys(dag, space, engine_target(target)))
-    finish = None
-    if (job.option("remeasure_with_tvm") or 0) > 0 and job.option("measure_with") != "tvm":
-        finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
     on_engine = job.option("measure_with") != "tvm"
+    finish = None
+    if (job.option("remeasure_with_tvm") or 0) > 0 and on_engine:
+        finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
     return TuneContext(
         workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
         measure=job_measure(dag, job, target, measure_target, entry), to_records=to_records, index_of=lambda record: None,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -438,7 +437,8 @@ class TvmMeasurer:
 
     def _calibrated_number(self, seconds_per_run: float) -> int:
         """Runs per timing for a kernel whose warm-up timing gave ``seconds_per_run``: the job's
-        ``number``, or as many as fill ``min_repeat_ms`` with a tenth to spare. TVM's evaluator finds
+        ``number``, or as many as fill ``min_repeat_ms`` with a tenth to spare (the engine's
+        :func:`~lorien.engine.build.starting_number`). TVM's evaluator finds
         that count anew in every call: it times ``number`` runs, then more, until one timing lasts
         ``min_repeat_ms``, so a fresh call per round spent about twice ``min_repeat_ms`` a timing (on
         the BERT layer's re-measured traces, 20 ms a timing against 10). The rounds start from the
@@ -449,10 +449,9 @@ class TvmMeasurer:
         timings of a call ran up to 2.4x the later ones (15 of the 16 finalists of the BERT layer's
         four large matmul tasks in one tuning run, the NumPy reference's BLAS threads among the
         suspects), and a finalist's mean, which chooses the exported trace, carried it."""
-        number = int(self.option.number)
-        if self.option.min_repeat_ms <= 0 or not seconds_per_run > 0:
-            return number
-        return max(number, math.ceil(self.option.min_repeat_ms / 1e3 / seconds_per_run * 1.1))
+        from lorien.engine.build import starting_number
+
+        return starting_number(int(self.option.number), self.option.min_repeat_ms, seconds_per_run)
 
     def _check(self, kernel: Any, arrays: list[Any]) -> str:
         """Why the kernel's output differs from NumPy's ("" when it does not, or is not checked)."""
