@@ -102,3 +102,29 @@ def test_builds_are_timed_in_rotating_turns_each_after_its_own_untimed_call(benc
     medians = bench.time_taking_turns({name: (lambda name=name: calls.append(name)) for name in "abc"}, rounds=3)
     assert set(medians) == {"a", "b", "c"} and all(value >= 0 for value in medians.values())
     assert calls == ["a", "a", "b", "b", "c", "c", "b", "b", "c", "c", "a", "a", "c", "c", "a", "a", "b", "b"]
+
+
+def test_short_builds_get_enough_rounds_for_the_timed_seconds_asked(bench):
+    """The fastest build decides: a build that takes 1 ms a call gets 50 rounds for 0.05 s, never
+    fewer than the rounds asked nor more than the cap; each build is called twice (an untimed
+    call first) to find how long a call takes."""
+    clock = [0.0]
+    calls_made = []
+
+    def build(name, seconds):
+        def call():
+            calls_made.append(name)
+            clock[0] += seconds
+        return call
+
+    calls = {"fast": build("fast", 0.001), "slow": build("slow", 0.01)}
+    original = bench.time.perf_counter
+    bench.time.perf_counter = lambda: clock[0]
+    try:
+        assert bench.rounds_for(calls, rounds=10, min_timed_s=0.05) == 50
+        assert calls_made == ["fast", "fast", "slow", "slow"]
+        assert bench.rounds_for(calls, rounds=80, min_timed_s=0.05) == 80
+        assert bench.rounds_for(calls, rounds=10, min_timed_s=100.0, cap=400) == 400
+        assert bench.rounds_for({}, rounds=7, min_timed_s=1.0) == 7
+    finally:
+        bench.time.perf_counter = original
