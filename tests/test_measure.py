@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -16,6 +18,7 @@ import pytest
 from lorien.engine import ops, reference, te
 from lorien.engine.measure import (
     Builder,
+    CpuGate,
     MeasureInput,
     MeasureOption,
     MeasureResult,
@@ -266,7 +269,7 @@ def test_worker_whose_parent_is_killed_exits_without_printing():
     assert stderr == ""
 
 
-@pytest.mark.parametrize("name", ["flush_cache", "check_correctness", "stop_slower_repeats"])
+@pytest.mark.parametrize("name", ["flush_cache", "check_correctness", "stop_slower_repeats", "overlap_runs"])
 def test_a_yes_no_measure_option_given_anything_else_is_a_clear_error(name):
     """``maybe`` or a quoted "false" in a config would read as true; it is refused by name."""
     with pytest.raises(TypeError, match=f"{name} must be true or false, got 'maybe'"):
@@ -293,3 +296,120 @@ def test_a_runner_draws_a_workloads_inputs_once_and_hands_each_candidate_fresh_c
     assert all(np.array_equal(got, want) for got, want in zip(second, expected, strict=True))
     assert not any(np.shares_memory(a, b) for a, b in zip(first, second, strict=True))
     assert not np.array_equal(_fresh_logical_arrays(specs, 4)[0], expected[0])  # another seed, other inputs
+
+
+def test_a_timing_waiting_for_a_core_goes_before_the_next_build():
+    """Two cores, both building: a timing of one thread waits for a build to end, and then it,
+    not the third build waiting too, takes the freed core; the build starts when the timing ends."""
+    gate, events = CpuGate(2), []
+    first_done, second_done, timing_done = threading.Event(), threading.Event(), threading.Event()
+
+    def build(name, done):
+        with gate.building():
+            events.append(f"{name} starts")
+            done.wait(5)
+        events.append(f"{name} ends")
+
+    def timing():
+        with gate.timing(1):
+            events.append("timing starts")
+            timing_done.wait(5)
+        events.append("timing ends")
+
+    builds = [threading.Thread(target=build, args=(name, done))
+              for name, done in (("build 1", first_done), ("build 2", second_done))]
+    for thread in builds:
+        thread.start()
+    _wait_for(lambda: len(events) == 2)
+    timer = threading.Thread(target=timing)
+    timer.start()
+    _wait_for(lambda: gate._timings_waiting == 1)
+    third = threading.Thread(target=build, args=("build 3", threading.Event()))
+    third.start()
+    time.sleep(0.05)
+    assert "build 3 starts" not in events  # both cores busy
+    first_done.set()
+    _wait_for(lambda: "timing starts" in events)
+    time.sleep(0.05)
+    assert "build 3 starts" not in events  # the freed core went to the timing
+    timing_done.set()
+    _wait_for(lambda: "build 3 starts" in events)
+    second_done.set()
+    for thread in (*builds, timer, third):
+        thread.join(5)
+    assert events.index("timing starts") < events.index("build 3 starts")
+
+
+def test_a_timing_of_more_threads_than_cores_takes_them_all():
+    gate = CpuGate(2)
+    with gate.timing(8):
+        assert gate._busy == 2
+    assert gate._busy == 0
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)
+
+
+def _logged(pool, log):
+    """``pool.call`` that logs (kind, start, end) of every task."""
+    call = pool.call
+
+    def logged_call(kind, payload, timeout_s):
+        started = time.monotonic()
+        try:
+            return call(kind, payload, timeout_s)
+        finally:
+            log.append((kind, started, time.monotonic()))
+    return logged_call
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="overlapping needs a core free of the kernel's threads")
+def test_one_thread_candidates_are_timed_while_the_others_build_never_more_tasks_than_cores():
+    """Candidates built for one thread (``-num-cores=1``) on a host with more cores: the first
+    is timed before the last is built, results come back in input order, each candidate's own
+    kernel, and builds plus timings never take more cores than there are; ``overlap_runs: false``
+    builds the whole batch first."""
+    builder, runner = Builder.create("local", n_parallel=2), Runner.create("local")
+    log = []
+    builder.pool.call, runner.pool.call = _logged(builder.pool, log), _logged(runner.pool, log)
+    inputs = [MeasureInput(functools.partial(dense_candidate, 48, tile), reference.dense, target="llvm -num-cores=1")
+              for tile in (1, 2, 4, 8, 16, 1)]
+    try:
+        overlapped = measure_batch(inputs, MeasureOption(build_timeout_s=20, run_timeout_s=5), builder, runner)
+        overlapped_log, log[:] = list(log), []
+        serial = measure_batch(inputs, MeasureOption(build_timeout_s=20, run_timeout_s=5, overlap_runs=False),
+                               builder, runner)
+    finally:
+        builder.pool.shutdown()
+        runner.pool.shutdown()
+    assert all(result.ok for result in overlapped + serial), [r.error_msg for r in overlapped + serial]
+    first_run = min(start for kind, start, _ in overlapped_log if kind == "run")
+    last_build = max(end for kind, _, end in overlapped_log if kind == "build")
+    assert first_run < last_build  # timed while others built
+    edges = sorted([(start, 1) for _, start, _ in overlapped_log] + [(end, -1) for _, _, end in overlapped_log])
+    busy = peak = 0
+    for _, change in edges:
+        busy += change
+        peak = max(peak, busy)
+    assert peak <= 2
+    assert max(start for kind, start, _ in log if kind == "build") < min(start for kind, start, _ in log if kind == "run")
+    assert len(overlapped) == len(serial) == len(inputs)
+
+
+def test_candidates_of_all_the_cores_are_built_first_then_timed():
+    """A target that runs on every core leaves none to build on: the batch is built, then timed."""
+    builder, runner = Builder.create("local", n_parallel=2), Runner.create("local")
+    log = []
+    builder.pool.call, runner.pool.call = _logged(builder.pool, log), _logged(runner.pool, log)
+    inputs = [MeasureInput(functools.partial(dense_candidate, 32, tile), reference.dense) for tile in (1, 2, 4)]
+    try:
+        results = measure_batch(inputs, MeasureOption(build_timeout_s=20, run_timeout_s=5), builder, runner)
+    finally:
+        builder.pool.shutdown()
+        runner.pool.shutdown()
+    assert all(result.ok for result in results)
+    assert [kind for kind, _, _ in sorted(log, key=lambda item: item[1])] == ["build"] * 3 + ["run"] * 3

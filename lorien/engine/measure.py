@@ -29,8 +29,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -62,11 +63,17 @@ class MeasureOption:
     #: below that, so it cannot become the fastest; its record has fewer costs. A slow candidate
     #: of a tuning job is then timed once instead of ``repeat`` times.
     stop_slower_repeats: bool = True
+    #: Time a built candidate while the batch's other candidates still build, where the
+    #: candidates' threads (their target's ``-num-cores``) leave a core free: the builds then
+    #: take the free cores only, and a candidate waiting to be timed goes before the next build
+    #: (:func:`measure_batch`). Off: the whole batch is built, then timed, every core idle but
+    #: the kernel's.
+    overlap_runs: bool = True
 
     def __post_init__(self) -> None:
         # a yes/no option given anything but true/false (YAML's ``maybe``, a quoted "false") would
         # read as true without a word; a TypeError, which every dialect reports as a bad option
-        for name in ("flush_cache", "check_correctness", "stop_slower_repeats"):
+        for name in ("flush_cache", "check_correctness", "stop_slower_repeats", "overlap_runs"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{name} must be true or false, got {value!r}")
@@ -427,6 +434,49 @@ class LocalBuilder(Builder):
         """Build ``inputs`` (and ``ahead``, kept for later calls) on the workers; ``costs``: a guess
         at each input's build time: the longest are started first (then ``ahead``), so the workers
         end the batch together rather than one waiting on a long build started last."""
+        results, payloads = self._plan(inputs, ahead, costs)
+        started = time.perf_counter()
+        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s) if payloads else []
+        elapsed = (time.perf_counter() - started) / max(1, len(payloads))
+        for (i, payload), reply in zip(payloads, replies, strict=True):
+            results[i] = _build_result(reply, elapsed, option)
+            if i >= len(inputs):
+                self._built_ahead[payload] = results[i]
+        return results[:len(inputs)]
+
+    def build_as_done(self, inputs: Sequence[MeasureInput], option: MeasureOption, gate: CpuGate,
+                      ahead: Sequence[MeasureInput] = (), costs: Sequence[float] | None = None,
+                      ) -> Iterator[tuple[int, BuildResult]]:
+        """As :meth:`build`, but ``(index, result)`` of each input as soon as it is built (those
+        built before first), each build holding one of ``gate``'s cores while it runs."""
+        results, payloads = self._plan(inputs, ahead, costs)
+
+        def build_one(payload: bytes) -> BuildResult:
+            with gate.building():
+                started = time.perf_counter()
+                reply = self.pool.call("build", payload, option.build_timeout_s)
+                return _build_result(reply, time.perf_counter() - started, option)
+
+        executor = ThreadPoolExecutor(self.pool.size)
+        try:
+            futures = {executor.submit(build_one, payload): (i, payload) for i, payload in payloads}
+            for i, result in enumerate(results[:len(inputs)]):
+                if result is not None:  # built before (or failed to pickle): timed while the rest build
+                    yield i, result
+            for future in as_completed(futures):
+                i, payload = futures[future]
+                if i >= len(inputs):
+                    self._built_ahead[payload] = future.result()
+                else:
+                    yield i, future.result()
+        finally:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def _plan(self, inputs: Sequence[MeasureInput], ahead: Sequence[MeasureInput],
+              costs: Sequence[float] | None) -> tuple[list[BuildResult | None], list[tuple[int, bytes]]]:
+        """The results known before building (a candidate that does not pickle, one built ahead
+        by an earlier call) and the ``(index, pickled input)`` to build, longest first by ``costs``
+        (then ``ahead``); forgets the earlier builds no input names."""
         built_before, self._built_ahead = self._built_ahead, {}
         payloads, results = [], [None] * (len(inputs) + len(ahead))
         for i, inp in enumerate([*inputs, *ahead]):
@@ -445,24 +495,19 @@ class LocalBuilder(Builder):
             if len(costs) != len(inputs):
                 raise ValueError(f"{len(costs)} build costs for {len(inputs)} inputs")
             payloads.sort(key=lambda item: (item[0] >= len(inputs), -costs[item[0]] if item[0] < len(inputs) else 0.0))
-        started = time.perf_counter()
-        replies = self.pool.map("build", [p for _, p in payloads], option.build_timeout_s) if payloads else []
-        elapsed = (time.perf_counter() - started) / max(1, len(payloads))
-        for (i, _), reply in zip(payloads, replies, strict=True):
-            if reply[0] == "ok":
-                results[i] = BuildResult(reply[1], ErrorNo.NO_ERROR, "", elapsed)
-            elif reply[0] == "error":
-                results[i] = BuildResult(None, reply[1], reply[2], elapsed)
-            elif reply[0] == "timeout":
-                results[i] = BuildResult(None, ErrorNo.BUILD_TIMEOUT,
-                                         f"build exceeded build_timeout_s={option.build_timeout_s}", elapsed)
-            else:
-                results[i] = BuildResult(None, ErrorNo.COMPILE_HOST,
-                                         f"build worker died ({_signal_name(reply[1])})", elapsed)
-        for (i, payload) in payloads:
-            if i >= len(inputs):
-                self._built_ahead[payload] = results[i]
-        return results[:len(inputs)]
+        return results, payloads
+
+
+def _build_result(reply: tuple, elapsed: float, option: MeasureOption) -> BuildResult:
+    """A build worker's reply as the candidate's BuildResult."""
+    if reply[0] == "ok":
+        return BuildResult(reply[1], ErrorNo.NO_ERROR, "", elapsed)
+    if reply[0] == "error":
+        return BuildResult(None, reply[1], reply[2], elapsed)
+    if reply[0] == "timeout":
+        return BuildResult(None, ErrorNo.BUILD_TIMEOUT, f"build exceeded build_timeout_s={option.build_timeout_s}",
+                           elapsed)
+    return BuildResult(None, ErrorNo.COMPILE_HOST, f"build worker died ({_signal_name(reply[1])})", elapsed)
 
 
 class LocalRunner(Runner):
@@ -477,25 +522,69 @@ class LocalRunner(Runner):
         for inp, built in zip(inputs, builds, strict=True):
             if results and results[-1].ok:  # the fastest so far includes this batch's candidates timed before
                 best_cost_s = min(best_cost_s, results[-1].mean_cost_s)
-            started = time.perf_counter()
-            if built.error_no != ErrorNo.NO_ERROR:
-                results.append(MeasureResult([FAILED_COST_S], int(built.error_no), built.time_cost_s, time.time(),
-                                             built.error_msg))
-                continue
-            slower_than_s = best_cost_s if option.stop_slower_repeats else math.inf
-            reply = self.pool.call("run", (built.artifact, inp.reference, option, slower_than_s), option.run_timeout_s)
-            all_cost = built.time_cost_s + time.perf_counter() - started
-            if reply[0] == "ok":
-                results.append(MeasureResult(list(reply[1]), int(ErrorNo.NO_ERROR), all_cost, time.time()))
-            elif reply[0] == "error":
-                results.append(MeasureResult([FAILED_COST_S], reply[1], all_cost, time.time(), reply[2]))
-            elif reply[0] == "timeout":
-                results.append(MeasureResult([FAILED_COST_S], int(ErrorNo.RUN_TIMEOUT), all_cost, time.time(),
-                                             f"run exceeded run_timeout_s={option.run_timeout_s}"))
-            else:
-                results.append(MeasureResult([FAILED_COST_S], int(ErrorNo.RUNTIME_DEVICE), all_cost, time.time(),
-                                             f"kernel crashed the runner ({_signal_name(reply[1])})"))
+            results.append(self.run_one(inp, built, option, best_cost_s))
         return results
+
+    def run_one(self, inp: MeasureInput, built: BuildResult, option: MeasureOption,
+                best_cost_s: float = math.inf) -> MeasureResult:
+        """One candidate checked and timed (``best_cost_s`` as for :meth:`run`)."""
+        started = time.perf_counter()
+        if built.error_no != ErrorNo.NO_ERROR:
+            return MeasureResult([FAILED_COST_S], int(built.error_no), built.time_cost_s, time.time(), built.error_msg)
+        slower_than_s = best_cost_s if option.stop_slower_repeats else math.inf
+        reply = self.pool.call("run", (built.artifact, inp.reference, option, slower_than_s), option.run_timeout_s)
+        all_cost = built.time_cost_s + time.perf_counter() - started
+        if reply[0] == "ok":
+            return MeasureResult(list(reply[1]), int(ErrorNo.NO_ERROR), all_cost, time.time())
+        if reply[0] == "error":
+            return MeasureResult([FAILED_COST_S], reply[1], all_cost, time.time(), reply[2])
+        if reply[0] == "timeout":
+            return MeasureResult([FAILED_COST_S], int(ErrorNo.RUN_TIMEOUT), all_cost, time.time(),
+                                 f"run exceeded run_timeout_s={option.run_timeout_s}")
+        return MeasureResult([FAILED_COST_S], int(ErrorNo.RUNTIME_DEVICE), all_cost, time.time(),
+                             f"kernel crashed the runner ({_signal_name(reply[1])})")
+
+
+class CpuGate:
+    """This machine's cores shared by a batch's builds (one core each) and the timing of its
+    candidates (as many cores as a kernel's threads): a timing waits until its cores are free
+    and, while it waits, no build starts; a build waits for a free core."""
+
+    def __init__(self, cores: int):
+        self.cores = max(1, int(cores))
+        self._busy = 0
+        self._timings_waiting = 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self._timings_waiting == 0 and self._busy < self.cores)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            self._release(1)
+
+    @contextmanager
+    def timing(self, threads: int) -> Iterator[None]:
+        threads = min(max(1, int(threads)), self.cores)
+        with self._changed:
+            self._timings_waiting += 1
+            try:
+                self._changed.wait_for(lambda: self._busy + threads <= self.cores)
+            finally:
+                self._timings_waiting -= 1
+            self._busy += threads
+        try:
+            yield
+        finally:
+            self._release(threads)
+
+    def _release(self, cores: int) -> None:
+        with self._changed:
+            self._busy -= cores
+            self._changed.notify_all()
 
 
 _DEFAULT: dict = {}
@@ -533,8 +622,38 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
     options = {"costs": build_costs} if build_costs is not None else {}
+    threads = _timing_threads(inputs)
+    cores = os.cpu_count() or 1
+    if (option.overlap_runs and isinstance(builder, LocalBuilder) and isinstance(runner, LocalRunner)
+            and threads < cores and len(inputs) > 1):
+        return _measure_overlapping(inputs, option, builder, runner, best_cost_s, ahead, options, CpuGate(cores),
+                                    threads)
     builds = builder.build(inputs, option, ahead, **options) if ahead else builder.build(inputs, option, **options)
     return runner.run(inputs, builds, option, best_cost_s)
+
+
+def _timing_threads(inputs: Sequence[MeasureInput]) -> int:
+    """The most threads any of ``inputs`` runs on (its target's ``-num-cores``, else the runtime's
+    default); all the cores for a target that does not parse (its build reports why)."""
+    try:
+        return max((cpu.cpu_target(inp.target).threads for inp in inputs), default=1)
+    except (LorienError, ValueError):
+        return os.cpu_count() or 1
+
+
+def _measure_overlapping(inputs: Sequence[MeasureInput], option: MeasureOption, builder: LocalBuilder,
+                         runner: LocalRunner, best_cost_s: float, ahead: Sequence[MeasureInput],
+                         options: dict[str, Any], gate: CpuGate, threads: int) -> list[MeasureResult]:
+    """``measure_batch`` with ``overlap_runs``: each candidate timed as soon as it is built, on
+    ``threads`` of ``gate``'s cores, the batch's remaining builds on the others (the fastest so
+    far counts the candidates timed before it, in the order they were built)."""
+    results: list[MeasureResult | None] = [None] * len(inputs)
+    for i, built in builder.build_as_done(inputs, option, gate, ahead, **options):
+        with gate.timing(threads):
+            results[i] = runner.run_one(inputs[i], built, option, best_cost_s)
+        if results[i].ok:
+            best_cost_s = min(best_cost_s, results[i].mean_cost_s)
+    return results  # type: ignore[return-value] - every input has its result once the builds are done
 
 
 def keeping_fastest(measure: Callable[..., list[MeasureResult]]) -> Callable[..., list[MeasureResult]]:

@@ -15,7 +15,8 @@ Read with ``yaml.safe_load`` only. Schema (every key but ``workloads`` is option
     warm_start_model: models/dense       # xgb only: prime the tuner with a trained cost model (lorien train)
     measure: {number: 1, repeat: 3, min_repeat_ms: 0, flush_cache: false,
               build_timeout_s: 10, run_timeout_s: 10, check_correctness: true,
-              stop_slower_repeats: true}     # a candidate that cannot beat the job's fastest stops its repeats
+              stop_slower_repeats: true,     # a candidate that cannot beat the job's fastest stops its repeats
+              overlap_runs: true}            # time candidates of fewer threads than cores while the rest build
     workloads:
       - dense: {M: 64, N: 64, K: 64}               # op shorthand (dense, batch_matmul, conv2d, depthwise_conv2d)
       - conv2d: {N: 1, C: 64, H: 56, W: 56, K: 64, kernel: 3, stride: 1, padding: 1, layout: NCHWc}

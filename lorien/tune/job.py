@@ -40,7 +40,7 @@ COMMON_KEYS = {"dialect", "target", "task_name", "args", "workload_key", "name",
                "trials", "batch_size", "early_stopping", "seed", "commit_nbest", "measure", "weight", "models",
                "epilogue", "round", "cost_model"}
 MEASURE_KEYS = {"number", "repeat", "min_repeat_ms", "flush_cache", "build_timeout_s", "run_timeout_s",
-                "check_correctness", "rtol", "atol", "seed", "stop_slower_repeats"}
+                "check_correctness", "rtol", "atol", "seed", "stop_slower_repeats", "overlap_runs"}
 #: Options the ``xgb`` tuner gets over a template-free space (auto-scheduler sketches,
 #: MetaSchedule traces) unless the job says otherwise: its model is searched by evolution.
 TEMPLATE_FREE_XGB_DEFAULTS: dict[str, Any] = {"optimizer": "evolution", "plan_size": 16, "weighted": True}
