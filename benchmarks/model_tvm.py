@@ -517,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                              "workloads, none a task of these models, x 3 dialects x 16 random trials) kept in the "
                              "parquet store DIR; the spread is measured into DIR first where DIR lacks it (minutes; "
                              "not counted as tuning time: it is the warehouse's earlier records)")
-    parser.add_argument("--rounds", type=int, help="timed calls of each build, taking turns, each after an untimed call "
-                        "of the same build (default 30)")
+    parser.add_argument("--rounds", type=int, help="timed calls of the untuned build, and the fewest of each tuned "
+                        "build, taking turns, each after an untimed call of the same build (default 30; --quick 10)")
     parser.add_argument("--min-timed-s", type=float, default=2.0, metavar="S",
                         help="time each tuned build for at least S seconds of timed calls (more rounds than "
                              "--rounds where its calls are short; default 2.0)")
