@@ -616,13 +616,13 @@ def test_a_guided_meta_schedule_job_hands_the_builder_its_build_time_guesses(pro
     from lorien.engine import measure as engine_measure
     from lorien.tune.loop import tune_job
 
-    seen, build = [], engine_measure.LocalBuilder.build
+    seen, plan = [], engine_measure.LocalBuilder._plan
 
-    def recording(self, inputs, option, ahead=(), costs=None):
+    def recording(self, inputs, ahead, costs):  # what every build of a batch starts from, overlapped or not
         seen.append((len(inputs), costs))
-        return build(self, inputs, option, ahead, costs)
+        return plan(self, inputs, ahead, costs)
 
-    monkeypatch.setattr(engine_measure.LocalBuilder, "build", recording)
+    monkeypatch.setattr(engine_measure.LocalBuilder, "_plan", recording)
     tune_job(_job("meta_schedule", program_model, trials=8), None)
     assert len(seen) == 2 and all(costs is not None and len(costs) == size == 4 for size, costs in seen)
     assert any(len(set(costs)) > 1 for _, costs in seen)
