@@ -612,8 +612,9 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
                   builder: Builder | None = None, runner: Runner | None = None,
                   best_cost_s: float = math.inf, ahead: Sequence[MeasureInput] = (),
                   build_costs: Sequence[float] | None = None) -> list[MeasureResult]:
-    """Build all candidates (in parallel), then run them one by one; one result per input.
-    ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
+    """Build all candidates (in parallel), then run them one by one; one result per input. With
+    ``MeasureOption.overlap_runs``, candidates of fewer threads than cores are each timed as soon
+    as built, the rest building on the free cores (:class:`CpuGate`). ``best_cost_s``: the fastest mean of the tuning job so far (``MeasureOption.stop_slower_repeats``);
     ``ahead``: candidates later calls will measure, built now with these; ``build_costs``: a guess at
     each input's build time, the longest started first (``LocalBuilder.build``)."""
     option = option or MeasureOption()
@@ -622,12 +623,11 @@ def measure_batch(inputs: Sequence[MeasureInput], option: MeasureOption | None =
         builder = builder or _DEFAULT["builder"]
         runner = runner or _DEFAULT["runner"]
     options = {"costs": build_costs} if build_costs is not None else {}
-    threads = _timing_threads(inputs)
-    cores = os.cpu_count() or 1
-    if (option.overlap_runs and isinstance(builder, LocalBuilder) and isinstance(runner, LocalRunner)
-            and threads < cores and len(inputs) > 1):
-        return _measure_overlapping(inputs, option, builder, runner, best_cost_s, ahead, options, CpuGate(cores),
-                                    threads)
+    if option.overlap_runs and isinstance(builder, LocalBuilder) and isinstance(runner, LocalRunner) and len(inputs) > 1:
+        threads, cores = _timing_threads(inputs), os.cpu_count() or 1
+        if threads < cores:
+            return _measure_overlapping(inputs, option, builder, runner, best_cost_s, ahead, options,
+                                        CpuGate(cores), threads)
     builds = builder.build(inputs, option, ahead, **options) if ahead else builder.build(inputs, option, **options)
     return runner.run(inputs, builds, option, best_cost_s)
 
@@ -636,7 +636,7 @@ def _timing_threads(inputs: Sequence[MeasureInput]) -> int:
     """The most threads any of ``inputs`` runs on (its target's ``-num-cores``, else the runtime's
     default); all the cores for a target that does not parse (its build reports why)."""
     try:
-        return max((cpu.cpu_target(inp.target).threads for inp in inputs), default=1)
+        return max((cpu.cpu_target(target).threads for target in {inp.target for inp in inputs}), default=1)
     except (LorienError, ValueError):
         return os.cpu_count() or 1
 
