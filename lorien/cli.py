@@ -370,9 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- generate ---------------------------------------------------------------------
     # (section owned by the cost-model work)
     generate = _parser(sub, "generate", "build a training set: tune a spread of dense, conv2d, depthwise and "
-                       "batch_matmul workloads with the random tuner on this machine",
+                       "batch_matmul workloads with the random tuner (or --tuner) on this machine, in one dialect "
+                       "or several",
                        "lorien generate --size medium --exclude configs/models/all.yaml --store parquet:./train\n"
-                       "  lorien generate --size medium --target 'llvm -mcpu=haswell -num-cores=1' --store parquet:./train")
+                       "  lorien generate --size medium --target 'llvm -mcpu=haswell -num-cores=1' --store parquet:./train\n"
+                       "  lorien generate --size small --dialect autotvm --dialect auto_scheduler --dialect meta_schedule "
+                       "--tuner xgb --trials 32 --store parquet:./train")
     generate.add_argument("--size", default="small", choices=["small", "medium", "large", "none"],
                           help="the workload spread (small: a few workloads for CI; default small)")
     generate.add_argument("--workload", action="append", default=[], metavar="OP:K=V,...",
@@ -383,7 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help="leave out the spread's workloads this tuning config names (e.g. the networks a "
                                "model is judged on zero-shot); repeatable")
     generate.add_argument("--trials", type=int, help="measured configs per workload (default by size: 8/64/200)")
-    generate.add_argument("--tuner", default="random", help="tuner (default random)")
+    generate.add_argument("--tuner", default="random",
+                          help="tuner (default random; xgb: tuning runs, as a warehouse holds them: the programs a "
+                               "search converges to beside random ones)")
+    generate.add_argument("--dialect", action="append", metavar="DIALECT",
+                          help="tune the spread in this dialect (autotvm, auto_scheduler, meta_schedule); repeatable: "
+                               "one program-feature model ranks every dialect's candidates (default autotvm)")
     generate.add_argument("--target", help="target to build and measure for, e.g. 'llvm -mcpu=haswell -num-cores=1' "
                                            "(default: this host's CPU, llvm -mcpu=<host>)")
     generate.add_argument("--seed", type=int, default=0,
@@ -1003,7 +1011,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     store_uri = resolve_store_uri(args.store)
     summaries = generate_training_set(store_uri, size=args.size, workloads=args.workload, trials=args.trials,
                                       target=args.target, tuner=args.tuner, seed=args.seed, ops=args.op,
-                                      progress=not args.quiet, exclude_configs=args.exclude)
+                                      progress=not args.quiet, exclude_configs=args.exclude, dialects=args.dialect)
     if args.json:
         print(_tune_json(summaries))
         return 0

@@ -92,6 +92,36 @@ def test_exclude_leaves_out_the_spread_workloads_a_config_names(tmp_path):
         training_jobs("none", workloads=["dense:M=3,N=3,K=3"], exclude=excluded)
 
 
+def test_exclude_leaves_a_config_workload_out_of_every_dialect_of_the_spread(tmp_path):
+    """A config names its workloads in its own dialect (autotvm here); the spread tuned in another
+    dialect leaves the same workload out too."""
+    config = tmp_path / "net.yaml"
+    config.write_text("workloads:\n  - {dense: {M: 1, N: 64, K: 64}}\n")
+    excluded = config_workload_keys([config])
+    for dialect in ("auto_scheduler", "meta_schedule"):
+        every = training_jobs("small", dialect=dialect)
+        kept = training_jobs("small", dialect=dialect, exclude=excluded)
+        assert {job["dialect"] for job in kept} == {dialect} and len(kept) == len(every) - 1, dialect
+
+
+def test_generate_tunes_the_spread_in_every_dialect_it_is_given(tmp_path, capsys):
+    """lorien generate --dialect (repeatable) --tuner xgb: each dialect's jobs measured into the
+    store, each record in its dialect; an unknown dialect fails before anything is measured."""
+    from lorien.warehouse import open_store
+
+    store = tmp_path / "train"
+    dialects = ("autotvm", "auto_scheduler", "meta_schedule")
+    argv = ["generate", "--size", "none", "--workload", "dense:M=4,N=32,K=16", "--trials", "3", "--tuner", "xgb",
+            "--store", f"parquet:{store}", "--quiet"]
+    assert main([*argv, "--dialect", "autotvm", "--dialect", "no_such_dialect"]) == 1
+    assert "no_such_dialect" in capsys.readouterr().err and not store.exists()
+    assert main([*argv, *(part for name in dialects for part in ("--dialect", name))]) == 0
+    assert "generated 9 measurements of 3 workloads" in capsys.readouterr().out
+    with open_store(f"parquet:{store}") as opened:
+        table = opened.scan({}).to_pandas()
+    assert table.groupby("dialect").size().to_dict() == {name: 3 for name in dialects}
+
+
 def test_the_same_seed_measures_the_same_configs_on_two_targets(tmp_path):
     from lorien.costmodel.generate import generate_training_set
     from lorien.warehouse import open_store

@@ -1,5 +1,6 @@
-"""Training data from real measurements: tune a spread of workloads with the random tuner on
-this machine and commit every measured candidate to a store.
+"""Training data from real measurements: tune a spread of workloads with the random tuner (or
+another) on this machine, in one dialect or several, and commit every measured candidate to a
+store.
 
 Sizes: ``small`` (a handful of workloads, few trials: CI), ``medium`` and ``large`` (for a
 real training set) cover the four tunable operators: dense, conv2d (``conv2d_NCHWc.x86``),
@@ -91,6 +92,22 @@ def config_workload_keys(paths: Iterable[str | Path]) -> set[str]:
             for path in paths for job in load_tune_config(path).jobs}
 
 
+def _keys_in_every_dialect(op: str, params: dict[str, Any]) -> set[str]:
+    """A workload's key in every built-in dialect that can tune it: an exclude config names its
+    workloads in its own dialect, whichever dialect the training set is tuned in."""
+    from lorien.errors import LorienError
+    from lorien.plugins import BUILTIN_DIALECTS, get_dialect
+
+    keys = set()
+    for name in BUILTIN_DIALECTS:
+        try:
+            plugin = get_dialect(name)
+            keys.add(plugin.workload_key(*plugin.expand_workload(op, params)))
+        except (LorienError, ImportError):
+            continue
+    return keys
+
+
 def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: int | None = None,
                   target: str | None = None, tuner: str = "random", seed: int = 0, ops: Sequence[str] | None = None,
                   measure: dict[str, Any] | None = None, dialect: str | None = None,
@@ -117,7 +134,7 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
     jobs = []
     for position, (op, params) in enumerate([*spread, *map(parse_workload_spec, workloads)]):
         task_name, args = plugin.expand_workload(op, params)
-        if plugin.workload_key(task_name, args) in excluded:
+        if excluded and ({plugin.workload_key(task_name, args)} | _keys_in_every_dialect(op, params)) & excluded:
             if position in explicit:
                 raise ConfigError(f"workload {explicit[position]!r} is a workload of an exclude config")
             continue
@@ -132,19 +149,26 @@ def training_jobs(size: str = "small", workloads: Sequence[str] = (), trials: in
 def generate_training_set(store_uri: str | None, size: str = "small", workloads: Sequence[str] = (),
                           trials: int | None = None, target: str | None = None, tuner: str = "random", seed: int = 0,
                           ops: Sequence[str] | None = None, measure: dict[str, Any] | None = None,
-                          progress: bool = True, exclude_configs: Sequence[str | Path] = ()) -> list[Any]:
+                          progress: bool = True, exclude_configs: Sequence[str | Path] = (),
+                          dialects: Sequence[str] | None = None) -> list[Any]:
     """Tune every job of the spread into ``store_uri``; returns the per-workload summaries.
 
     ``exclude_configs``: tuning YAMLs whose workloads are left out (e.g. the networks a model
-    will be judged on zero-shot).
+    will be judged on zero-shot). ``dialects``: tune the spread in each of these (default a
+    tuning config's default dialect), one dialect's jobs after another, the same seeds in each:
+    what a program-feature model (``lorien featurize --features program``) trains on.
     """
+    from lorien.plugins import get_dialect
     from lorien.progress import Progress
     from lorien.tune.local import tune_workload
 
+    for name in dialects or ():
+        get_dialect(name)  # an unknown dialect fails before anything is measured
     excluded = config_workload_keys(exclude_configs)
-    jobs = training_jobs(size, workloads, trials, target, tuner, seed, ops, measure, exclude=excluded)
+    jobs = [job for name in (dialects or [None]) for job in training_jobs(
+        size, workloads, trials, target, tuner, seed, ops, measure, dialect=name, exclude=excluded)]
     if progress and excluded:
-        kept = len(training_jobs(size, workloads, trials, target, tuner, seed, ops, measure))
+        kept = len(training_jobs(size, workloads, trials, target, tuner, seed, ops, measure)) * len(dialects or [None])
         print(f"generate: {kept - len(jobs)} workload(s) of the spread are in {', '.join(map(str, exclude_configs))}; "
               "left out", file=sys.stderr, flush=True)
     summaries = []
