@@ -41,9 +41,10 @@ templates at 10%.
 Pre-trained models in tuning (issue 22; --skip-pretrained leaves it out): a spread of 24
 conv2d / depthwise / dense / batch_matmul workloads that are no layer of any extracted
 network (checked) is tuned in each of the three dialects with the random tuner (48 trials;
---quick, --pretrained-layers one and three: 16), workload after workload until a time budget
-is spent (--pretrained-train-s; 180 s with --quick, 240 s with one, 600 s with three, none in
-the full run),
+--quick, --pretrained-layers one and three: 16) and, as a warehouse of tuning runs holds it,
+with the xgb tuner (32 trials, --pretrained-train-tuned; 0: random samples only), workload
+after workload until a time budget is spent (--pretrained-train-s; 180 s with --quick, 240 s
+with one, 600 s with three, none in the full run),
 featurized with program features (`--features program`) and one XGBoost ranking model is
 trained on all of it. Held-out layers of ResNet-50, MobileNetV2 and
 the BERT-base layer are then tuned twice per dialect with the xgb tuner, the same seed and
@@ -653,8 +654,10 @@ def _job(dialect: str, op: str, params: dict, tuner: str, trials: int, seed: int
 
 
 def train_program_model(work: Path, spread: list, trials: int, budget_s: float | None = None,
-                        store_path: Path | None = None) -> tuple[str, dict]:
-    """Tune the spread in every dialect (random tuner) into a store, featurize its program
+                        store_path: Path | None = None, tuned_trials: int = 0) -> tuple[str, dict]:
+    """Tune the spread in every dialect (random tuner, ``trials`` each; with ``tuned_trials``, also
+    the xgb tuner, that many trials, another seed: what a warehouse of tuning runs holds, the
+    programs a search converged to beside random samples) into a store, featurize its program
     features, train an XGBoost ranking model; returns (model path, facts). With ``budget_s``,
     workloads are measured in spread order (every dialect of one, then the next) until the
     budget is spent, the whole spread at most; without it, the whole spread. ``store_path``: a
@@ -676,13 +679,16 @@ def train_program_model(work: Path, spread: list, trials: int, budget_s: float |
             if budget_s is not None and done and time.perf_counter() - start >= budget_s:
                 break
             for dialect in PRETRAINED_DIALECTS:
-                job = _job(dialect, op, params, "random", trials, seed=100 + i)
-                job_id = job_source(job, dialect).removeprefix(SOURCE_PREFIX)
-                earlier = earlier_records(store, job_id, target=job["target"])
-                if len(earlier) >= trials:
-                    reused += len(earlier)
-                    continue
-                tune_job(job, store, resume=earlier)
+                for tuner, count, seed in (("random", trials, 100 + i), ("xgb", tuned_trials, 200 + i)):
+                    if count < 1:
+                        continue
+                    job = _job(dialect, op, params, tuner, count, seed=seed)
+                    job_id = job_source(job, dialect).removeprefix(SOURCE_PREFIX)
+                    earlier = earlier_records(store, job_id, target=job["target"])
+                    if len(earlier) >= count:
+                        reused += len(earlier)
+                        continue
+                    tune_job(job, store, resume=earlier)
             done += 1
     measured_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -694,6 +700,7 @@ def train_program_model(work: Path, spread: list, trials: int, budget_s: float |
     train_cost_model(features, work / "program-model", kind="xgb-rank", templates=["program"],
                      folds=3, baseline=None, plots=False, progress=False, name="warehouse-program")
     facts = {"records": report.records_featurized, "workloads": done * len(PRETRAINED_DIALECTS),
+             "random_trials": trials, "tuned_trials": tuned_trials,
              "reused_records": reused, "store": uri, "measure_s": round(measured_s, 1),
              "featurize_s": round(featurize_s, 2),
              "featurize_rps": round(report.records_featurized / featurize_s, 1) if featurize_s else math.nan}
@@ -861,6 +868,9 @@ def ranking_quality(model_path: str, dialect: str, records: list, k: int = 8, pe
 #: budget (seconds) for measuring the training spread.
 QUICK_TRIALS = 32
 QUICK_TRAIN_S = 180.0
+#: xgb-tuned trials of each (spread workload, dialect) in the pre-trained model's training set,
+#: beside the random ones (0: random samples only, as before 2026-11-29).
+TRAIN_TUNED_TRIALS = 32
 #: Re-timing of the pre-trained section: rounds per config, and each run's fastest configs (by
 #: first measurement) re-timed beside the configs its curve stepped at.
 RETIME_ROUNDS = 15
@@ -942,21 +952,23 @@ def geomean(values: list[float]) -> float:
 
 def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
                          train_s: float | None = None, train_store: Path | None = None,
-                         dialects: tuple[str, ...] = PRETRAINED_DIALECTS, seeds: int = 1) -> dict:
+                         dialects: tuple[str, ...] = PRETRAINED_DIALECTS, seeds: int = 1,
+                         tuned_trials: int = TRAIN_TUNED_TRIALS) -> dict:
     """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
     ``one`` (one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three layers in
     every dialect, --quick's; the spread measured with 16 trials each), ``some``
     (:data:`PRETRAINED_FULL` in every dialect) or ``all`` (every layer of the three networks).
     ``train_store``: the training spread's store, kept between runs (:func:`train_program_model`).
     ``dialects``: the dialects whose layers are tuned (the others' figures are NaN); ``seeds``: each
-    layer's pair of runs is made with seeds 0 .. seeds - 1, the geomeans taken over all of them."""
+    layer's pair of runs is made with seeds 0 .. seeds - 1, the geomeans taken over all of them.
+    ``tuned_trials``: xgb-tuned trials of every spread job in the training set (:func:`train_program_model`)."""
     spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
     spread_trials = 16 if layer_set in ("one", "three") else 48
     if train_s is None:
         train_s = QUICK_TRAIN_S if quick else 240.0 if layer_set == "one" else 600.0 if layer_set == "three" else None
     model, facts = train_program_model(work, spread, trials=spread_trials, budget_s=train_s,
-                                       store_path=train_store)
+                                       store_path=train_store, tuned_trials=tuned_trials)
     layers = network_layers()
     entries = []
     for dialect in dialects:
@@ -1027,6 +1039,10 @@ def main() -> int:
                              "runs: jobs whose records it holds are not measured again (the same training set and "
                              "model every run); missing ones are measured into it. Default: a fresh store in the "
                              "work directory")
+    parser.add_argument("--pretrained-train-tuned", type=int, default=TRAIN_TUNED_TRIALS, metavar="TRIALS",
+                        help=f"pre-trained section: besides the random trials, tune every spread workload in every "
+                             f"dialect with the xgb tuner for this many trials into the training set (what a "
+                             f"warehouse of tuning runs holds; default {TRAIN_TUNED_TRIALS}; 0: random samples only)")
     parser.add_argument("--pretrained-dialects", metavar="DIALECT[,DIALECT]",
                         default=",".join(PRETRAINED_DIALECTS),
                         help="pre-trained section: tune only these dialects' layers (comma-separated; default all "
@@ -1042,6 +1058,8 @@ def main() -> int:
     unknown = sorted(set(pretrained_dialects) - set(PRETRAINED_DIALECTS))
     if unknown or not pretrained_dialects:
         parser.error(f"--pretrained-dialects: unknown dialect(s) {unknown} (known: {', '.join(PRETRAINED_DIALECTS)})")
+    if args.pretrained_train_tuned < 0:
+        parser.error(f"--pretrained-train-tuned must be at least 0, got {args.pretrained_train_tuned}")
     if args.pretrained_seeds < 1:
         parser.error(f"--pretrained-seeds must be at least 1, got {args.pretrained_seeds}")
 
@@ -1110,7 +1128,8 @@ def main() -> int:
             with section("pretrained"):
                 result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
                                               Path(args.pretrained_train_store) if args.pretrained_train_store
-                                              else None, pretrained_dialects, args.pretrained_seeds)
+                                              else None, pretrained_dialects, args.pretrained_seeds,
+                                              args.pretrained_train_tuned)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))

@@ -185,3 +185,26 @@ def test_a_meta_schedule_config_is_retimed_on_one_thread_when_tuned_on_one(bench
     bench.retime_configs("meta_schedule", [record.with_changes(build='{"threads": 1}')], rounds=1)
     assert built and cpu.cpu_target(built[0]).num_cores == 1
 
+
+
+def test_the_training_set_holds_tuning_runs_beside_random_samples(bench, tmp_path):
+    """tuned_trials: every spread job is also tuned with the xgb tuner (another seed) into the
+    training store, as a warehouse of tuning runs holds it; the model trains on both, and a
+    second run with the same store measures neither again."""
+    from lorien.tune.resume import SOURCE_PREFIX, earlier_records, job_source
+    from lorien.warehouse import open_store
+
+    spread = [("dense", {"M": 8, "N": 32, "K": 16})]
+    store = tmp_path / "train-store"
+    _, first = bench.train_program_model(tmp_path / "first", spread, trials=3, store_path=store, tuned_trials=4)
+    with open_store(f"parquet:{store}") as opened:
+        for dialect in bench.PRETRAINED_DIALECTS:
+            for tuner, count, seed in (("random", 3, 100), ("xgb", 4, 200)):
+                job = bench._job(dialect, *spread[0], tuner, count, seed=seed)
+                job_id = job_source(job, dialect).removeprefix(SOURCE_PREFIX)
+                assert len(earlier_records(opened, job_id, target=job["target"])) == count, (dialect, tuner)
+        stored = opened.scan({}).num_rows
+    assert first["tuned_trials"] == 4 and first["reused_records"] == 0
+    assert first["records"] == stored == len(bench.PRETRAINED_DIALECTS) * (3 + 4)
+    _, second = bench.train_program_model(tmp_path / "second", spread, trials=3, store_path=store, tuned_trials=4)
+    assert second["reused_records"] == stored == second["records"]
