@@ -43,6 +43,14 @@ DEDUP_SPACE_MAX = 64
 #: (a round 1.8x the others, seen on the BERT layer's tasks) moved a finalist's mean by a third
 #: and chose between finalists closer than that (docs/models.md).
 REMEASURE_ROUNDS = 9
+#: The xgb tuner's defaults here (beside :data:`lorien.tune.job.TEMPLATE_FREE_XGB_DEFAULTS`):
+#: ``guide_refine`` 64, so a guided run also evolves candidates on the pre-trained guide's score
+#: from its best measured traces every plan. Without it the guided runs picked among fresh random
+#: traces and the knob model's few candidates, and stalled where the scratch run's evolution
+#: climbed (znver3, 2026-11-29: guided runs ended 0.63-0.97 of scratch on 4 of 6 pairs); with it,
+#: on the same model, `pretrained_trials_speedup_meta_schedule` 0.98 -> 1.86 (docs/costmodel.md).
+#: auto_scheduler keeps 0 (measured there without a gain).
+META_SCHEDULE_XGB_DEFAULTS: dict[str, Any] = {"guide_refine": 64}
 #: From this round on the finalists race: one whose fastest timing is slower than the slowest
 #: timing of the one ahead is timed no more, and the rounds end when one is left or those left
 #: tie (medians within ``RACE_TIE`` of the leader's,
@@ -109,7 +117,7 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
     if (job.option("remeasure_with_tvm") or 0) > 0 and on_engine:
         finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
     return TuneContext(
-        workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space),
+        workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space, META_SCHEDULE_XGB_DEFAULTS),
         measure=job_measure(dag, job, target, measure_target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
         finish=finish, schedule_of=functools.partial(_schedule_of, space),
