@@ -169,8 +169,8 @@ def generate_training_set(store_uri: str | None, size: str = "small", workloads:
         size, workloads, trials, target, tuner, seed, ops, measure, dialect=name, exclude=excluded)]
     if progress and excluded:
         kept = len(training_jobs(size, workloads, trials, target, tuner, seed, ops, measure)) * len(dialects or [None])
-        print(f"generate: {kept - len(jobs)} workload(s) of the spread are in {', '.join(map(str, exclude_configs))}; "
-              "left out", file=sys.stderr, flush=True)
+        print(f"generate: {kept - len(jobs)} job(s) of the spread tune a workload of "
+              f"{', '.join(map(str, exclude_configs))}; left out", file=sys.stderr, flush=True)
     summaries = []
     with Progress(len(jobs), "generate", unit="workload", enabled=progress) as bar:
         for job in jobs:
