@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="lorien-refine-ab-"))
     work.mkdir(parents=True, exist_ok=True)
     model, _ = bench.train_program_model(work, bench.PRETRAINED_SPREAD, trials=16, budget_s=600.0,
-                                         store_path=args.train_store)
+                                         store_path=args.train_store, tuned_trials=bench.TRAIN_TUNED_TRIALS)
     layers = [layer for layer in bench.network_layers() if layer[0] in bench.PRETRAINED_QUICK.values()]
     trial_ratios, best_ratios = [], {n: [] for n in (*CHECKPOINTS, args.trials)}
     for name, op, params in layers:

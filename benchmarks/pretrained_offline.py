@@ -158,7 +158,8 @@ def main() -> int:
         model_path = args.model
         if not model_path:
             model_path, _ = bench.train_program_model(Path(tmp), bench.PRETRAINED_SPREAD, trials=16,
-                                                      store_path=Path(args.train_store))
+                                                      store_path=Path(args.train_store),
+                                                      tuned_trials=bench.TRAIN_TUNED_TRIALS)
         dialects = [d for d in args.dialects.split(",") if d]
         pools = [int(p) for p in args.pools.split(",") if p]
         layers = [layer for layer in bench.network_layers() if layer[0] in bench.PRETRAINED_QUICK.values()]
