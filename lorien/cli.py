@@ -1016,7 +1016,9 @@ def _run_generate(args: argparse.Namespace) -> int:
         print(_tune_json(summaries))
         return 0
     measured = sum(summary.trials for summary in summaries)
-    print(f"generated {measured} measurements of {len(summaries)} workloads into {store_uri}")
+    dialects = set(args.dialect or ())
+    jobs = f"{len(summaries)} jobs ({len(dialects)} dialects)" if len(dialects) > 1 else f"{len(summaries)} workloads"
+    print(f"generated {measured} measurements of {jobs} into {store_uri}")
     return 0
 
 

@@ -162,7 +162,8 @@ def generate_training_set(store_uri: str | None, size: str = "small", workloads:
     from lorien.progress import Progress
     from lorien.tune.local import tune_workload
 
-    for name in dialects or ():
+    dialects = list(dict.fromkeys(dialects or ()))  # a dialect named twice is tuned once
+    for name in dialects:
         get_dialect(name)  # an unknown dialect fails before anything is measured
     excluded = config_workload_keys(exclude_configs)
     jobs = [job for name in (dialects or [None]) for job in training_jobs(
