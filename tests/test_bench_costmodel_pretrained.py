@@ -186,7 +186,6 @@ def test_a_meta_schedule_config_is_retimed_on_one_thread_when_tuned_on_one(bench
     assert built and cpu.cpu_target(built[0]).num_cores == 1
 
 
-
 def test_the_training_set_holds_tuning_runs_beside_random_samples(bench, tmp_path):
     """tuned_trials: every spread job is also tuned with the xgb tuner (another seed) into the
     training store, as a warehouse of tuning runs holds it; the model trains on both, and a
