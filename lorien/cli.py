@@ -293,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--n-estimators", type=int, help="boosting rounds (XGBoost)")
     train.add_argument("--max-depth", type=int, help="tree depth (XGBoost)")
     train.add_argument("--learning-rate", type=float, help="learning rate (XGBoost)")
+    train.add_argument("--parallel-trees", type=int, metavar="N",
+                       help="trees grown per boosting round, averaged (XGBoost num_parallel_tree; default 3 for "
+                            "the program template, 1 for the others)")
     train.add_argument("--target", help="train on the records of the targets this one matches (as a query "
                                         "target does: same family, same value of every option it names)")
     train.add_argument("--transfer-from", metavar="SOURCE",
@@ -896,9 +899,12 @@ def _run_train(args: argparse.Namespace) -> int:
     from lorien.costmodel import train_cost_model
 
     params = {name: value for name, value in (("n_estimators", args.n_estimators), ("max_depth", args.max_depth),
-                                              ("learning_rate", args.learning_rate)) if value is not None}
+                                              ("learning_rate", args.learning_rate),
+                                              ("parallel_trees", args.parallel_trees)) if value is not None}
     if args.kind == "ridge" and params:
-        raise LorienError("--n-estimators/--max-depth/--learning-rate apply to XGBoost kinds only")
+        raise LorienError("--n-estimators/--max-depth/--learning-rate/--parallel-trees apply to XGBoost kinds only")
+    if args.parallel_trees is not None and args.parallel_trees < 1:
+        raise LorienError(f"--parallel-trees must be at least 1, got {args.parallel_trees}")
     report = train_cost_model(args.features, args.output, kind=args.kind, templates=args.template,
                               folds=args.folds, params=params,
                               baseline=None if args.baseline == "none" else args.baseline,

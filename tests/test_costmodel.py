@@ -213,6 +213,46 @@ def test_non_finite_targets_are_rejected(dataset):
         XGBCostModel(n_estimators=2).fit(X, bad)
 
 
+def test_parallel_trees_grow_a_forest_every_round_and_survive_saving(dataset, tmp_path):
+    X, y, groups = dataset
+    plain = XGBCostModel(n_estimators=4).fit(X, y, groups=groups)
+    forest = XGBCostModel(n_estimators=4, parallel_trees=3).fit(X, y, groups=groups)
+    assert len(plain.booster_.get_dump()) == 4 and len(forest.booster_.get_dump()) == 12
+    assert plain.booster_.num_boosted_rounds() == forest.booster_.num_boosted_rounds() == 4
+    state = forest.save(tmp_path / "forest.ubj")
+    restored = XGBCostModel.load(json.loads(json.dumps(state)), tmp_path)
+    assert restored.parallel_trees == 3
+    np.testing.assert_allclose(restored.predict(X), forest.predict(X), rtol=1e-6)
+    with pytest.raises(ConfigError, match="parallel_trees must be at least 1, got 0"):
+        XGBCostModel(n_estimators=2, parallel_trees=0).fit(X, y, groups=groups)
+
+
+def test_only_the_program_template_defaults_to_a_forest():
+    from lorien.costmodel.train import PROGRAM_PARALLEL_TREES, template_params
+
+    assert PROGRAM_PARALLEL_TREES > 1
+    assert template_params("xgb-rank", "program", {"n_estimators": 9}) == {
+        "n_estimators": 9, "parallel_trees": PROGRAM_PARALLEL_TREES}
+    assert template_params("xgb-reg", "program", {"parallel_trees": 1}) == {"parallel_trees": 1}
+    assert template_params("xgb-rank", TEMPLATE, {}) == {}
+    assert template_params("ridge", "program", {}) == {}
+
+
+def test_cli_train_parallel_trees(features_dir, tmp_path, capsys):
+    code = main(["train", str(features_dir), "-o", str(tmp_path / "m"), "--folds", "2", "--n-estimators", "3",
+                 "--parallel-trees", "2", "--baseline", "none", "--no-plots", "--quiet"])
+    assert code == 0
+    report = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert report["templates"][TEMPLATE]["params"] == {"n_estimators": 3, "parallel_trees": 2}
+    assert len(load_cost_model(tmp_path / "m").template(TEMPLATE).estimator.booster_.get_dump()) == 6
+    assert main(["train", str(features_dir), "-o", str(tmp_path / "z"), "--parallel-trees", "0", "--no-plots"]) != 0
+    assert "--parallel-trees must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["train", str(features_dir), "-o", str(tmp_path / "r"), "--kind", "ridge", "--parallel-trees", "2",
+                 "--no-plots"]) != 0
+    assert "apply to XGBoost kinds only" in capsys.readouterr().err
+    assert not (tmp_path / "z").exists() and not (tmp_path / "r").exists()
+
+
 def test_loading_a_file_that_is_not_a_model_fails_clearly(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(LorienError, match="is not 'lorien-costmodel'"):

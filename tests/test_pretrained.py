@@ -35,6 +35,23 @@ def program_model(tmp_path_factory, shared_data):
     return str(folder / "model")
 
 
+def test_the_program_model_is_a_boosted_forest(program_model):
+    """`lorien train --template program` grows PROGRAM_PARALLEL_TREES trees a round, and the
+    guide's online updates continue that booster."""
+    from lorien.costmodel.pretrained import FEATURE_NAMES, ProgramModel
+    from lorien.costmodel.train import PROGRAM_PARALLEL_TREES
+
+    report = json.loads((Path(program_model) / "report.json").read_text())
+    assert report["templates"]["program"]["params"] == {"parallel_trees": PROGRAM_PARALLEL_TREES}
+    model = ProgramModel(program_model)
+    trees = len(model.base.get_dump())
+    assert trees == PROGRAM_PARALLEL_TREES * model.base.num_boosted_rounds()
+    rows = np.random.default_rng(0).uniform(0, 4, size=(6, len(FEATURE_NAMES)))
+    model.learn(rows, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert model.booster.num_boosted_rounds() == model.base.num_boosted_rounds() + model.online_rounds
+    assert np.isfinite(model.score(rows)).all()
+
+
 def _job(dialect: str, model: str | None, trials: int = 4, **extra) -> dict:
     from lorien.dialect import get_dialect
     from lorien.target import host_target

@@ -45,11 +45,14 @@ def _check_xy(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
 
 class XGBCostModel(RegressorMixin, BaseEstimator):
     """XGBoost cost model: ``objective="reg"`` (squared error on relative throughput) or
-    ``"rank"`` (pairwise ranking within each workload)."""
+    ``"rank"`` (pairwise ranking within each workload). ``parallel_trees``: trees grown in every
+    boosting round, each on its own row and column sample, and averaged (XGBoost's
+    ``num_parallel_tree``; 1: plain boosting): a boosted forest, steadier where the training
+    workloads are few and the model must rank programs of a workload it never saw."""
 
     def __init__(self, objective: str = "rank", n_estimators: int = 300, max_depth: int = 6,
                  learning_rate: float = 0.1, subsample: float = 0.9, colsample_bytree: float = 0.9,
-                 min_child_weight: float = 1.0, n_jobs: int = 1, random_state: int = 0):
+                 min_child_weight: float = 1.0, n_jobs: int = 1, random_state: int = 0, parallel_trees: int = 1):
         self.objective = objective
         self.n_estimators = n_estimators
         self.max_depth = max_depth
@@ -59,15 +62,18 @@ class XGBCostModel(RegressorMixin, BaseEstimator):
         self.min_child_weight = min_child_weight
         self.n_jobs = n_jobs
         self.random_state = random_state
+        self.parallel_trees = parallel_trees
 
     def _xgb_params(self) -> dict[str, Any]:
         if self.objective not in ("reg", "rank"):
             raise ConfigError(f"unknown objective {self.objective!r} (use 'reg' or 'rank')")
+        if int(self.parallel_trees) < 1:
+            raise ConfigError(f"parallel_trees must be at least 1, got {self.parallel_trees}")
         return {"objective": "reg:squarederror" if self.objective == "reg" else "rank:pairwise",
                 "max_depth": self.max_depth, "eta": self.learning_rate, "subsample": self.subsample,
                 "colsample_bytree": self.colsample_bytree, "min_child_weight": self.min_child_weight,
                 "nthread": self.n_jobs, "seed": self.random_state, "verbosity": 0,
-                "tree_method": "hist"}
+                "tree_method": "hist", "num_parallel_tree": int(self.parallel_trees)}
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> XGBCostModel:
         """Train on features ``X``, throughput ``y`` and the workload of each row."""
