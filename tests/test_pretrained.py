@@ -442,6 +442,32 @@ def test_a_guided_run_refines_its_best_measured_programs():
     assert sum(refined) < 0.75 * sum(picked), (refined, picked)
 
 
+def test_a_guided_first_batch_is_picked_from_an_evolution_on_the_guide_with_guide_first_refine():
+    """With ``guide_first_refine`` the first plan's pool also holds an evolution on the guide's
+    score started from its favourites of the random pool, before anything is measured, so the
+    first batch is already closer to what the model likes best than any random pool's pick;
+    without it (``guide_refine`` alone needs a measured point) the first batch is the guide's
+    pick of random points. Same seeds, same guide: only the option differs."""
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [32] * 5
+
+    space = Grid()
+    guide = _DistanceGuide(space)
+
+    def first_batch_best(first: int, seed: int) -> int:
+        tuner = XGBTuner(space, seed=seed, plan_size=16, optimizer="evolution", population=32, generations=1,
+                         guide_refine=64, guide_first_refine=first)
+        tuner.set_guide(guide, pool=4)
+        return min(guide.distance(i) for i in tuner.next_batch(8))
+
+    refined = [first_batch_best(128, seed) for seed in range(5)]
+    picked = [first_batch_best(0, seed) for seed in range(5)]
+    assert sum(refined) < 0.75 * sum(picked), (refined, picked)
+
+
 def test_guide_refine_is_a_tuner_option_on_by_default_in_meta_schedule_only():
     """``guide_refine`` reaches the xgb tuner from a job's tuner_options; meta_schedule turns it on
     (its guided runs stalled without it), autotvm and auto_scheduler do not (measured without a
@@ -455,10 +481,16 @@ def test_guide_refine_is_a_tuner_option_on_by_default_in_meta_schedule_only():
     for dialect in ("autotvm", "auto_scheduler"):
         assert tuner_of(dialect).guide_refine == 0
     assert tuner_of("meta_schedule").guide_refine == 64
+    assert tuner_of("meta_schedule").guide_first_refine == 256
+    assert [tuner_of(d).guide_first_refine for d in ("autotvm", "auto_scheduler")] == [0, 0]
     assert tuner_of("meta_schedule", tuner_options={"guide_refine": 0}).guide_refine == 0
     assert tuner_of("auto_scheduler", tuner_options={"guide_refine": 64}).guide_refine == 64
     with pytest.raises(ConfigError, match="guide_refine"):
         tuner_of("auto_scheduler", tuner_options={"guide_refine": -1})
+    with pytest.raises(ConfigError, match="guide_first_refine"):
+        tuner_of("meta_schedule", tuner_options={"guide_first_refine": -4})
+    with pytest.raises(ConfigError, match="guide_first_generations"):
+        tuner_of("meta_schedule", tuner_options={"guide_first_generations": 0})
 
 
 def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_two_batches(program_model):
@@ -477,10 +509,10 @@ def test_a_prior_that_ranks_the_run_inversely_is_dropped_after_two_batches(progr
     from lorien.dialect import get_dialect
     from lorien.tune.job import TuneJob
 
-    # without the refinement's evolution on the (online-updated) model: the batches here are to
+    # without the refinements' evolutions on the (online-updated) model: the batches here are to
     # be the pre-trained model's picks, or not, by its weight alone
     job = TuneJob.from_spec(_job("meta_schedule", program_model, trials=32, batch_size=8,
-                                 tuner_options={"guide_refine": 0}))
+                                 tuner_options={"guide_refine": 0, "guide_first_refine": 0}))
     context = get_dialect("meta_schedule").tuning_context(job, None)
     guide_tuner(context, job)
     tuner, guide = context.tuner, context.tuner.guide
@@ -597,6 +629,25 @@ def test_a_guided_run_scores_the_candidates_of_relax_tasks(task, program_model):
         chosen = model.score(np.vstack([schedule_features(*get_dialect("meta_schedule").schedule_record(record))
                                         for record in progress.records]))
         assert chosen.min() >= np.median(scores)
+
+
+@pytest.mark.parametrize("task", ["softmax", "layer norm"])
+def test_every_mutation_of_a_space_without_tiled_blocks_is_a_point(task):
+    """A relax task without a tiled block (softmax, layer norm) has no cache level to mutate: the
+    space's cache mutation falls back to another knob (it drew from an empty list, and the first
+    evolution on such a space, the guide's refinement before the first batch, failed)."""
+    from lorien.dialect import get_dialect
+    from lorien.tune.job import TuneJob
+
+    spec = {"dialect": "meta_schedule", "workload_file": str(RELAX_BERT), "workload_key": RELAX_TASKS[task],
+            "tuner": "xgb", "trials": 4}
+    space = get_dialect("meta_schedule").tuning_context(TuneJob.from_spec(spec), None).space
+    assert not space.tiled
+    rng = np.random.default_rng(0)
+    index = 0
+    for _ in range(400):  # the cache mutation is drawn 2 % of the time
+        index = space.mutate(index, rng)
+        assert 0 <= index < len(space)
 
 
 def test_a_guided_batch_keeps_its_order_and_its_builds_start_longest_first(monkeypatch):

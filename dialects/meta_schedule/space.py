@@ -353,7 +353,7 @@ class TraceSpace(MixedRadixSpace):
             positions[k] = other_choice(positions[k], self.dims[k], rng)
         elif kind == "parallel":
             positions[self.parallel_knob] = other_choice(positions[self.parallel_knob], len(JOBS_PER_CORE), rng)
-        elif kind == "cache":
+        elif kind == "cache" and self.tiled:  # a space without tiled blocks (softmax) has no cache level
             tiled = self.tiled[int(rng.integers(len(self.tiled)))]
             positions[tiled.cache_knob] = other_choice(positions[tiled.cache_knob], 3, rng)
         else:

@@ -50,7 +50,12 @@ REMEASURE_ROUNDS = 9
 #: climbed (znver3, 2026-11-29: guided runs ended 0.63-0.97 of scratch on 4 of 6 pairs); with it,
 #: on the same model, `pretrained_trials_speedup_meta_schedule` 0.98 -> 1.86 (docs/costmodel.md).
 #: auto_scheduler keeps 0 (measured there without a gain).
-META_SCHEDULE_XGB_DEFAULTS: dict[str, Any] = {"guide_refine": 64}
+#: ``guide_first_refine`` 256 (over 4 generations): the first batch is picked from an evolution
+#: on the guide's score as well, started from its favourites of the random pool: the best of 128
+#: random traces ran at 0.56-0.82 of a 300-trial run's best on the held-out layers, so picking
+#: among them alone could not start near it (12 pairs of 64-trial runs, raw counts:
+#: speedup 1.48 -> 2.63, final 0.996 -> 1.052; docs/costmodel.md).
+META_SCHEDULE_XGB_DEFAULTS: dict[str, Any] = {"guide_refine": 64, "guide_first_refine": 256}
 #: From this round on the finalists race: one whose fastest timing is slower than the slowest
 #: timing of the one ahead is timed no more, and the rounds end when one is left or those left
 #: tie (medians within ``RACE_TIE`` of the leader's,
