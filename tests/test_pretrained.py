@@ -409,14 +409,9 @@ class _DistanceGuide:
         pass
 
 
-def test_a_guided_run_refines_its_best_measured_programs():
-    """With ``guide_refine`` a guided plan's pool also holds an evolution on the guide's score from
-    the run's best measured points (Ansor's search), so a run closes in on what the model likes
-    best; the guide's pick among fresh random points alone (``guide_refine`` 0, and the search
-    on the tuner's own knob model once trained) stays far from it in a large space. Same seeds,
-    same guide: only the refinement differs."""
-    from types import SimpleNamespace
-
+def _distance_guided_tuner(seed: int, **options):
+    """An evolution xgb tuner on a 32^5 grid, guided by a :class:`_DistanceGuide` (pool 4 x plan
+    size 16); ``options`` go to the tuner (``guide_refine``, ``guide_first_refine``)."""
     from lorien.search.base import MixedRadixSpace
     from lorien.search.xgb import XGBTuner
 
@@ -425,11 +420,22 @@ def test_a_guided_run_refines_its_best_measured_programs():
 
     space = Grid()
     guide = _DistanceGuide(space)
+    tuner = XGBTuner(space, seed=seed, plan_size=16, optimizer="evolution", population=32, generations=1,
+                     **options)
+    tuner.set_guide(guide, pool=4)
+    return tuner, guide
+
+
+def test_a_guided_run_refines_its_best_measured_programs():
+    """With ``guide_refine`` a guided plan's pool also holds an evolution on the guide's score from
+    the run's best measured points (Ansor's search), so a run closes in on what the model likes
+    best; the guide's pick among fresh random points alone (``guide_refine`` 0, and the search
+    on the tuner's own knob model once trained) stays far from it in a large space. Same seeds,
+    same guide: only the refinement differs."""
+    from types import SimpleNamespace
 
     def best_after(refine: int, seed: int, batches: int = 3) -> int:
-        tuner = XGBTuner(space, seed=seed, plan_size=16, optimizer="evolution", population=32, generations=1,
-                         guide_refine=refine)
-        tuner.set_guide(guide, pool=4)
+        tuner, guide = _distance_guided_tuner(seed, guide_refine=refine)
         best = math.inf
         for _ in range(batches):
             batch = tuner.next_batch(8)
@@ -448,19 +454,8 @@ def test_a_guided_first_batch_is_picked_from_an_evolution_on_the_guide_with_guid
     first batch is already closer to what the model likes best than any random pool's pick;
     without it (``guide_refine`` alone needs a measured point) the first batch is the guide's
     pick of random points. Same seeds, same guide: only the option differs."""
-    from lorien.search.base import MixedRadixSpace
-    from lorien.search.xgb import XGBTuner
-
-    class Grid(MixedRadixSpace):
-        dims = [32] * 5
-
-    space = Grid()
-    guide = _DistanceGuide(space)
-
     def first_batch_best(first: int, seed: int) -> int:
-        tuner = XGBTuner(space, seed=seed, plan_size=16, optimizer="evolution", population=32, generations=1,
-                         guide_refine=64, guide_first_refine=first)
-        tuner.set_guide(guide, pool=4)
+        tuner, guide = _distance_guided_tuner(seed, guide_refine=64, guide_first_refine=first)
         return min(guide.distance(i) for i in tuner.next_batch(8))
 
     refined = [first_batch_best(128, seed) for seed in range(5)]

@@ -309,9 +309,9 @@ class XGBTuner(Tuner):
         candidates (once this tuner's own model is trained) and (with ``guide_refine``, once
         something is measured) the candidates of an evolution on the guide's own score from the
         best measured points (with ``guide_first_refine``, before anything is measured: from the
-        guide's favourites of the random pool). A guide that no longer ranks this run's measurements better than
-        chance (``informative`` False) picks nothing: the rest is the unguided plan's choice
-        (random until this tuner's own model is trained)."""
+        guide's favourites of the random pool). A guide that no longer ranks this run's
+        measurements better than chance (``informative`` False) picks nothing: the rest is the
+        unguided plan's choice (random until this tuner's own model is trained)."""
         seeds = self._seeded()
         first = seeds[: self.seed_quota]
         informative = getattr(self.guide, "informative", True)
