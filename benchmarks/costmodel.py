@@ -62,7 +62,9 @@ pretrained_trials_speedup_<dialect> is the geomean of their ratio over the diale
 pretrained_final_vs_scratch the geomean of scratch best / guided best at equal trials. The same
 counts against 95 % of the best either run found (nearer the best of a long run when the guided
 run found a faster config than the scratch run) are printed as known_trials_speedup_<dialect>
-and kept in the JSON. The layers: --quick and --pretrained-layers three: resnet50/layer3.1.conv2,
+and kept in the JSON. Beside each dialect's figure the log prints a 90 % bootstrap interval of
+the geomean over its pairs (pretrained_speedup_interval_<dialect> in the JSON): how far the
+luck of a run's few pairs can move it. The layers: --quick and --pretrained-layers three: resnet50/layer3.1.conv2,
 mobilenet_v2/features.8.conv.0.0 and bert_base_layer/attention.query in every dialect
 (--pretrained-layers one: one of them per dialect, autotvm / auto_scheduler / meta_schedule in
 that order); the full run the 8 layers of PRETRAINED_FULL in every dialect
@@ -954,6 +956,20 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+def geomean_interval(values: list[float], level: float = 0.9, rounds: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap interval of the geomean of ``values`` (pairs of runs): the geomeans of
+    ``rounds`` resamples (with replacement, as many as there are values), their central ``level``
+    share. How far one benchmark run's figure can move with the luck of its pairs: one layer's
+    count on one seed ranges from a lucky first pick to a run that never reaches the line, so
+    six pairs a dialect do not tell 1.5x from 3x. NaN, NaN without a positive finite value."""
+    logs = np.log([v for v in values if v > 0 and math.isfinite(v)])
+    if len(logs) == 0:
+        return math.nan, math.nan
+    means = np.random.default_rng(seed).choice(logs, size=(rounds, len(logs)), replace=True).mean(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(math.exp(low)), float(math.exp(high))
+
+
 def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
                          train_s: float | None = None, train_store: Path | None = None,
                          dialects: tuple[str, ...] = PRETRAINED_DIALECTS, seeds: int = 1,
@@ -990,6 +1006,14 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
         result[f"pretrained_trials_speedup_{dialect}"] = geomean([e["speedup"] for e in entries
                                                                    if e["dialect"] == dialect])
     result["pretrained_final_vs_scratch"] = geomean([e["final_vs_scratch"] for e in entries])
+    for dialect in PRETRAINED_DIALECTS:
+        pairs = [e["speedup"] for e in entries if e["dialect"] == dialect]
+        result[f"pretrained_speedup_interval_{dialect}"] = geomean_interval(pairs)
+    log("trials to 95 %, without / with the model, 90 % bootstrap interval of the geomean over each dialect's pairs: "
+        + " ".join(f"{dialect}={result[f'pretrained_trials_speedup_{dialect}']:.3f} "
+                   f"[{result[f'pretrained_speedup_interval_{dialect}'][0]:.2f}, "
+                   f"{result[f'pretrained_speedup_interval_{dialect}'][1]:.2f}] "
+                   f"({sum(e['dialect'] == dialect for e in entries)} pairs)" for dialect in PRETRAINED_DIALECTS))
     for dialect in PRETRAINED_DIALECTS:
         result[f"known_trials_speedup_{dialect}"] = geomean([e["known_speedup"] for e in entries
                                                              if e["dialect"] == dialect])

@@ -31,6 +31,38 @@ def test_curve_and_trials_to_reach(bench):
     assert math.isnan(bench.geomean([]))
 
 
+def test_the_geomean_interval_spans_the_luck_of_the_pairs(bench):
+    assert bench.geomean_interval([3.0, 3.0, 3.0]) == pytest.approx((3.0, 3.0))
+    # two pairs: a resample is both of one (1 or 100) or one of each (10), a quarter each way
+    low, high = bench.geomean_interval([1.0, 100.0])
+    assert (low, high) == pytest.approx((1.0, 100.0))
+    wide = bench.geomean_interval([0.25, 4.0] * 3)
+    narrow = bench.geomean_interval([0.25, 4.0] * 30)
+    assert wide[0] < narrow[0] < 1.0 < narrow[1] < wide[1]
+    assert bench.geomean_interval([2.0, 8.0]) == bench.geomean_interval([2.0, 8.0])  # seeded
+    assert all(math.isnan(v) for v in bench.geomean_interval([0.0, math.nan]))
+
+
+def test_each_dialects_figure_has_its_interval_in_the_result_and_the_log(bench, monkeypatch, capsys, tmp_path):
+    """pretrained_benchmark's geomeans over layers and seeds, each with its bootstrap interval."""
+    speedups = {"autotvm": [8.0, 2.0], "auto_scheduler": [1.0, 1.0], "meta_schedule": [0.5, 32.0]}
+
+    def layer(dialect, name, op, params, trials, model, seed=0):
+        return {"dialect": dialect, "speedup": speedups[dialect][seed], "final_vs_scratch": 1.0, "known_speedup": 1.0,
+                "ndcg8": 0.5, "ndcg8_random": 0.4, "random_spread": 2.0, "zeroshot_top1": 0.9}
+
+    monkeypatch.setattr(bench, "check_spread_held_out", lambda spread: None)
+    monkeypatch.setattr(bench, "train_program_model", lambda *args, **kwargs: ("model", {}))
+    monkeypatch.setattr(bench, "network_layers", lambda: [(name, "dense", {}) for name in bench.PRETRAINED_QUICK.values()])
+    monkeypatch.setattr(bench, "pretrained_layer", layer)
+    result = bench.pretrained_benchmark(tmp_path, quick=True, trials=8, layer_set="one", seeds=2)
+    assert result["pretrained_trials_speedup_autotvm"] == pytest.approx(4.0)
+    assert result["pretrained_speedup_interval_autotvm"] == pytest.approx((2.0, 8.0))
+    assert result["pretrained_speedup_interval_auto_scheduler"] == pytest.approx((1.0, 1.0))
+    assert result["pretrained_speedup_interval_meta_schedule"] == pytest.approx((0.5, 32.0))
+    assert "autotvm=4.000 [2.00, 8.00] (2 pairs)" in capsys.readouterr().out
+
+
 def test_the_spread_is_held_out_and_the_judged_layers_are_network_layers(bench):
     bench.check_spread_held_out(bench.PRETRAINED_SPREAD)
     names = {name for name, _, _ in bench.network_layers()}
