@@ -73,6 +73,8 @@ that order); the full run the 8 layers of PRETRAINED_FULL in every dialect
 layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
 and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
 writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
+--pretrained-transfer: the guided meta_schedule runs also take transfer seeds from the training
+store (the job option transfer; the scratch runs stay from scratch).
 --pretrained-dialects auto_scheduler tunes one dialect's layers only (the others' figures are
 nan); --pretrained-seeds N makes each layer's pair of runs with seeds 0 .. N-1 (the geomeans
 are over layers and seeds): one layer's count on one seed is mostly luck.
@@ -886,8 +888,11 @@ RETIME_TOP = 16
 RETIME_FIRST = 8
 
 
-def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str, seed: int = 0) -> dict:
-    """Tune one held-out layer from scratch and with the model, the same budget and ``seed``; then
+def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str, seed: int = 0,
+                     transfer_store: str | None = None) -> dict:
+    """Tune one held-out layer from scratch and with the model, the same budget and ``seed``
+    (``transfer_store``: a meta_schedule run with the model also takes transfer seeds from that
+    store, read only; the scratch run never does); then
     re-time both runs' candidate best configs together (:func:`retime_configs`) and count trials
     on the re-timed latencies: the target is 95 % of the throughput of the scratch run's re-timed
     best, and a run's count is the first trial by which it had measured a config whose re-timed
@@ -898,7 +903,10 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
     for label, cost_model in (("scratch", None), ("pretrained", model)):
         records: list = []
         start = time.perf_counter()
-        tune_job(_job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model), None,
+        job = _job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model)
+        if cost_model and transfer_store and dialect == "meta_schedule":
+            job["transfer"] = True
+        tune_job(job, transfer_store if "transfer" in job else None, commit=False,
                  on_batch=lambda state, batch, records=records: records.extend(batch))
         runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
     start = time.perf_counter()
@@ -973,7 +981,7 @@ def geomean_interval(values: list[float], level: float = 0.9, rounds: int = 4000
 def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = "some",
                          train_s: float | None = None, train_store: Path | None = None,
                          dialects: tuple[str, ...] = PRETRAINED_DIALECTS, seeds: int = 1,
-                         tuned_trials: int = TRAIN_TUNED_TRIALS) -> dict:
+                         tuned_trials: int = TRAIN_TUNED_TRIALS, transfer: bool = False) -> dict:
     """Train on the spread, tune the held-out layers both ways in every dialect. ``layer_set``:
     ``one`` (one layer per dialect, :data:`PRETRAINED_QUICK`), ``three`` (those three layers in
     every dialect, --quick's; the spread measured with 16 trials each), ``some``
@@ -981,7 +989,8 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
     ``train_store``: the training spread's store, kept between runs (:func:`train_program_model`).
     ``dialects``: the dialects whose layers are tuned (the others' figures are NaN); ``seeds``: each
     layer's pair of runs is made with seeds 0 .. seeds - 1, the geomeans taken over all of them.
-    ``tuned_trials``: xgb-tuned trials of every spread job in the training set (:func:`train_program_model`)."""
+    ``tuned_trials``: xgb-tuned trials of every spread job in the training set (:func:`train_program_model`).
+    ``transfer``: the guided meta_schedule runs also take transfer seeds from the training store."""
     spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
     spread_trials = 16 if layer_set in ("one", "three") else 48
@@ -1000,7 +1009,8 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
             chosen = layers if layer_set == "all" else [layer for layer in layers if layer[0] in PRETRAINED_FULL]
         for name, op, params in chosen:
             for seed in range(seeds):
-                entries.append(pretrained_layer(dialect, name, op, params, trials, model, seed))
+                entries.append(pretrained_layer(dialect, name, op, params, trials, model, seed,
+                                                facts["store"] if transfer else None))
     result = {"training": facts, "layers": entries, "trials": trials, "seeds": seeds}
     for dialect in PRETRAINED_DIALECTS:
         result[f"pretrained_trials_speedup_{dialect}"] = geomean([e["speedup"] for e in entries
@@ -1071,6 +1081,10 @@ def main() -> int:
                         help=f"pre-trained section: besides the random trials, tune every spread workload in every "
                              f"dialect with the xgb tuner for this many trials into the training set (what a "
                              f"warehouse of tuning runs holds; default {TRAIN_TUNED_TRIALS}; 0: random samples only)")
+    parser.add_argument("--pretrained-transfer", action="store_true",
+                        help="pre-trained section: the guided meta_schedule runs also take transfer seeds (the "
+                             "job option transfer: the best trace of each of the training store's other workloads "
+                             "of the same function, adapted); the scratch runs stay from scratch")
     parser.add_argument("--pretrained-dialects", metavar="DIALECT[,DIALECT]",
                         default=",".join(PRETRAINED_DIALECTS),
                         help="pre-trained section: tune only these dialects' layers (comma-separated; default all "
@@ -1157,7 +1171,7 @@ def main() -> int:
                 result = pretrained_benchmark(work, args.quick, pretrained_trials, layer_set, args.pretrained_train_s,
                                               Path(args.pretrained_train_store) if args.pretrained_train_store
                                               else None, pretrained_dialects, args.pretrained_seeds,
-                                              args.pretrained_train_tuned)
+                                              args.pretrained_train_tuned, args.pretrained_transfer)
             (work / "pretrained.json").write_text(json.dumps(result, indent=2))
             if args.curves:
                 Path(args.curves).write_text(json.dumps(result, indent=2))

@@ -47,12 +47,15 @@ def test_each_dialects_figure_has_its_interval_in_the_result_and_the_log(bench, 
     """pretrained_benchmark's geomeans over layers and seeds, each with its bootstrap interval."""
     speedups = {"autotvm": [8.0, 2.0], "auto_scheduler": [1.0, 1.0], "meta_schedule": [0.5, 32.0]}
 
-    def layer(dialect, name, op, params, trials, model, seed=0):
+    stores = set()
+
+    def layer(dialect, name, op, params, trials, model, seed=0, transfer_store=None):
+        stores.add(transfer_store)
         return {"dialect": dialect, "speedup": speedups[dialect][seed], "final_vs_scratch": 1.0, "known_speedup": 1.0,
                 "ndcg8": 0.5, "ndcg8_random": 0.4, "random_spread": 2.0, "zeroshot_top1": 0.9}
 
     monkeypatch.setattr(bench, "check_spread_held_out", lambda spread: None)
-    monkeypatch.setattr(bench, "train_program_model", lambda *args, **kwargs: ("model", {}))
+    monkeypatch.setattr(bench, "train_program_model", lambda *args, **kwargs: ("model", {"store": "parquet:train"}))
     monkeypatch.setattr(bench, "network_layers", lambda: [(name, "dense", {}) for name in bench.PRETRAINED_QUICK.values()])
     monkeypatch.setattr(bench, "pretrained_layer", layer)
     result = bench.pretrained_benchmark(tmp_path, quick=True, trials=8, layer_set="one", seeds=2)
@@ -61,6 +64,9 @@ def test_each_dialects_figure_has_its_interval_in_the_result_and_the_log(bench, 
     assert result["pretrained_speedup_interval_auto_scheduler"] == pytest.approx((1.0, 1.0))
     assert result["pretrained_speedup_interval_meta_schedule"] == pytest.approx((0.5, 32.0))
     assert "autotvm=4.000 [2.00, 8.00] (2 pairs)" in capsys.readouterr().out
+    assert stores == {None}  # the guided runs take no transfer seeds unless asked
+    bench.pretrained_benchmark(tmp_path, quick=True, trials=8, layer_set="one", seeds=1, transfer=True)
+    assert stores == {None, "parquet:train"}  # --pretrained-transfer: from the training store
 
 
 def test_the_spread_is_held_out_and_the_judged_layers_are_network_layers(bench):

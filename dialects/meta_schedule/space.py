@@ -45,6 +45,8 @@ cache level (half the time a rule knob instead, where there is one).
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,9 @@ JOBS_PER_CORE = (4, 16, 64)
 VECTOR_EXTENT = 64
 SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
 #: Probability of each mutator.
+#: Combinations of the knobs a trace's decisions do not name (cache levels, rules, compute
+#: locations, parallel jobs) :meth:`TraceSpace.positions_of` renders at most to find a trace.
+DECODE_LIMIT = 2048
 MUTATIONS = (("tile", 0.85), ("unroll", 0.05), ("location", 0.05), ("parallel", 0.03), ("cache", 0.02))
 
 
@@ -327,6 +332,70 @@ class TraceSpace(MixedRadixSpace):
         tables[self.unroll_knob] = np.log2(1.0 + np.array(UNROLL_STEPS, dtype=float)).reshape(-1, 1)
         tables[self.parallel_knob] = np.log2(np.array(JOBS_PER_CORE, dtype=float)).reshape(-1, 1)
         return tables
+
+    # ------------------------------------------------------------ transfer
+    def positions_of(self, trace: list[Any]) -> list[int] | None:
+        """The knob positions whose rendering is ``trace`` (a trace of this space read back from
+        a record); None when no point of the space renders it. The tiles are read from its
+        ``SamplePerfectTile`` decisions and the unroll step from its ``SampleCategorical`` one;
+        the other knobs (cache levels, rules, compute locations, parallel jobs: at most
+        :data:`DECODE_LIMIT` combinations) are found by rendering each and comparing."""
+        import orjson
+
+        instructions, decisions = trace
+        decided = {int(i): d for i, d in decisions}
+        tiles = [decided.get(i) for i, inst in enumerate(instructions) if inst[0] == "SamplePerfectTile"]
+        tile_knobs = [k for t in self.tiled for k in t.tile_knobs]
+        if len(tiles) != len(tile_knobs):
+            return None  # another rule (rfactor) took a block: its splits are no tile knobs
+        positions = [0] * len(self.dims)
+        for n, (k, sizes) in enumerate(zip(tile_knobs, tiles, strict=True)):
+            found = self._entity_index[n].get(tuple(sizes or ()))
+            if found is None:
+                return None
+            positions[k] = found
+        unroll = [decided.get(i) for i, inst in enumerate(instructions) if inst[0] == "SampleCategorical"]
+        if len(unroll) != 1 or not 0 <= int(unroll[0]) < len(UNROLL_STEPS):
+            return None
+        positions[self.unroll_knob] = int(unroll[0])
+        rest = [k for k in range(len(self.dims)) if k not in tile_knobs and k != self.unroll_knob]
+        if math.prod(self.dims[k] for k in rest) > DECODE_LIMIT:
+            return None
+        wanted = orjson.dumps(trace)
+        for values in itertools.product(*(range(self.dims[k]) for k in rest)):
+            for k, value in zip(rest, values, strict=True):
+                positions[k] = value
+            if orjson.dumps(self.render(positions)) == wanted:
+                return list(positions)
+        return None
+
+    def nearest_point(self, source: TraceSpace, positions: Sequence[int]) -> int | None:
+        """The point of this space nearest to point ``positions`` of ``source``, another
+        workload's space of the same rules (a transfer seed): every loop's tiles the
+        factorization of this loop's extent whose inner tiles are nearest in log2, the same
+        cache levels, rules, unroll step and parallel jobs per core, the compute locations kept
+        where they exist here. None when the two spaces' blocks differ (their count, their
+        loops' count, the rules they offer)."""
+        if len(source.tiled) != len(self.tiled) or len(source.reduced) != len(self.reduced) or any(
+                len(a.loops) != len(b.loops) or (a.rule_knob >= 0) != (b.rule_knob >= 0)
+                for a, b in zip(source.tiled, self.tiled, strict=True)):
+            return None
+        out = [0] * len(self.dims)
+        knob = 0
+        for there, here in zip(source.tiled, self.tiled, strict=True):
+            for k_there, k_here in zip(there.tile_knobs, here.tile_knobs, strict=True):
+                wanted = np.log2(np.array(source.tile_entities[knob][positions[k_there]], dtype=float))[1:]
+                table = np.log2(np.array(self.tile_entities[knob], dtype=float))[:, 1:]
+                out[k_here] = int(np.argmin(np.abs(table - wanted).sum(axis=1)))
+                knob += 1
+            out[here.cache_knob] = positions[there.cache_knob]
+            if here.rule_knob >= 0:
+                out[here.rule_knob] = positions[there.rule_knob]
+        for there, here in zip(source.placed, self.placed, strict=False):  # a padded conv2d places its pad
+            out[here.knob] = min(positions[there.knob], self.dims[here.knob] - 1)
+        out[self.unroll_knob] = positions[source.unroll_knob]
+        out[self.parallel_knob] = positions[source.parallel_knob]
+        return self.index_of_knobs(out)
 
     # ------------------------------------------------------------ mutators
     def mutate(self, index: int, rng: np.random.Generator) -> int:

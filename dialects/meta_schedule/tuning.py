@@ -121,12 +121,65 @@ def dag_context(dag: ComputeDAG, job: TuneJob, space: TraceSpace | None = None,
     finish = None
     if (job.option("remeasure_with_tvm") or 0) > 0 and on_engine:
         finish = remeasure_best(dag, job, target, entry, to_records, store, config_key)
+    tuner = template_free_tuner(job, space, META_SCHEDULE_XGB_DEFAULTS)
+    if store is not None and job.option("transfer") and hasattr(tuner, "add_seeds"):
+        tuner.add_seeds(transfer_seeds(store, space, workload_key, task_name, target, info))
     return TuneContext(
-        workload_key=workload_key, task_name=task_name, space=space, tuner=template_free_tuner(job, space, META_SCHEDULE_XGB_DEFAULTS),
+        workload_key=workload_key, task_name=task_name, space=space, tuner=tuner,
         measure=job_measure(dag, job, target, measure_target, entry), to_records=to_records, index_of=lambda record: None,
         config_key=config_key, record_key=lambda record: config_key(orjson.loads(record.config)),
         finish=finish, schedule_of=functools.partial(_schedule_of, space),
         builds_ahead=on_engine, build_costs=on_engine, measure_target=measure_target if on_engine else None)
+
+
+def transfer_seeds(store: Any, space: TraceSpace, workload_key: str, task_name: str, target: str,
+                   args: Any = None, limit: int = 4000) -> list[int]:
+    """Points of this workload's space nearest to the best valid trace of every other workload
+    of the same function (``task_name``) the store holds for the target's family
+    (:meth:`TraceSpace.nearest_point`), the workloads of the closest shapes first (``args``:
+    this workload's, as records carry them); the newest ``limit`` records are scanned. A trace
+    of a TVM module (no Lorien DAG to rebuild its space from) or of another block structure is
+    skipped."""
+    import math
+
+    from dialects.meta_schedule.compile import is_lorien_entry
+    from lorien.target import parse_target
+
+    table = store.scan(filters={"task_name": task_name, "dialect": "meta_schedule",
+                                "target_key": parse_target(target).alternate_key},
+                       columns=["workload_key", "args", "config", "costs", "error_no", "extra"])
+    best: dict[str, tuple[float, dict[str, Any]]] = {}
+    for row in table.to_pylist()[-limit:]:
+        if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
+            continue
+        cost = min(float(c) for c in row["costs"])
+        if row["workload_key"] not in best or cost < best[row["workload_key"]][0]:
+            best[row["workload_key"]] = (cost, row)
+
+    def shape(args_json: Any) -> list[float]:
+        try:
+            tensors = orjson.loads(args_json) if isinstance(args_json, (str, bytes)) else args_json
+            return [math.log2(max(1, int(d))) for t in tensors for d in t[2]]
+        except (TypeError, ValueError, IndexError, orjson.JSONDecodeError):
+            return []
+
+    here = shape(args)
+
+    def distance(row: dict[str, Any]) -> float:
+        there = shape(row["args"])
+        return sum(abs(a - b) for a, b in zip(there, here, strict=True)) if len(there) == len(here) else math.inf
+
+    seeds: list[int] = []
+    for _, row in sorted(best.values(), key=lambda item: distance(item[1])):
+        entry = (orjson.loads(row["extra"]) if row["extra"] else {}).get("workload")
+        if not entry or not is_lorien_entry(entry):
+            continue
+        source = TraceSpace(ComputeDAG.from_json(entry[1]["lorien_dag"]), space.cores)
+        positions = source.positions_of(orjson.loads(row["config"]))
+        index = space.nearest_point(source, positions) if positions is not None else None
+        if index is not None:
+            seeds.append(index)
+    return list(dict.fromkeys(seeds))
 
 
 def program_keys(dag: ComputeDAG, space: TraceSpace, target: str | None) -> dict[bytes, bytes]:
