@@ -82,3 +82,33 @@ def test_transfer_measures_the_adapted_best_of_another_workload_first(store_uri)
         assert context.tuner.seeds == []
         context = get_dialect("meta_schedule").tuning_context(TuneJob.from_spec(job_b), store)
         assert context.tuner.seeds[0] == here.nearest_point(source, source.positions_of(best.config_value()))
+
+
+def test_a_record_that_does_not_read_back_is_no_seed(store_uri):
+    """A stored trace that is malformed, or whose workload entry is no Lorien DAG, is skipped; the
+    other workloads still seed the job."""
+    import pyarrow as pa
+
+    from dialects.meta_schedule.tuning import transfer_seeds
+
+    job = {"dialect": "meta_schedule", "task_name": "dense_layer", "args": DENSE_A, "target": "llvm",
+           "trials": 3, "batch_size": 3, "measure": MEASURE, "seed": 0, "tuner": "random"}
+    tune_job(job, store_uri)
+    with open_store(store_uri) as store:
+        table = store.scan({}, columns=["workload_key", "args", "config", "costs", "error_no", "extra", "task_name",
+                                        "dialect", "target_key"])
+    good = table.to_pylist()
+    bad = [{**good[0], "workload_key": "1", "config": "[1, 2]", "costs": [1e-9]},
+           {**good[0], "workload_key": "2", "extra": orjson.dumps({"workload": ["2", {"tvm": "module"}]}).decode(),
+            "costs": [1e-9]}]
+
+    class Store:
+        def scan(self, filters=None, columns=None):
+            return pa.Table.from_pylist(bad + good)
+
+    here = _space("dense_layer", DENSE_B)
+    key_b = get_dialect("meta_schedule").workload_key("dense_layer", DENSE_B)
+    seeds = transfer_seeds(Store(), here, key_b, "dense_layer", "llvm", [["TENSOR", F32, [16, 96]]])
+    source = _space("dense_layer", DENSE_A)
+    best = min(good, key=lambda row: min(row["costs"]))
+    assert seeds == [here.nearest_point(source, source.positions_of(orjson.loads(best["config"])))]

@@ -65,10 +65,10 @@ UNROLL_STEPS = (0, 16, 64, 512)
 JOBS_PER_CORE = (4, 16, 64)
 VECTOR_EXTENT = 64
 SPATIAL_LEVELS, REDUCE_LEVELS = 4, 2
-#: Probability of each mutator.
 #: Combinations of the knobs a trace's decisions do not name (cache levels, rules, compute
 #: locations, parallel jobs) :meth:`TraceSpace.positions_of` renders at most to find a trace.
 DECODE_LIMIT = 2048
+#: Probability of each mutator.
 MUTATIONS = (("tile", 0.85), ("unroll", 0.05), ("location", 0.05), ("parallel", 0.03), ("cache", 0.02))
 
 
@@ -355,7 +355,7 @@ class TraceSpace(MixedRadixSpace):
                 return None
             positions[k] = found
         unroll = [decided.get(i) for i, inst in enumerate(instructions) if inst[0] == "SampleCategorical"]
-        if len(unroll) != 1 or not 0 <= int(unroll[0]) < len(UNROLL_STEPS):
+        if len(unroll) != 1 or not isinstance(unroll[0], int) or not 0 <= unroll[0] < len(UNROLL_STEPS):
             return None
         positions[self.unroll_knob] = int(unroll[0])
         rest = [k for k in range(len(self.dims)) if k not in tile_knobs and k != self.unroll_knob]

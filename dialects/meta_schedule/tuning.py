@@ -29,6 +29,7 @@ from lorien import workload_registry
 from lorien.engine.build import build_info
 from lorien.engine.cpu import engine_target
 from lorien.engine.dag import ComputeDAG
+from lorien.errors import LorienError
 from lorien.record import TuningRecord
 from lorien.tune.job import TuneJob, job_workload_key, template_free_tuner
 from lorien.tune.loop import TuneContext
@@ -171,11 +172,14 @@ def transfer_seeds(store: Any, space: TraceSpace, workload_key: str, task_name: 
 
     seeds: list[int] = []
     for _, row in sorted(best.values(), key=lambda item: distance(item[1])):
-        entry = (orjson.loads(row["extra"]) if row["extra"] else {}).get("workload")
-        if not entry or not is_lorien_entry(entry):
-            continue
-        source = TraceSpace(ComputeDAG.from_json(entry[1]["lorien_dag"]), space.cores)
-        positions = source.positions_of(orjson.loads(row["config"]))
+        try:
+            entry = (orjson.loads(row["extra"]) if row["extra"] else {}).get("workload")
+            if not entry or not is_lorien_entry(entry):
+                continue
+            source = TraceSpace(ComputeDAG.from_json(entry[1]["lorien_dag"]), space.cores)
+            positions = source.positions_of(orjson.loads(row["config"]))
+        except (LorienError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+            continue  # a record this version cannot read back is no seed; the job tunes on without it
         index = space.nearest_point(source, positions) if positions is not None else None
         if index is not None:
             seeds.append(index)
