@@ -150,7 +150,7 @@ def transfer_seeds(store: Any, space: TraceSpace, workload_key: str, task_name: 
                                 "target_key": parse_target(target).alternate_key},
                        columns=["workload_key", "args", "config", "costs", "error_no", "extra"])
     best: dict[str, tuple[float, dict[str, Any]]] = {}
-    for row in table.to_pylist()[-limit:]:
+    for row in table.slice(max(0, table.num_rows - limit)).to_pylist():  # the newest, not every row as Python
         if row["workload_key"] == workload_key or row["error_no"] != 0 or not row["costs"]:
             continue
         cost = min(float(c) for c in row["costs"])
