@@ -569,6 +569,34 @@ def test_a_guided_run_measures_the_unguided_plans_share():
         XGBTuner(Grid(), unguided_share=1.5)
 
 
+def test_a_guided_run_measures_seeds_in_its_first_batch_only():
+    """Seeds (a dialect's adaptation of similar workloads' best programs) lead a guided run's
+    first batch (``seed_quota``, 2); after that they are candidates in the guide's pool like any
+    other, measured when the guide picks them, not two a batch whatever it thinks of them
+    (the transfer seeds past the first two ran at 0.2-0.6 of the run's best on the benchmark's
+    held-out layers). ``sources`` says which part of each plan proposed each measured point."""
+    from lorien.search.base import MixedRadixSpace
+    from lorien.search.xgb import XGBTuner
+
+    class Grid(MixedRadixSpace):
+        dims = [16, 16, 16, 16]
+
+    seeds = [65535 - 7 * k for k in range(8)]  # the guide likes low indices: it never picks these
+    guide = _RecordingChooser()
+    tuner = XGBTuner(Grid(), seed=0, plan_size=16, epsilon=0.05, optimizer="evolution", population=32,
+                     generations=1)
+    tuner.set_guide(guide, pool=4)
+    tuner.add_seeds(seeds)
+    measured = _guided_run(tuner, 8)
+    assert measured[:2] == seeds[:2]
+    assert not set(measured[2:]) & set(seeds)
+    assert all(set(seeds[2:]) <= set(pool) for pool in guide.pools[1:])  # the guide weighs the rest
+    assert [tuner.sources[i] for i in measured[:8]] == ["seed", "seed"] + ["guide"] * 6
+    later = [tuner.sources[i] for i in measured[16:]]
+    assert set(later) <= {"guide", "unguided", "explore"} and "unguided" in later and "explore" in later
+    assert later.count("unguided") == sum(i not in guide.picked for i in measured[16:]) - later.count("explore")
+
+
 def test_unguided_share_is_a_tuner_option_in_every_dialect():
     """``unguided_share`` reaches the xgb tuner from a job's tuner_options (default 0.25 in every
     dialect); a value outside [0, 1] is a clear error."""

@@ -10,7 +10,9 @@ score-proportional selection and mutation). A small fraction ``epsilon`` of each
 random for exploration. ``weighted=True`` weights each training sample by its normalized
 throughput, as Ansor's and MetaSchedule's cost models do. :meth:`XGBTuner.add_seeds` hands
 the tuner points expected to be good (a dialect's adaptation of similar workloads' best
-programs): each plan measures up to ``seed_quota`` of them, the rest start the search.
+programs): each plan measures up to ``seed_quota`` of them, the rest start the search (with a
+guide, :meth:`XGBTuner.set_guide`, the first plan only: later the guide weighs them among its
+candidates).
 
 Features: ``feature_type="knob"`` uses the space's knob feature tables (split factors, option
 values, ...) or plain knob positions. ``feature_type="itervar"`` adds the features a
@@ -169,6 +171,11 @@ class XGBTuner(Tuner):
             raise ValueError(f"unguided_share must be within [0, 1], got {unguided_share}")
         #: The unguided plan's points a guided run measured (counted against ``unguided_share``).
         self._unguided: set[int] = set()
+        #: Which part of a guided plan proposed each point it measured: ``seed``, ``explore``
+        #: (random, owed to ``epsilon``), ``unguided`` (this tuner's own search), ``guide`` (the
+        #: guide's picks) or ``random`` (a plan's fill); ``_plan_source`` holds the current plan's.
+        self.sources: dict[int, str] = {}
+        self._plan_source: dict[int, str] = {}
 
     def set_guide(self, guide, pool: int = 8) -> None:
         """A pre-trained model (:class:`lorien.costmodel.pretrained.ProgramGuide`: ``score(indices)``,
@@ -184,6 +191,7 @@ class XGBTuner(Tuner):
         self._explored = set()
         self._unguided = set()
         self._explore_from = None
+        self.sources, self._plan_source = {}, {}
 
     def load_history(self, features: np.ndarray, scores: np.ndarray) -> None:
         """Transfer: prior (features in the layout of the space's knob tables, normalized
@@ -214,6 +222,8 @@ class XGBTuner(Tuner):
                     break
             index = self._plan.pop(0)
             if index not in self.visited:
+                if self.guide is not None:
+                    self.sources[int(index)] = self._plan_source.get(int(index), "random")
                 batch.append(self._mark(index))
         self._pending += len(batch)
         return batch
@@ -257,7 +267,9 @@ class XGBTuner(Tuner):
     def add_seeds(self, indices: Sequence[int]) -> None:
         """Seeds: points expected to be good (e.g. the best programs of similar workloads,
         adapted to this space). Each plan measures up to ``seed_quota`` of the unmeasured ones,
-        those the model scores highest first, and the rest join the search's starting points."""
+        those the model scores highest first, and the rest join the search's starting points.
+        With a guide, only the first plan measures them so; later plans put them in the guide's
+        pool (:meth:`_guided_plan`)."""
         self.seeds = list(dict.fromkeys([*self.seeds, *(int(i) for i in indices)]))
         self._plan = []
 
@@ -278,7 +290,7 @@ class XGBTuner(Tuner):
             plan = (first + [i for i in sample_unvisited(self, self.plan_size) if i not in seeds])[: self.plan_size]
             return cover_paths(self.space, plan, self.visited, start=len(first))
         n_random = int(math.ceil(self.epsilon * self.plan_size))
-        best_measured = self._search_starts(seeds)
+        best_measured = self._search_starts(seeds[len(first):])
         wanted = self.plan_size - n_random - len(first)
         pool = wanted * self.rerank_factor if self.rerank_booster_ is not None else wanted
         chosen = self._reranked(self._search(best_measured, pool), wanted)
@@ -302,7 +314,8 @@ class XGBTuner(Tuner):
         return [chosen[i] for i in np.argsort(-scores)[:wanted]]
 
     def _guided_plan(self) -> list[int]:
-        """A plan ranked by the pre-trained guide: seeds first, then the random points exploration
+        """A plan ranked by the pre-trained guide: the first plan's seeds first (``seed_quota``; a
+        later plan's seeds join the guide's pool, and start the searches), then the random points exploration
         is owed (:meth:`_exploration_due`), then (once this tuner's own model is trained) the
         unguided plan's picks owed to ``unguided_share`` (:meth:`_unguided_due`), then the
         guide's best of a pool of ``guide_pool`` x plan size random points, the search's
@@ -313,7 +326,8 @@ class XGBTuner(Tuner):
         measurements better than chance (``informative`` False) picks nothing: the rest is the
         unguided plan's choice (random until this tuner's own model is trained)."""
         seeds = self._seeded()
-        first = seeds[: self.seed_quota]
+        # seeds lead the first plan only; later the guide weighs them with the rest of its pool
+        first = seeds[: self.seed_quota] if not self.measured else []
         informative = getattr(self.guide, "informative", True)
         explore = [i for i in sample_unvisited(self, self._exploration_due()) if i not in first]
         self._explored.update(explore)
@@ -326,7 +340,7 @@ class XGBTuner(Tuner):
         pool = random_part
         unguided: list[int] = []
         if self.booster_ is not None and wanted > 0:
-            starts = self._search_starts(seeds)
+            starts = self._search_starts(seeds[len(first):])
             searched = self._search(starts, wanted * self.rerank_factor)
             due = wanted if not informative else min(wanted, self._unguided_due())
             if due:
@@ -338,11 +352,11 @@ class XGBTuner(Tuner):
         if not informative:
             chosen = first + explore + unguided + [i for i in random_part if i not in taken]
             chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
-            return chosen[: self.plan_size]
+            return self._tagged(chosen[: self.plan_size], first, explore, unguided, [])
         measured_any = any(math.isfinite(c) for c in self.measured.values())
         population = self.guide_refine if measured_any else self.guide_first_refine
         if population and wanted > 0:
-            starts = self._search_starts(seeds)
+            starts = self._search_starts(seeds[len(first):])
             generations = self.guide_generations
             if not measured_any:  # the first plan: from the guide's favourites of the random pool
                 scores = np.asarray(self.guide.score(pool), dtype=float) if pool else np.zeros(0)
@@ -351,6 +365,7 @@ class XGBTuner(Tuner):
             refined = evolve(self.space, self._guide_fitness, population, self.rng, exclude=self.visited | taken,
                              starts=starts, population=population, generations=generations)
             pool = [i for i in dict.fromkeys([*refined, *pool]) if i not in taken and i not in self.visited]
+        pool = [i for i in dict.fromkeys([*pool, *seeds]) if i not in taken and i not in self.visited]
         if hasattr(self.guide, "choose"):  # best scored, spread out (ProgramGuide.choose)
             picks = self.guide.choose(pool, max(0, wanted)) if pool else []
         else:
@@ -358,13 +373,21 @@ class XGBTuner(Tuner):
             picks = [pool[j] for j in np.argsort(-scores, kind="stable")[:max(0, wanted)]]
         chosen = first + explore + unguided + picks
         chosen += [i for i in sample_unvisited(self, self.plan_size) if i not in chosen]
-        return chosen[: self.plan_size]
+        return self._tagged(chosen[: self.plan_size], first, explore, unguided, picks)
+
+    def _tagged(self, plan: list[int], seeds: list[int], explore: list[int], unguided: list[int],
+                picks: list[int]) -> list[int]:
+        """A guided plan, each point's source noted for :attr:`sources` when it is measured."""
+        self._plan_source = {int(i): "random" for i in plan}
+        for tag, part in (("guide", picks), ("unguided", unguided), ("explore", explore), ("seed", seeds)):
+            self._plan_source.update((int(i), tag) for i in part if int(i) in self._plan_source)
+        return plan
 
     def _search_starts(self, seeds: list[int]) -> list[int]:
-        """Where a search over a model starts: the 16 fastest points measured so far, then the
-        seeds this plan does not measure itself (those past ``seed_quota``)."""
+        """Where a search over a model starts: the 16 fastest points measured so far, then
+        ``seeds`` (those this plan does not measure itself)."""
         best = sorted((i for i, c in self.measured.items() if math.isfinite(c)), key=self.measured.__getitem__)
-        return best[:16] + seeds[self.seed_quota:]
+        return best[:16] + list(seeds)
 
     def _guide_fitness(self, indices: np.ndarray) -> np.ndarray:
         """The guide's scores as an evolution's fitness: a point that does not lower (``-inf``)
