@@ -73,8 +73,9 @@ that order); the full run the 8 layers of PRETRAINED_FULL in every dialect
 layer beside the spread of the scratch run's 8 random first configs (slowest / fastest),
 and summarized over the layers whose random configs differ by at least 1.2x. --curves FILE
 writes every run's best-so-far curve (notebooks/pretrained_curves.ipynb plots them).
---pretrained-transfer: the guided meta_schedule runs also take transfer seeds from the training
-store (the job option transfer; the scratch runs stay from scratch).
+--pretrained-transfer: the guided auto_scheduler and meta_schedule runs also learn from and
+seed with the training store's records of other workloads (the job option transfer; the
+scratch runs stay from scratch).
 --pretrained-dialects auto_scheduler tunes one dialect's layers only (the others' figures are
 nan); --pretrained-seeds N makes each layer's pair of runs with seeds 0 .. N-1 (the geomeans
 are over layers and seeds): one layer's count on one seed is mostly luck.
@@ -888,11 +889,28 @@ RETIME_TOP = 16
 RETIME_FIRST = 8
 
 
+#: The dialects whose guided runs ``--pretrained-transfer`` gives the job option ``transfer``.
+TRANSFER_DIALECTS = ("auto_scheduler", "meta_schedule")
+
+
+def layer_job(dialect: str, op: str, params: dict, trials: int, seed: int, cost_model: str | None,
+              transfer_store: str | None) -> tuple[dict, str | None]:
+    """One run of a held-out layer: its job and the store it reads (None: none). A guided run
+    (``cost_model``) of a :data:`TRANSFER_DIALECTS` dialect, given ``transfer_store``, takes the
+    job option ``transfer`` with it; every other run gets no store, so its ``transfer`` (on by
+    default in auto_scheduler) has nothing to read: a scratch run never learns from the store."""
+    job = _job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model)
+    if cost_model and transfer_store and dialect in TRANSFER_DIALECTS:
+        job["transfer"] = True
+        return job, transfer_store
+    return job, None
+
+
 def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int, model: str, seed: int = 0,
                      transfer_store: str | None = None) -> dict:
     """Tune one held-out layer from scratch and with the model, the same budget and ``seed``
-    (``transfer_store``: a meta_schedule run with the model also takes transfer seeds from that
-    store, read only; the scratch run never does); then
+    (``transfer_store``: an auto_scheduler or meta_schedule run with the model also takes the
+    job option ``transfer`` with that store, read only; the scratch run never does); then
     re-time both runs' candidate best configs together (:func:`retime_configs`) and count trials
     on the re-timed latencies: the target is 95 % of the throughput of the scratch run's re-timed
     best, and a run's count is the first trial by which it had measured a config whose re-timed
@@ -903,11 +921,8 @@ def pretrained_layer(dialect: str, name: str, op: str, params: dict, trials: int
     for label, cost_model in (("scratch", None), ("pretrained", model)):
         records: list = []
         start = time.perf_counter()
-        job = _job(dialect, op, params, "xgb", trials, seed=seed, cost_model=cost_model)
-        if cost_model and transfer_store and dialect == "meta_schedule":
-            job["transfer"] = True
-        tune_job(job, transfer_store if "transfer" in job else None, commit=False,
-                 on_batch=lambda state, batch, records=records: records.extend(batch))
+        job, store = layer_job(dialect, op, params, trials, seed, cost_model, transfer_store)
+        tune_job(job, store, commit=False, on_batch=lambda state, batch, records=records: records.extend(batch))
         runs[label] = {"raw_curve": _curve(records), "seconds": time.perf_counter() - start, "records": records}
     start = time.perf_counter()
     curves, latency = retimed_curves(dialect, {k: v["records"] for k, v in runs.items()})
@@ -990,7 +1005,8 @@ def pretrained_benchmark(work: Path, quick: bool, trials: int, layer_set: str = 
     ``dialects``: the dialects whose layers are tuned (the others' figures are NaN); ``seeds``: each
     layer's pair of runs is made with seeds 0 .. seeds - 1, the geomeans taken over all of them.
     ``tuned_trials``: xgb-tuned trials of every spread job in the training set (:func:`train_program_model`).
-    ``transfer``: the guided meta_schedule runs also take transfer seeds from the training store."""
+    ``transfer``: the guided runs of :data:`TRANSFER_DIALECTS` also take the job option
+    ``transfer`` with the training store."""
     spread = PRETRAINED_SPREAD
     check_spread_held_out(spread)
     spread_trials = 16 if layer_set in ("one", "three") else 48
@@ -1082,9 +1098,10 @@ def main() -> int:
                              f"dialect with the xgb tuner for this many trials into the training set (what a "
                              f"warehouse of tuning runs holds; default {TRAIN_TUNED_TRIALS}; 0: random samples only)")
     parser.add_argument("--pretrained-transfer", action="store_true",
-                        help="pre-trained section: the guided meta_schedule runs also take transfer seeds (the "
-                             "job option transfer: the best trace of each of the training store's other workloads "
-                             "of the same function, adapted); the scratch runs stay from scratch")
+                        help="pre-trained section: the guided auto_scheduler and meta_schedule runs also take "
+                             "the job option transfer with the training store (seeds: the best program of each of "
+                             "its other workloads of the same function, adapted; auto_scheduler also primes its "
+                             "own model with their records); the scratch runs stay from scratch")
     parser.add_argument("--pretrained-dialects", metavar="DIALECT[,DIALECT]",
                         default=",".join(PRETRAINED_DIALECTS),
                         help="pre-trained section: tune only these dialects' layers (comma-separated; default all "

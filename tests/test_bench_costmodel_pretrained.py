@@ -69,6 +69,20 @@ def test_each_dialects_figure_has_its_interval_in_the_result_and_the_log(bench, 
     assert stores == {None, "parquet:train"}  # --pretrained-transfer: from the training store
 
 
+def test_with_pretrained_transfer_only_guided_template_free_runs_read_the_store(bench):
+    """--pretrained-transfer: a guided auto_scheduler or meta_schedule run takes the job option
+    transfer with the training store; a scratch run, an autotvm run (no transfer seeds) and any
+    run without the flag get no store at all."""
+    for dialect in ("autotvm", "auto_scheduler", "meta_schedule"):
+        for model in (None, "model"):
+            for store in (None, "parquet:train"):
+                job, read = bench.layer_job(dialect, "dense", {"M": 8, "N": 8, "K": 8}, 8, 0, model, store)
+                guided_transfer = bool(model and store and dialect != "autotvm")
+                assert read == (store if guided_transfer else None)
+                assert job.get("transfer") is (True if guided_transfer else None)
+                assert job.get("cost_model") == model
+
+
 def test_the_spread_is_held_out_and_the_judged_layers_are_network_layers(bench):
     bench.check_spread_held_out(bench.PRETRAINED_SPREAD)
     names = {name for name, _, _ in bench.network_layers()}

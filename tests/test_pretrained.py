@@ -573,8 +573,8 @@ def test_a_guided_run_measures_seeds_in_its_first_batch_only():
     """Seeds (a dialect's adaptation of similar workloads' best programs) lead a guided run's
     first batch (``seed_quota``, 2); after that they are candidates in the guide's pool like any
     other, measured when the guide picks them, not two a batch whatever it thinks of them
-    (the transfer seeds past the first two ran at 0.2-0.6 of the run's best on the benchmark's
-    held-out layers). ``sources`` says which part of each plan proposed each measured point."""
+    (on the benchmark's held-out layers, the transfer seeds after a run's first ran at 0.03-0.74
+    of the run's best, two a batch over its first batches: docs/costmodel.md). ``sources`` says which part of each plan proposed each measured point."""
     from lorien.search.base import MixedRadixSpace
     from lorien.search.xgb import XGBTuner
 
