@@ -25,7 +25,8 @@ class MetaScheduleDialect(Dialect):
                                    "module of the task; written by lorien extract --dialect meta_schedule)", path=True),
         "transfer": JobOption(False, bool, "xgb tuner: seed with the best trace of each of the store's other "
                                            "workloads of the same function, adapted to this one (the closest shapes "
-                                           "first; each plan measures up to two)"),
+                                           "first; each plan measures up to two, with a cost_model the "
+                                           "first plan only)"),
         "measure_with": JobOption("lorien", str, "who builds and times the candidates: 'lorien' (Lorien's engine, "
                                                  "no TVM needed) or 'tvm' (apache-tvm's builder and evaluator: "
                                                  "TVM-true latencies, records whose build says measured_by tvm)"),
